@@ -1,0 +1,95 @@
+# vk-sandbox — build, test and run targets. `make help` lists them.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+CARGO ?= cargo
+# Set by `make GOOS=linux GOARCH=amd64 build` (the installation document's
+# spelling): a static musl build copied to ./vk-sandbox-linux-<arch>.
+GOOS ?=
+GOARCH ?=
+
+VK_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VK_REVISION ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+VK_BUILT_AT ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+export VK_VERSION VK_REVISION VK_BUILT_AT
+
+MUSL_TARGET_amd64 := x86_64-unknown-linux-musl
+MUSL_TARGET_arm64 := aarch64-unknown-linux-musl
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+.PHONY: all
+all: deps fmt lint test build ## deps fmt lint test build
+
+.PHONY: deps
+deps: ## Install what builds and tests need (Rust components, Debian packages, the Go-built control plane)
+	./e2e/deps.sh
+
+.PHONY: fmt
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+.PHONY: fmt-check
+fmt-check: ## Fail when the code is not formatted
+	$(CARGO) fmt --all -- --check
+
+.PHONY: lint
+lint: ## clippy with warnings as errors
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: build
+ifeq ($(GOARCH),)
+build: ## Release build, copied to ./vk-sandbox (GOOS=linux GOARCH=amd64|arm64: static ./vk-sandbox-linux-<arch>)
+	$(CARGO) build --release --bin vk-sandbox
+	cp target/release/vk-sandbox ./vk-sandbox
+	@echo "built ./vk-sandbox: $$(./vk-sandbox --version)"
+else
+build:
+	@[ "$(GOOS)" = "linux" ] || { echo "only GOOS=linux is supported (got '$(GOOS)')" >&2; exit 2; }
+	@[ -n "$(MUSL_TARGET_$(GOARCH))" ] || { echo "GOARCH must be amd64 or arm64 (got '$(GOARCH)')" >&2; exit 2; }
+	./e2e/musl-build.sh $(MUSL_TARGET_$(GOARCH)) ./vk-sandbox-linux-$(GOARCH)
+endif
+
+.PHONY: controlplane
+controlplane: ## Build the local Kubernetes control plane from Go modules (cached in .cache/)
+	./e2e/controlplane/build.sh
+
+.PHONY: cluster-up
+cluster-up: ## Start (or reuse) the local control plane; prints the admin kubeconfig path
+	./e2e/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local control plane
+	./e2e/cluster.sh down
+
+.PHONY: test
+test: fmt-check lint ## fmt check, clippy, unit + integration + e2e tests on the local control plane
+	./e2e/run-tests.sh
+
+.PHONY: test-unit
+test-unit: ## Unit tests only (no cluster)
+	$(CARGO) test --workspace --lib --bins
+
+.PHONY: e2e
+e2e: ## End-to-end suite against the local plane (or KUBECONFIG=... for any cluster)
+	./e2e/run-tests.sh --e2e-only
+
+.PHONY: demo
+demo: ## Local control plane + sandboxd simulator + vk-sandbox + a Sandbox going Running
+	./e2e/demo.sh up
+
+.PHONY: demo-down
+demo-down: ## Stop everything `make demo` started
+	./e2e/demo.sh down
+
+.PHONY: bench
+bench: ## Benchmarks (placeholder until the benchmark suite lands)
+	@echo "bench: the benchmark suite is not written yet (issue: Benchmarks)."
+
+.PHONY: clean
+clean: ## Remove build outputs (keeps the cached control plane)
+	$(CARGO) clean
+	rm -f ./vk-sandbox ./vk-sandbox-linux-*

@@ -1,0 +1,318 @@
+#!/usr/bin/env bash
+# The local Kubernetes control plane for vk-sandbox's tests and demo:
+# etcd, kube-apiserver, kube-scheduler and kube-controller-manager built from
+# their Go modules (e2e/controlplane/build.sh), run on loopback with a PKI
+# generated here, authorization Node,RBAC.
+#
+#   e2e/cluster.sh up            build if needed, start (or reuse) the plane
+#   e2e/cluster.sh down          stop every component, leave no process behind
+#   e2e/cluster.sh status        say what runs and where
+#   e2e/cluster.sh sa-kubeconfig OUT [NAMESPACE] [SERVICEACCOUNT]
+#                                apply manifests/rbac.yaml and write a
+#                                kubeconfig for that ServiceAccount's token
+#   e2e/cluster.sh logs          print the tail of every component log
+#
+# Environment (all optional):
+#   VK_CLUSTER_DIR      state folder (default .cache/cluster)
+#   VK_APISERVER_PORT   kube-apiserver secure port (default 16443)
+#   VK_ETCD_PORT        etcd client port (default 23790; peer port +10)
+#   VK_NODE_MONITOR_GRACE  node lifecycle grace period (default 20s)
+#   VK_EVICTION_TOLERATION_SECONDS  default not-ready/unreachable toleration
+#                       the apiserver adds to Pods (default 30)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+version=$(tr -d '[:space:]' < "$here/k8s-version")
+bin="${VK_K8S_BIN_DIR:-$root/.cache/k8s-$version/bin}"
+dir="${VK_CLUSTER_DIR:-$root/.cache/cluster}"
+api_port="${VK_APISERVER_PORT:-16443}"
+etcd_port="${VK_ETCD_PORT:-23790}"
+etcd_peer_port=$((etcd_port + 10))
+sched_port="${VK_SCHEDULER_PORT:-17259}"
+kcm_port="${VK_KCM_PORT:-17257}"
+grace="${VK_NODE_MONITOR_GRACE:-20s}"
+toleration="${VK_EVICTION_TOLERATION_SECONDS:-30}"
+pki="$dir/pki"
+logs="$dir/logs"
+run="$dir/run"
+admin_kubeconfig="$dir/admin.kubeconfig"
+components=(etcd kube-apiserver kube-scheduler kube-controller-manager)
+
+log() { echo "cluster: $*" >&2; }
+die() { echo "cluster: error: $*" >&2; exit 1; }
+
+kubectl() { "$bin/kubectl" --kubeconfig "$admin_kubeconfig" "$@"; }
+
+# ---------------------------------------------------------------- PKI
+gen_key() { openssl ecparam -name prime256v1 -genkey -noout -out "$1" 2>/dev/null; chmod 600 "$1"; }
+
+# gen_cert NAME CN O SAN(or "") CA  -> $pki/NAME.{key,crt}, client+server usage
+gen_cert() {
+  local name=$1 cn=$2 org=$3 san=$4 ca=$5
+  local subj="/CN=$cn"
+  [[ -n "$org" ]] && subj="/O=$org$subj"
+  gen_key "$pki/$name.key"
+  local ext="$pki/$name.ext"
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"
+    [[ -n "$san" ]] && echo "subjectAltName=$san"
+  } > "$ext"
+  openssl req -new -key "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/$ca.crt" -CAkey "$pki/$ca.key" \
+    -CAcreateserial -days 3650 -sha256 -extfile "$ext" -out "$pki/$name.crt" 2>/dev/null
+  rm -f "$pki/$name.csr" "$ext"
+}
+
+gen_ca() {
+  local name=$1 cn=$2
+  gen_key "$pki/$name.key"
+  openssl req -x509 -new -key "$pki/$name.key" -subj "/CN=$cn" -days 3650 -sha256 \
+    -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,digitalSignature,keyCertSign,cRLSign" \
+    -out "$pki/$name.crt" 2>/dev/null
+}
+
+ensure_pki() {
+  [[ -f "$pki/.done" ]] && return 0
+  command -v openssl >/dev/null || die "openssl is needed to generate the cluster PKI (apt-get install openssl)"
+  log "generating PKI in $pki"
+  rm -rf "$pki"; mkdir -p "$pki"; chmod 700 "$pki"
+  gen_ca ca kubernetes-ca
+  gen_ca front-proxy-ca front-proxy-ca
+  gen_cert apiserver kube-apiserver "" \
+    "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:10.0.0.1" ca
+  gen_cert admin kubernetes-admin system:masters "" ca
+  gen_cert kube-scheduler system:kube-scheduler "" "" ca
+  gen_cert kube-controller-manager system:kube-controller-manager "" "" ca
+  gen_cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters "" ca
+  gen_cert front-proxy-client front-proxy-client "" "" front-proxy-ca
+  gen_key "$pki/sa.key"
+  openssl ec -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  touch "$pki/.done"
+}
+
+b64() { base64 -w0 < "$1"; }
+
+# write_kubeconfig OUT USER CERT KEY
+write_kubeconfig() {
+  local out=$1 user=$2 cert=$3 key=$4
+  umask 077
+  cat > "$out" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority-data: $(b64 "$pki/ca.crt")
+users:
+- name: $user
+  user:
+    client-certificate-data: $(b64 "$cert")
+    client-key-data: $(b64 "$key")
+contexts:
+- name: local
+  context: {cluster: local, user: $user}
+current-context: local
+EOF
+}
+
+# ---------------------------------------------------------------- processes
+pid_alive() { [[ -f "$run/$1.pid" ]] && kill -0 "$(cat "$run/$1.pid")" 2>/dev/null; }
+
+start() {
+  local name=$1; shift
+  mkdir -p "$logs" "$run"
+  setsid "$bin/$name" "$@" >"$logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$run/$name.pid"
+}
+
+readyz() {
+  curl -fsS --max-time 2 --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+    "https://127.0.0.1:$api_port/readyz" 2>/dev/null
+}
+
+wait_for() {
+  local what=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  until "$@" >/dev/null 2>&1; do
+    if (( SECONDS - t0 > limit )); then
+      log "$what not ready after ${limit}s; last log lines:"
+      tail -n 30 "$logs"/*.log >&2 || true
+      return 1
+    fi
+    sleep 0.3
+  done
+}
+
+all_alive() {
+  local c
+  for c in "${components[@]}"; do pid_alive "$c" || return 1; done
+}
+
+cmd_up() {
+  if all_alive && readyz >/dev/null; then
+    log "already up (apiserver https://127.0.0.1:$api_port)"
+    echo "$admin_kubeconfig"
+    return 0
+  fi
+  cmd_down >/dev/null 2>&1 || true
+  "$here/controlplane/build.sh" >&2
+  command -v curl >/dev/null || die "curl is needed (apt-get install curl)"
+  ensure_pki
+  local t0=$SECONDS
+  rm -rf "$dir/etcd-data"
+  mkdir -p "$dir/etcd-data" "$logs" "$run"
+  log "starting etcd on 127.0.0.1:$etcd_port"
+  start etcd --name local --data-dir "$dir/etcd-data" \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+    --initial-cluster "local=http://127.0.0.1:$etcd_peer_port" \
+    --unsafe-no-fsync --quota-backend-bytes 2147483648 --log-level warn
+  wait_for etcd 20 curl -fsS --max-time 1 "http://127.0.0.1:$etcd_port/health"
+
+  log "starting kube-apiserver on 127.0.0.1:$api_port"
+  start kube-apiserver \
+    --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --endpoint-reconciler-type none \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --service-account-key-file "$pki/sa.pub" \
+    --service-account-signing-key-file "$pki/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --api-audiences https://kubernetes.default.svc.cluster.local \
+    --authorization-mode Node,RBAC \
+    --service-cluster-ip-range 10.0.0.0/24 \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types InternalIP,Hostname \
+    --requestheader-client-ca-file "$pki/front-proxy-ca.crt" \
+    --requestheader-allowed-names front-proxy-client \
+    --requestheader-username-headers X-Remote-User \
+    --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file "$pki/front-proxy-client.crt" \
+    --proxy-client-key-file "$pki/front-proxy-client.key" \
+    --default-not-ready-toleration-seconds "$toleration" \
+    --default-unreachable-toleration-seconds "$toleration" \
+    --allow-privileged=true --profiling=false
+  write_kubeconfig "$admin_kubeconfig" kubernetes-admin "$pki/admin.crt" "$pki/admin.key"
+  write_kubeconfig "$dir/kube-scheduler.kubeconfig" system:kube-scheduler "$pki/kube-scheduler.crt" "$pki/kube-scheduler.key"
+  write_kubeconfig "$dir/kube-controller-manager.kubeconfig" system:kube-controller-manager \
+    "$pki/kube-controller-manager.crt" "$pki/kube-controller-manager.key"
+  wait_for kube-apiserver 60 readyz
+
+  log "starting kube-scheduler and kube-controller-manager"
+  start kube-scheduler \
+    --kubeconfig "$dir/kube-scheduler.kubeconfig" \
+    --authentication-kubeconfig "$dir/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig "$dir/kube-scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$sched_port" --leader-elect=false
+  start kube-controller-manager \
+    --kubeconfig "$dir/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$dir/kube-controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$dir/kube-controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$kcm_port" --leader-elect=false \
+    --use-service-account-credentials=true \
+    --service-account-private-key-file "$pki/sa.key" \
+    --root-ca-file "$pki/ca.crt" \
+    --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
+    --controllers '*' \
+    --node-monitor-period 2s --node-monitor-grace-period "$grace" \
+    --concurrent-gc-syncs 5
+  wait_for kube-scheduler 30 curl -fsSk --max-time 1 "https://127.0.0.1:$sched_port/healthz"
+  wait_for kube-controller-manager 30 curl -fsSk --max-time 1 "https://127.0.0.1:$kcm_port/healthz"
+  # The default ServiceAccount appears once the controller-manager runs.
+  wait_for "default ServiceAccount" 30 kubectl -n default get serviceaccount default
+  log "up in $(( SECONDS - t0 ))s: apiserver https://127.0.0.1:$api_port, logs in $logs"
+  log "try: $bin/kubectl --kubeconfig $admin_kubeconfig get --raw /readyz"
+  echo "$admin_kubeconfig"
+}
+
+cmd_down() {
+  local c pid
+  for c in kube-controller-manager kube-scheduler kube-apiserver etcd; do
+    if [[ -f "$run/$c.pid" ]]; then
+      pid=$(cat "$run/$c.pid")
+      kill -TERM "$pid" 2>/dev/null || true
+    fi
+  done
+  for c in kube-controller-manager kube-scheduler kube-apiserver etcd; do
+    [[ -f "$run/$c.pid" ]] || continue
+    pid=$(cat "$run/$c.pid")
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$run/$c.pid"
+  done
+  # Anything else started from this cache (e.g. a pid file lost by hand).
+  pkill -KILL -f "^$bin/(etcd|kube-apiserver|kube-scheduler|kube-controller-manager) " 2>/dev/null || true
+  log "down"
+}
+
+cmd_status() {
+  local c
+  for c in "${components[@]}"; do
+    if pid_alive "$c"; then echo "$c: running (pid $(cat "$run/$c.pid"))"; else echo "$c: stopped"; fi
+  done
+  if readyz >/dev/null; then echo "apiserver: ready at https://127.0.0.1:$api_port"; else echo "apiserver: not ready"; fi
+  echo "kubeconfig: $admin_kubeconfig"
+  echo "logs: $logs"
+}
+
+cmd_logs() {
+  local f
+  for f in "$logs"/*.log; do
+    [[ -f "$f" ]] || continue
+    echo "==== $f (last 40 lines)"
+    tail -n 40 "$f"
+  done
+}
+
+# sa-kubeconfig OUT [NAMESPACE] [SERVICEACCOUNT]: a kubeconfig holding a
+# token of the ServiceAccount that manifests/rbac.yaml binds, so tests run
+# vk-sandbox with exactly the shipped permissions.
+cmd_sa_kubeconfig() {
+  local out=${1:?usage: sa-kubeconfig OUT [NAMESPACE] [SERVICEACCOUNT]}
+  local ns=${2:-sandbox-system} sa=${3:-vk-sandbox}
+  readyz >/dev/null || die "the cluster is not up; run e2e/cluster.sh up"
+  kubectl get namespace "$ns" >/dev/null 2>&1 || kubectl create namespace "$ns" >/dev/null
+  kubectl apply --server-side -f "$root/manifests/rbac.yaml" >/dev/null
+  local token
+  token=$(kubectl -n "$ns" create token "$sa" --duration 48h)
+  umask 077
+  cat > "$out" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority-data: $(b64 "$pki/ca.crt")
+users:
+- name: $ns-$sa
+  user:
+    token: $token
+contexts:
+- name: local
+  context: {cluster: local, user: $ns-$sa}
+current-context: local
+EOF
+  echo "$out"
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  logs) cmd_logs ;;
+  sa-kubeconfig) shift; cmd_sa_kubeconfig "$@" ;;
+  kubeconfig) echo "$admin_kubeconfig" ;;
+  bin) echo "$bin" ;;
+  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds the local Kubernetes control plane (etcd, kube-apiserver,
+# kube-scheduler, kube-controller-manager, kubectl) from their Go modules into
+# .cache/k8s-<version>/bin. A stamp file makes a warm rebuild a no-op; a
+# different version in e2e/k8s-version builds into a new folder.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+version=$(tr -d '[:space:]' < "$root/e2e/k8s-version")
+out="${VK_K8S_BIN_DIR:-$root/.cache/k8s-$version/bin}"
+stamp="$out/.built"
+tools=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
+
+want_sum=$(cat "$root/e2e/k8s-version" "$here/go.mod" "$here/go.sum" "$here/etcd/main.go" | sha256sum | cut -d' ' -f1)
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want_sum" ]]; then
+  echo "control plane $version: cached in $out"
+  exit 0
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "error: Go is not installed; the local control plane is built from Go modules." >&2
+  echo "       install Go (https://go.dev/doc/install or Debian's golang package) and retry." >&2
+  exit 1
+fi
+
+grep -q "k8s.io/kubernetes $version" "$here/go.mod" || {
+  echo "error: e2e/k8s-version says $version but e2e/controlplane/go.mod pins another k8s.io/kubernetes" >&2
+  exit 1
+}
+
+mkdir -p "$out"
+cd "$here"
+start=$(date +%s)
+echo "control plane $version: building into $out (a cold build takes 20-40 minutes on 2 cores)"
+echo "  [1/6] downloading modules"
+go mod download
+echo "  [2/6] etcd"
+go build -o "$out/etcd" ./etcd
+n=3
+for t in "${tools[@]}"; do
+  echo "  [$n/6] $t ($(( $(date +%s) - start ))s elapsed)"
+  go build -o "$out/$t" "k8s.io/kubernetes/cmd/$t"
+  n=$((n + 1))
+done
+echo "$want_sum" > "$stamp"
+echo "control plane $version: built in $(( $(date +%s) - start ))s"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what vk-sandbox's build and tests need on a fresh Debian machine:
+# Rust components, a few Debian packages, and the Go-built local control
+# plane (cached in .cache/, so a warm machine skips it).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+if command -v rustup >/dev/null 2>&1; then
+  rustup component add rustfmt clippy >/dev/null 2>&1 || rustup component add rustfmt clippy
+fi
+
+# Debian packages: command -> package.
+declare -A pkgs=(
+  [openssl]=openssl
+  [curl]=curl
+  [promtool]=prometheus
+  [systemd-analyze]=systemd
+  [setpriv]=util-linux
+)
+missing=()
+for cmd in "${!pkgs[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkgs[$cmd]}")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing Debian packages: ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+"$here/controlplane/build.sh"
+echo "deps: ok"

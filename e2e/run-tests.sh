@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs the test suite: unit tests, then integration and end-to-end tests on
+# the local control plane (started here unless already up, and stopped again
+# if this script started it). With KUBECONFIG set and --e2e-only, the e2e
+# suite runs against that cluster instead.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+cd "$root"
+
+e2e_only=false
+[[ "${1:-}" == "--e2e-only" ]] && e2e_only=true
+
+started=false
+cleanup() {
+  if $started && [[ -z "${VK_KEEP_CLUSTER:-}" ]]; then "$here/cluster.sh" down || true; fi
+}
+trap cleanup EXIT
+
+if [[ -n "${VK_TEST_KUBECONFIG:-}" ]]; then
+  echo "tests: using the cluster of VK_TEST_KUBECONFIG=$VK_TEST_KUBECONFIG"
+else
+  if ! "$here/cluster.sh" status 2>/dev/null | grep -q 'apiserver: ready'; then started=true; fi
+  VK_TEST_KUBECONFIG=$("$here/cluster.sh" up)
+  export VK_TEST_KUBECONFIG
+  export VK_CLUSTER_LOGS="${VK_CLUSTER_DIR:-$root/.cache/cluster}/logs"
+fi
+export VK_REQUIRE_CLUSTER=1
+export VK_K8S_BIN_DIR="${VK_K8S_BIN_DIR:-$("$here/cluster.sh" bin)}"
+
+status=0
+if $e2e_only; then
+  cargo test --workspace --test 'e2e_*' -- --test-threads 4 || status=$?
+else
+  cargo test --workspace --no-fail-fast || status=$?
+fi
+if (( status != 0 )) && [[ -n "${VK_CLUSTER_LOGS:-}" ]]; then
+  echo "tests: failed; control plane logs follow (full logs in $VK_CLUSTER_LOGS)"
+  "$here/cluster.sh" logs || true
+fi
+exit $status

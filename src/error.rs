@@ -1,0 +1,56 @@
+//! The crate's one error type. Each variant carries enough context to name
+//! the problem and, where there is one, the fix.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A flag, env var or file given at start-up is unusable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    #[error("kubernetes API: {context}: {source}")]
+    Kube {
+        context: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+
+    #[error(transparent)]
+    Sandboxd(#[from] crate::sandboxd::SandboxdError),
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub fn kube(context: impl Into<String>, source: kube::Error) -> Self {
+        Error::Kube {
+            context: context.into(),
+            source: Box::new(source),
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// A short, stable label for metrics (`error` label of failure counters).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Config(_) => "config",
+            Error::Kube { .. } => "kube",
+            Error::Sandboxd(e) => e.metric_label(),
+            Error::Io { .. } => "io",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,137 @@
+//! Shared helpers for tests that need the local control plane.
+//!
+//! `make test` starts one plane (e2e/cluster.sh), exports its admin
+//! kubeconfig as `VK_TEST_KUBECONFIG` and sets `VK_REQUIRE_CLUSTER=1`; each
+//! test then works in a namespace of its own. Without a cluster the tests
+//! print why they skip — unless the cluster was required, then they fail.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+pub struct TestCluster {
+    pub client: Client,
+    pub kubeconfig: PathBuf,
+}
+
+fn install_crypto() {
+    // Already installed by another test in this binary: fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The shared cluster, or `None` (after saying why) when none is configured
+/// and none is required.
+pub async fn cluster() -> Option<TestCluster> {
+    install_crypto();
+    let required = std::env::var("VK_REQUIRE_CLUSTER").is_ok_and(|v| v == "1");
+    let Some(path) = std::env::var_os("VK_TEST_KUBECONFIG").map(PathBuf::from) else {
+        let why = "VK_TEST_KUBECONFIG is not set (run `make test`, or `make cluster-up` \
+                   and export VK_TEST_KUBECONFIG=<printed path>)";
+        if required {
+            panic!("the local control plane is required but {why}");
+        }
+        eprintln!("SKIPPED: {why}");
+        return None;
+    };
+    match client_for(&path).await {
+        Ok(client) => Some(TestCluster {
+            client,
+            kubeconfig: path,
+        }),
+        Err(e) if !required => {
+            eprintln!("SKIPPED: cannot use {}: {e}", path.display());
+            None
+        }
+        Err(e) => panic!("cannot use the cluster of {}: {e}", path.display()),
+    }
+}
+
+pub async fn client_for(path: &Path) -> Result<Client, String> {
+    let kc = Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// A short random suffix for names that must not collide across tests.
+pub fn suffix() -> String {
+    format!("{:08x}", rand::random::<u32>())
+}
+
+impl TestCluster {
+    /// A fresh namespace `<prefix>-<random>`.
+    pub async fn namespace(&self, prefix: &str) -> String {
+        let name = format!("{prefix}-{}", suffix());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+        }))
+        .expect("static namespace");
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        name
+    }
+
+    /// Best-effort deletion of a test namespace.
+    pub async fn drop_namespace(&self, name: &str) {
+        let _ = Api::<Namespace>::all(self.client.clone())
+            .delete(name, &DeleteParams::background())
+            .await;
+    }
+}
+
+/// The last lines of every control plane component log, for failure messages.
+pub fn cluster_logs() -> String {
+    let Some(dir) = std::env::var_os("VK_CLUSTER_LOGS") else {
+        return "(VK_CLUSTER_LOGS not set: no control plane logs)".into();
+    };
+    let mut out = String::new();
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return format!("(cannot read {})", PathBuf::from(dir).display());
+    };
+    let mut paths: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    for p in paths {
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(25)..];
+        out.push_str(&format!("==== {} (last {} lines)\n", p.display(), tail.len()));
+        for l in tail {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Polls `check` until it yields `Some`, or fails after `timeout` naming
+/// what was awaited, the last observation, and the component logs.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = String::from("(not checked yet)");
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(e) => last = e,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}; last observation: {last}\n{}",
+                cluster_logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
