@@ -12,7 +12,7 @@ out="${VK_K8S_BIN_DIR:-$root/.cache/k8s-$version/bin}"
 stamp="$out/.built"
 tools=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
 
-want_sum=$(cat "$root/e2e/k8s-version" "$here/go.mod" "$here/go.sum" "$here/etcd/main.go" | sha256sum | cut -d' ' -f1)
+want_sum=$(cat "$root/e2e/k8s-version" "$here/go.mod" "$here/go.sum" "$here/etcd/main.go" "$0" | sha256sum | cut -d' ' -f1)
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want_sum" ]]; then
   echo "control plane $version: cached in $out"
   exit 0
@@ -37,10 +37,16 @@ echo "  [1/6] downloading modules"
 go mod download
 echo "  [2/6] etcd"
 go build -o "$out/etcd" ./etcd
+# Stamp the release version, as the Kubernetes release build does.
+minor=$(echo "$version" | cut -d. -f2)
+ldflags=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
 n=3
 for t in "${tools[@]}"; do
   echo "  [$n/6] $t ($(( $(date +%s) - start ))s elapsed)"
-  go build -o "$out/$t" "k8s.io/kubernetes/cmd/$t"
+  go build -ldflags "$ldflags" -o "$out/$t" "k8s.io/kubernetes/cmd/$t"
   n=$((n + 1))
 done
 echo "$want_sum" > "$stamp"
