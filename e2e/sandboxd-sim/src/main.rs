@@ -1,0 +1,3 @@
+fn main() {
+    println!("sandboxd-sim: not built yet");
+}

@@ -1,0 +1,427 @@
+//! The sandboxd HTTP client (sandboxd.md §1, §4, §6; behaviour.md §3.8).
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use tracing::debug;
+
+use super::decode::{RawReply, body_limit, decode_claim, decode_info, decode_list, decode_release};
+use super::error::{Op, SandboxdError};
+use super::types::{Claim, ClaimBody, ClaimRequest, NodeInfo, ReleaseOutcome, SandboxRow, Secret};
+
+/// Per-request bound (sandboxd.md §6).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pooled idle connections per host (sandboxd.md §6).
+pub const POOL_MAX_IDLE_PER_HOST: usize = 64;
+/// How long an idle pooled connection is kept (sandboxd.md §6).
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Everything but RFC 3986 unreserved characters is escaped in a path
+/// segment.
+const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Gets told about every finished call: which, how long, and how it ended.
+/// Metrics hook in here; keep implementations cheap and non-blocking.
+pub trait Observer: Send + Sync {
+    fn observe(&self, op: Op, elapsed: Duration, outcome: Result<(), &SandboxdError>);
+}
+
+/// Read the node (root) token file: whitespace trimmed; an empty file means
+/// "no token" (no Authorization header).
+pub fn read_token_file(path: impl AsRef<Path>) -> Result<Option<String>, SandboxdError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|source| SandboxdError::TokenFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let token = text.trim();
+    Ok((!token.is_empty()).then(|| token.to_string()))
+}
+
+/// Builds a [`SandboxdClient`].
+pub struct ClientBuilder {
+    base_url: String,
+    token: Option<String>,
+    timeout: Duration,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("base_url", &self.base_url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
+}
+
+impl ClientBuilder {
+    pub fn new(base_url: impl Into<String>) -> Self {
+        ClientBuilder {
+            base_url: base_url.into(),
+            token: None,
+            timeout: DEFAULT_TIMEOUT,
+            observer: None,
+        }
+    }
+
+    /// The node (root) token for claim, list and info. `None` or an empty
+    /// string sends no Authorization header.
+    pub fn token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
+    /// Per-request timeout (default 10 s). Tests shorten it.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    pub fn build(self) -> Result<SandboxdClient, SandboxdError> {
+        let base = normalise_base_url(&self.base_url)?;
+        // reqwest is built without a bundled crypto provider; the project
+        // uses ring everywhere. The binary installs it first thing; do it
+        // here too so a client built elsewhere (tests, tools) cannot panic.
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            // Losing a race to another installer is fine: one is installed.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let http = reqwest::Client::builder()
+            .timeout(self.timeout)
+            .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("vk-sandbox/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| SandboxdError::Config(format!("build HTTP client: {e}")))?;
+        let token = match self.token {
+            None => None,
+            Some(t) => Some(bearer(&t).ok_or_else(|| {
+                SandboxdError::Config(
+                    "the sandboxd token contains characters not allowed in an HTTP header".into(),
+                )
+            })?),
+        };
+        Ok(SandboxdClient {
+            inner: Arc::new(Inner {
+                http,
+                base,
+                token,
+                observer: self.observer,
+            }),
+        })
+    }
+}
+
+/// Trim trailing slashes once and check the URL is `http(s)://host…`.
+pub fn normalise_base_url(raw: &str) -> Result<String, SandboxdError> {
+    let trimmed = raw.trim().trim_end_matches('/');
+    let parsed = url::Url::parse(trimmed)
+        .map_err(|e| SandboxdError::Config(format!("invalid sandboxd URL {raw:?}: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(SandboxdError::Config(format!(
+            "invalid sandboxd URL {raw:?}: want http(s)://host[:port]"
+        )));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(SandboxdError::Config(format!(
+            "invalid sandboxd URL {raw:?}: no query or fragment allowed"
+        )));
+    }
+    Ok(trimmed.to_string())
+}
+
+fn bearer(token: &str) -> Option<HeaderValue> {
+    let mut value = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
+/// The sandboxd client. Cheap to clone; all clones share one connection pool.
+#[derive(Clone)]
+pub struct SandboxdClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    base: String,
+    token: Option<HeaderValue>,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+impl fmt::Debug for SandboxdClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SandboxdClient")
+            .field("base", &self.inner.base)
+            .field("token", &self.inner.token.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl SandboxdClient {
+    pub fn builder(base_url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder::new(base_url)
+    }
+
+    /// The normalised base URL (no trailing slash).
+    pub fn base_url(&self) -> &str {
+        &self.inner.base
+    }
+
+    /// Whether a node token is configured.
+    pub fn has_token(&self) -> bool {
+        self.inner.token.is_some()
+    }
+
+    /// `POST /v1/claim`. On [`SandboxdError::is_outcome_unknown`] errors a
+    /// claim may exist under `claim_ref`.
+    pub async fn claim(&self, request: &ClaimRequest) -> Result<Claim, SandboxdError> {
+        let started = Instant::now();
+        let result = async {
+            let body = serde_json::to_vec(&ClaimBody::from(request)).map_err(|e| {
+                SandboxdError::InvalidRequest {
+                    op: Op::Claim,
+                    message: format!("encode request: {e}"),
+                }
+            })?;
+            let req = self
+                .inner
+                .http
+                .post(format!("{}/v1/claim", self.inner.base))
+                .header(CONTENT_TYPE, "application/json")
+                .body(body);
+            let reply = self.send(Op::Claim, req, self.inner.token.as_ref()).await?;
+            decode_claim(&reply)
+        }
+        .await;
+        self.finish(Op::Claim, started, &result);
+        result
+    }
+
+    /// `POST /v1/sandboxes/{id}/release` with the claim's own token.
+    /// `204` → [`ReleaseOutcome::Released`]; sandboxd's JSON `404` →
+    /// [`ReleaseOutcome::AlreadyGone`]; everything else is an error.
+    pub async fn release(&self, id: &str, token: &Secret) -> Result<ReleaseOutcome, SandboxdError> {
+        let auth = if token.is_empty() {
+            None
+        } else {
+            Some(
+                bearer(token.expose()).ok_or_else(|| SandboxdError::InvalidRequest {
+                    op: Op::Release,
+                    message: "the sandbox token contains characters not allowed in an HTTP header"
+                        .into(),
+                })?,
+            )
+        };
+        self.release_with(id, auth.as_ref()).await
+    }
+
+    /// Release any sandbox by id with the node (root) token, for returning
+    /// stray rows of lost claim replies (decisions.md D7).
+    pub async fn release_as_node(&self, id: &str) -> Result<ReleaseOutcome, SandboxdError> {
+        let Some(token) = self.inner.token.clone() else {
+            return Err(SandboxdError::InvalidRequest {
+                op: Op::Release,
+                message: format!("cannot release {id:?} by id: no node token is configured"),
+            });
+        };
+        self.release_with(id, Some(&token)).await
+    }
+
+    async fn release_with(
+        &self,
+        id: &str,
+        auth: Option<&HeaderValue>,
+    ) -> Result<ReleaseOutcome, SandboxdError> {
+        if id.is_empty() {
+            return Err(SandboxdError::InvalidRequest {
+                op: Op::Release,
+                message: "empty sandbox id".into(),
+            });
+        }
+        let started = Instant::now();
+        let result = async {
+            let url = format!(
+                "{}/v1/sandboxes/{}/release",
+                self.inner.base,
+                utf8_percent_encode(id, PATH_SEGMENT)
+            );
+            let reply = self
+                .send(Op::Release, self.inner.http.post(url), auth)
+                .await?;
+            decode_release(&reply)
+        }
+        .await;
+        self.finish(Op::Release, started, &result);
+        result
+    }
+
+    /// `GET /v1/sandboxes`. An error is never an empty list.
+    pub async fn list(&self) -> Result<Vec<SandboxRow>, SandboxdError> {
+        let started = Instant::now();
+        let result = async {
+            let req = self
+                .inner
+                .http
+                .get(format!("{}/v1/sandboxes", self.inner.base));
+            let reply = self.send(Op::List, req, self.inner.token.as_ref()).await?;
+            decode_list(&reply)
+        }
+        .await;
+        self.finish(Op::List, started, &result);
+        result
+    }
+
+    /// `GET /v1/info` (root token only).
+    pub async fn info(&self) -> Result<NodeInfo, SandboxdError> {
+        let started = Instant::now();
+        let result = async {
+            let req = self.inner.http.get(format!("{}/v1/info", self.inner.base));
+            let reply = self.send(Op::Info, req, self.inner.token.as_ref()).await?;
+            decode_info(&reply)
+        }
+        .await;
+        self.finish(Op::Info, started, &result);
+        result
+    }
+
+    async fn send(
+        &self,
+        op: Op,
+        req: reqwest::RequestBuilder,
+        auth: Option<&HeaderValue>,
+    ) -> Result<RawReply, SandboxdError> {
+        let req = match auth {
+            Some(value) => req.header(AUTHORIZATION, value.clone()),
+            None => req,
+        };
+        let response = req.send().await.map_err(|e| transport(op, e))?;
+        read_reply(op, response).await
+    }
+
+    fn finish<T>(&self, op: Op, started: Instant, result: &Result<T, SandboxdError>) {
+        let elapsed = started.elapsed();
+        match result {
+            Ok(_) => debug!(op = op.as_str(), ?elapsed, "sandboxd call succeeded"),
+            Err(e) => debug!(op = op.as_str(), ?elapsed, error = %e, "sandboxd call failed"),
+        }
+        if let Some(observer) = &self.inner.observer {
+            observer.observe(op, elapsed, result.as_ref().map(|_| ()));
+        }
+    }
+}
+
+fn transport(op: Op, source: reqwest::Error) -> SandboxdError {
+    SandboxdError::Transport {
+        op,
+        timeout: source.is_timeout(),
+        source,
+    }
+}
+
+/// Read at most the status's body limit. A success body that breaks off is a
+/// transport error (the outcome of a claim is then unknown); an error body
+/// that breaks off is used as far as it got.
+async fn read_reply(op: Op, mut response: reqwest::Response) -> Result<RawReply, SandboxdError> {
+    let status = response.status().as_u16();
+    let limit = body_limit(status);
+    let mut body = Vec::new();
+    let mut over_limit = false;
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = limit - body.len();
+                if chunk.len() > room {
+                    body.extend_from_slice(&chunk[..room]);
+                    over_limit = true;
+                    break;
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => break,
+            Err(e) if (200..300).contains(&status) => return Err(transport(op, e)),
+            Err(_) => break,
+        }
+    }
+    Ok(RawReply {
+        status,
+        body,
+        over_limit,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_url_is_normalised_once() {
+        assert_eq!(
+            normalise_base_url("http://127.0.0.1:7777///").expect("url"),
+            "http://127.0.0.1:7777"
+        );
+        assert_eq!(
+            normalise_base_url("http://h:1/prefix/").expect("url"),
+            "http://h:1/prefix"
+        );
+        for bad in ["", "127.0.0.1:7777", "ftp://h", "http://", "http://h/?q=1"] {
+            assert!(normalise_base_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ids_are_path_escaped() {
+        assert_eq!(
+            utf8_percent_encode("sb_0a1b-2.c~", PATH_SEGMENT).to_string(),
+            "sb_0a1b-2.c~"
+        );
+        assert_eq!(
+            utf8_percent_encode("../x y/z?", PATH_SEGMENT).to_string(),
+            "..%2Fx%20y%2Fz%3F"
+        );
+    }
+
+    #[test]
+    fn token_file_is_trimmed_and_empty_means_none() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("token");
+        std::fs::write(&path, " tok\n").expect("write");
+        assert_eq!(
+            read_token_file(&path).expect("read"),
+            Some("tok".to_string())
+        );
+        std::fs::write(&path, " \n\t").expect("write");
+        assert_eq!(read_token_file(&path).expect("read"), None);
+        let err = read_token_file(dir.path().join("missing")).expect_err("missing");
+        assert!(matches!(err, SandboxdError::TokenFile { .. }));
+    }
+
+    #[test]
+    fn debug_never_shows_the_token() {
+        let client = SandboxdClient::builder("http://127.0.0.1:7777/")
+            .token(Some("s3cret-token".into()))
+            .build()
+            .expect("client");
+        assert!(!format!("{client:?}").contains("s3cret"));
+        assert_eq!(client.base_url(), "http://127.0.0.1:7777");
+        let builder = ClientBuilder::new("x").token(Some("s3cret-token".into()));
+        assert!(!format!("{builder:?}").contains("s3cret"));
+    }
+}

@@ -1,0 +1,162 @@
+//! The client's error taxonomy (sandboxd.md §6).
+
+use std::fmt;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// Which sandboxd call an error or an observation belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Claim,
+    Release,
+    List,
+    Info,
+}
+
+impl Op {
+    /// A short, stable name (`claim`, `release`, `list`, `info`), usable as a
+    /// metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Claim => "claim",
+            Op::Release => "release",
+            Op::List => "list",
+            Op::Info => "info",
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Everything a sandboxd call can fail with.
+#[derive(Debug, Error)]
+pub enum SandboxdError {
+    /// A claim delivered nothing on this node: a `429`, or a `200` without an
+    /// `id` (an empty body or a redirect, which is never followed). No claim
+    /// was created.
+    #[error("sandboxd claim: node at capacity or draining{}", suffix(message))]
+    CapacityMiss { message: String },
+
+    /// sandboxd (or something in front of it) answered with a failure status.
+    /// `message` is the decoded `{"error": …}` field, or empty.
+    #[error("sandboxd {op}: unexpected status {status}{}", suffix(message))]
+    Http {
+        op: Op,
+        status: u16,
+        message: String,
+    },
+
+    /// The request did not complete: connection refused or reset, timeout, or
+    /// a reply body cut short. On a claim the outcome is unknown: sandboxd may
+    /// have created and persisted the claim (see [`Self::is_outcome_unknown`]).
+    #[error("sandboxd {op}: {}: {source}", transport_kind(*timeout))]
+    Transport {
+        op: Op,
+        timeout: bool,
+        #[source]
+        source: reqwest::Error,
+    },
+
+    /// A reply with a success status whose body could not be understood.
+    #[error("sandboxd {op}: decode (status {status}): {message}")]
+    Decode {
+        op: Op,
+        status: u16,
+        message: String,
+    },
+
+    /// The call was refused locally, before anything was sent.
+    #[error("sandboxd {op}: {message}")]
+    InvalidRequest { op: Op, message: String },
+
+    /// The client could not be built (bad base URL, TLS set-up).
+    #[error("sandboxd client: {0}")]
+    Config(String),
+
+    /// The node token file could not be read.
+    #[error("read sandboxd token file {}: {source}", path.display())]
+    TokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn suffix(message: &str) -> String {
+    if message.is_empty() {
+        String::new()
+    } else {
+        format!(": {message}")
+    }
+}
+
+fn transport_kind(timeout: bool) -> &'static str {
+    if timeout {
+        "request timed out"
+    } else {
+        "transport error"
+    }
+}
+
+impl SandboxdError {
+    /// A short, stable label for metrics (`error` label of failure counters).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            SandboxdError::CapacityMiss { .. } => "sandboxd_capacity_miss",
+            SandboxdError::Http { .. } => "sandboxd_http",
+            SandboxdError::Transport { timeout: true, .. } => "sandboxd_timeout",
+            SandboxdError::Transport { .. } => "sandboxd_transport",
+            SandboxdError::Decode { .. } => "sandboxd_decode",
+            SandboxdError::InvalidRequest { .. } => "sandboxd_invalid_request",
+            SandboxdError::Config(_) => "sandboxd_config",
+            SandboxdError::TokenFile { .. } => "sandboxd_token_file",
+        }
+    }
+
+    /// The call this error came from, when it came from one.
+    pub fn op(&self) -> Option<Op> {
+        match self {
+            SandboxdError::CapacityMiss { .. } => Some(Op::Claim),
+            SandboxdError::Http { op, .. }
+            | SandboxdError::Transport { op, .. }
+            | SandboxdError::Decode { op, .. }
+            | SandboxdError::InvalidRequest { op, .. } => Some(*op),
+            SandboxdError::Config(_) | SandboxdError::TokenFile { .. } => None,
+        }
+    }
+
+    /// True when a claim may have been created and persisted by sandboxd even
+    /// though the caller got no usable reply: a transport error or timeout on
+    /// a claim, or a `200` claim reply whose body could not be decoded. The
+    /// caller must look for a stray row under its `claim_ref` (decisions.md
+    /// D7) rather than assume nothing happened.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            SandboxdError::Transport { op: Op::Claim, .. }
+                | SandboxdError::Decode { op: Op::Claim, .. }
+        )
+    }
+
+    /// True for a `429`-or-redirect capacity miss on a claim.
+    pub fn is_capacity_miss(&self) -> bool {
+        matches!(self, SandboxdError::CapacityMiss { .. })
+    }
+
+    /// The HTTP status of an [`SandboxdError::Http`] or
+    /// [`SandboxdError::Decode`] error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            SandboxdError::Http { status, .. } | SandboxdError::Decode { status, .. } => {
+                Some(*status)
+            }
+            SandboxdError::CapacityMiss { .. } => None,
+            _ => None,
+        }
+    }
+}
