@@ -1,0 +1,127 @@
+//! The kubelet HTTPS API (behaviour.md §7, §8; decisions.md D5): axum over
+//! rustls, TLS ≥ 1.2, HTTP/1.1 and h2, a provided or self-signed serving
+//! certificate reloaded when its files change, and kubelet-style
+//! authentication/authorization in front of every route but `/healthz`.
+//!
+//! `main` uses [`KubeletApi::prepare`] (TLS material, client CA, router,
+//! bound listener — every start-up failure surfaces here) and then
+//! [`KubeletApi::run`] until shutdown. The pieces ([`router`],
+//! [`server::serve`], [`KubeletTls`], [`auth::KubeletAuth`]) are public for
+//! tests and other wiring.
+
+pub mod auth;
+pub mod pods;
+pub mod routes;
+pub mod server;
+pub mod tls;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+pub use auth::{KubeletAuth, PeerIdentity, UserInfo, load_client_ca};
+pub use pods::{PodSource, StaticPods};
+pub use routes::{KubeletState, router};
+pub use server::serve;
+pub use tls::KubeletTls;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// A kubelet API ready to serve: listener bound, TLS and auth loaded.
+pub struct KubeletApi {
+    listener: TcpListener,
+    tls: KubeletTls,
+    server_config: Arc<rustls::ServerConfig>,
+    router: axum::Router,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for KubeletApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletApi")
+            .field("addr", &self.listener.local_addr().ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeletApi {
+    /// Load the serving certificate (or self-sign), read the client CA
+    /// (when auth is on: `--client-ca-file` or the cluster's
+    /// extension-apiserver-authentication ConfigMap), build the router and
+    /// bind `--listen-addr`. Every error here is a start-up error.
+    #[tracing::instrument(skip_all, fields(node = %cfg.node_name, addr = %cfg.listen_addr))]
+    pub async fn prepare(
+        cfg: &Config,
+        client: &kube::Client,
+        pods: Arc<dyn PodSource>,
+        metrics: Arc<Metrics>,
+    ) -> Result<KubeletApi> {
+        let tls = KubeletTls::init(&cfg.tls, &cfg.node_name, cfg.node_ip.as_deref())?;
+        let client_ca = load_client_ca(&cfg.kubelet_auth, client).await?;
+        let server_config = tls.server_config(client_ca)?;
+        let auth = cfg.kubelet_auth.enabled.then(|| {
+            Arc::new(KubeletAuth::with_client(
+                client.clone(),
+                cfg.node_name.clone(),
+                cfg.kubelet_auth.anonymous,
+            ))
+        });
+        let router = router(KubeletState {
+            node_name: cfg.node_name.clone(),
+            pods,
+            auth,
+            metrics: Arc::clone(&metrics),
+        });
+        let listener = cfg.listen_addr.bind().await.map_err(|e| {
+            Error::io(
+                format!(
+                    "bind the kubelet API on --listen-addr (env VK_LISTEN_ADDR)={}; free the \
+                     port or choose another",
+                    cfg.listen_addr
+                ),
+                e,
+            )
+        })?;
+        Ok(KubeletApi {
+            listener,
+            tls,
+            server_config,
+            router,
+            metrics,
+        })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// Serve, and watch the certificate files, until `shutdown` completes.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let watcher = self.tls.clone().watch(
+            tls::RELOAD_POLL_INTERVAL,
+            Some(Arc::clone(&self.metrics)),
+            stopped(stop_rx.clone()),
+        );
+        let server = serve(
+            self.listener,
+            self.server_config,
+            self.router,
+            stopped(stop_rx),
+        );
+        let signal = async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        };
+        let ((), result, ()) = tokio::join!(watcher, server, signal);
+        result
+    }
+}

@@ -1,0 +1,133 @@
+//! Serving a router over TLS: tokio-rustls for the handshake, hyper-util's
+//! auto builder for HTTP/1.1 and h2 (ALPN), one task per connection, a
+//! 30 s read-header timeout (behaviour.md §8), graceful shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+use crate::error::Result;
+use crate::kubelet::auth::{PeerIdentity, UserInfo};
+
+/// Longest a TLS handshake may take.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a request's headers may take to arrive (HTTP/1.1).
+pub const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long open connections get to finish after shutdown starts.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Serve `router` over TLS on `listener` until `shutdown` completes, then
+/// let open connections finish (at most [`SHUTDOWN_GRACE`]). Each request
+/// carries a [`PeerIdentity`] extension with the identity of a verified
+/// client certificate, if the client sent one.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let local = listener.local_addr().ok();
+    tracing::info!(addr = ?local, "kubelet API listening (TLS)");
+    let acceptor = TlsAcceptor::from(tls);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, peer)) => {
+                    connections.spawn(serve_connection(
+                        acceptor.clone(),
+                        tcp,
+                        peer,
+                        router.clone(),
+                        stop_rx.clone(),
+                    ));
+                }
+                Err(e) => {
+                    // E.g. too many open files: back off instead of spinning.
+                    tracing::warn!(error = %e, "kubelet API accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::info!(
+            open = connections.len(),
+            "kubelet API connections still open after the grace period; closing them"
+        );
+        connections.shutdown().await;
+    }
+    tracing::info!("kubelet API stopped");
+    Ok(())
+}
+
+async fn serve_connection(
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "kubelet API TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "kubelet API TLS handshake timed out");
+            return;
+        }
+    };
+    let identity = PeerIdentity(
+        tls.get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| UserInfo::from_certificate(leaf.as_ref())),
+    );
+    let service = router.map_request(move |mut req: http::Request<Incoming>| {
+        req.extensions_mut().insert(identity.clone());
+        req
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(READ_HEADER_TIMEOUT);
+    let conn = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(service));
+    tokio::pin!(conn);
+    tokio::select! {
+        res = conn.as_mut() => {
+            if let Err(e) = res {
+                tracing::debug!(%peer, error = %e, "kubelet API connection ended with an error");
+            }
+        }
+        _ = async { stop.wait_for(|stopping| *stopping).await.map(|_| ()) } => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.as_mut().await;
+        }
+    }
+}

@@ -1,0 +1,490 @@
+//! Serving certificate of the kubelet API (behaviour.md §8, decisions.md D5).
+//!
+//! When `--tls-cert` and `--tls-key` both name regular files the pair is
+//! loaded (a parse failure is a start-up error); otherwise a self-signed
+//! ECDSA P-256 certificate is generated in memory. The current certificate
+//! sits behind [`ReloadingResolver`]; [`KubeletTls::watch`] polls the files
+//! and swaps in a new pair when they change, so new connections see it
+//! without a restart. A bad new pair keeps the old certificate (and is
+//! logged and counted).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use rcgen::{
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose, SanType, SerialNumber,
+};
+use rustls::RootCertStore;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+use crate::config::TlsFiles;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// How often the certificate files are checked for changes.
+pub const RELOAD_POLL_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The crypto provider of every server here (ring; decisions.md D1).
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Hands rustls the current certificate; swapped on reload.
+#[derive(Debug)]
+pub struct ReloadingResolver {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ReloadingResolver {
+    pub fn new(key: CertifiedKey) -> Self {
+        ReloadingResolver {
+            current: RwLock::new(Arc::new(key)),
+        }
+    }
+
+    /// The certificate new handshakes get.
+    pub fn current(&self) -> Arc<CertifiedKey> {
+        match self.current.read() {
+            Ok(g) => Arc::clone(&g),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    pub fn set(&self, key: CertifiedKey) {
+        let key = Arc::new(key);
+        match self.current.write() {
+            Ok(mut g) => *g = key,
+            Err(poisoned) => *poisoned.into_inner() = key,
+        }
+    }
+}
+
+impl ResolvesServerCert for ReloadingResolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+/// Load a PEM certificate chain and private key into a rustls key,
+/// checking the key matches the leaf.
+pub fn load_pair(cert_path: &Path, key_path: &Path) -> std::result::Result<CertifiedKey, String> {
+    let cert_pem = std::fs::read(cert_path)
+        .map_err(|e| format!("read --tls-cert {}: {e}", cert_path.display()))?;
+    let key_pem =
+        std::fs::read(key_path).map_err(|e| format!("read --tls-key {}: {e}", key_path.display()))?;
+    pair_from_pem(&cert_pem, &key_pem).map_err(|e| {
+        format!(
+            "--tls-cert {} / --tls-key {}: {e}",
+            cert_path.display(),
+            key_path.display()
+        )
+    })
+}
+
+/// [`load_pair`] on bytes already read.
+pub fn pair_from_pem(cert_pem: &[u8], key_pem: &[u8]) -> std::result::Result<CertifiedKey, String> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| format!("the certificate is not valid PEM: {e}"))?;
+    if chain.is_empty() {
+        return Err("the certificate file holds no CERTIFICATE block".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| format!("the key file holds no usable PEM private key: {e}"))?;
+    CertifiedKey::from_der(chain, key, &provider())
+        .map_err(|e| format!("the key does not fit the certificate or is unsupported: {e}"))
+}
+
+/// Both paths set and both regular files (behaviour.md §8).
+pub fn usable_pair(files: &TlsFiles) -> Option<(PathBuf, PathBuf)> {
+    let (cert, key) = (files.cert.as_ref()?, files.key.as_ref()?);
+    let regular = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
+    (regular(cert) && regular(key)).then(|| (cert.clone(), key.clone()))
+}
+
+/// A self-signed serving certificate (behaviour.md §8): ECDSA P-256, CN
+/// `vk-sandbox`, random 128-bit serial, valid from now − 1 h for 3650 days,
+/// digitalSignature + serverAuth, CA=false, SANs node name (DNS or IP),
+/// node IP (IP, else DNS; skipped when empty) and 127.0.0.1. Returns the
+/// key and the certificate PEM.
+pub fn self_signed(node_name: &str, node_ip: Option<&str>) -> Result<(CertifiedKey, String)> {
+    let fail = |what: &str, e: rcgen::Error| {
+        Error::Config(format!("self-signing the kubelet serving certificate: {what}: {e}"))
+    };
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| fail("key generation", e))?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "vk-sandbox");
+    params.distinguished_name = dn;
+    let mut sans = Vec::new();
+    for name in std::iter::once(node_name)
+        .chain(node_ip.filter(|ip| !ip.is_empty()))
+        .chain(std::iter::once("127.0.0.1"))
+    {
+        let san = match name.parse::<IpAddr>() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => SanType::DnsName(
+                name.try_into()
+                    .map_err(|e| fail(&format!("SAN {name:?} (from --node-name/--node-ip)"), e))?,
+            ),
+        };
+        if !sans.contains(&san) {
+            sans.push(san);
+        }
+    }
+    params.subject_alt_names = sans;
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::days(3650);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.is_ca = IsCa::ExplicitNoCa;
+    let mut serial: [u8; 16] = rand::random();
+    serial[0] &= 0x7f; // positive
+    serial[0] |= 0x01; // and exactly 16 bytes long
+    params.serial_number = Some(SerialNumber::from_slice(&serial));
+    let cert = params.self_signed(&key).map_err(|e| fail("signing", e))?;
+    let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    let certified = CertifiedKey::from_der(vec![cert.der().clone()], key_der, &provider())
+        .map_err(|e| Error::Config(format!("self-signed kubelet certificate unusable: {e}")))?;
+    Ok((certified, cert.pem()))
+}
+
+/// Size, mtime, inode and device of a file (following symlinks), to notice
+/// replacement by rename or rewrite in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint(Option<(u64, Option<SystemTime>, u64, u64)>);
+
+fn fingerprint(path: &Path) -> Fingerprint {
+    use std::os::unix::fs::MetadataExt;
+    Fingerprint(
+        std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.len(), m.modified().ok(), m.ino(), m.dev())),
+    )
+}
+
+/// The kubelet API's TLS material.
+#[derive(Debug, Clone)]
+pub struct KubeletTls {
+    resolver: Arc<ReloadingResolver>,
+    /// The configured pair, watched for changes (both flags non-empty).
+    files: Option<(PathBuf, PathBuf)>,
+    self_signed: bool,
+}
+
+impl KubeletTls {
+    /// Load `--tls-cert/--tls-key` when both are regular files (parse
+    /// failure = error), else self-sign for `node_name`/`node_ip`.
+    #[tracing::instrument(skip_all, fields(node = node_name))]
+    pub fn init(files: &TlsFiles, node_name: &str, node_ip: Option<&str>) -> Result<KubeletTls> {
+        let watched = match (&files.cert, &files.key) {
+            (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+            _ => None,
+        };
+        if let Some((cert, key)) = usable_pair(files) {
+            let pair = load_pair(&cert, &key).map_err(|e| {
+                Error::Config(format!(
+                    "{e}; fix the files or unset --tls-cert/--tls-key (env VK_TLS_CERT/VK_TLS_KEY) \
+                     to self-sign"
+                ))
+            })?;
+            tracing::info!(cert = %cert.display(), key = %key.display(), "kubelet serving certificate loaded");
+            return Ok(KubeletTls {
+                resolver: Arc::new(ReloadingResolver::new(pair)),
+                files: watched,
+                self_signed: false,
+            });
+        }
+        tracing::info!("kubelet cert absent; self-signing");
+        let (pair, _) = self_signed(node_name, node_ip)?;
+        Ok(KubeletTls {
+            resolver: Arc::new(ReloadingResolver::new(pair)),
+            files: watched,
+            self_signed: true,
+        })
+    }
+
+    /// Wrap an already-built key (tests, or a caller with its own source).
+    pub fn from_key(key: CertifiedKey) -> KubeletTls {
+        KubeletTls {
+            resolver: Arc::new(ReloadingResolver::new(key)),
+            files: None,
+            self_signed: false,
+        }
+    }
+
+    pub fn resolver(&self) -> Arc<ReloadingResolver> {
+        Arc::clone(&self.resolver)
+    }
+
+    /// Whether the current certificate was generated in memory.
+    pub fn is_self_signed(&self) -> bool {
+        self.self_signed
+    }
+
+    /// The rustls server configuration: TLS 1.2 and 1.3, ALPN h2 and
+    /// http/1.1, this certificate, and — when `client_roots` is given —
+    /// client certificates requested (not required) and verified against
+    /// those roots.
+    pub fn server_config(
+        &self,
+        client_roots: Option<Arc<RootCertStore>>,
+    ) -> Result<Arc<rustls::ServerConfig>> {
+        let provider = provider();
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| Error::Config(format!("kubelet TLS versions: {e}")))?;
+        let builder = match client_roots {
+            Some(roots) => {
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(|e| Error::Config(format!("kubelet client CA unusable: {e}")))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(self.resolver());
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// Poll the configured files every `interval` until `shutdown`; on a
+    /// change load the pair and swap it in. Returns at once when no pair is
+    /// configured. A pair that fails to load keeps the current certificate.
+    pub async fn watch(
+        self,
+        interval: Duration,
+        metrics: Option<Arc<Metrics>>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let Some((cert, key)) = self.files.clone() else {
+            return;
+        };
+        let span =
+            tracing::info_span!("kubelet_cert_watch", cert = %cert.display(), key = %key.display());
+        tracing::Instrument::instrument(self.poll_files(cert, key, interval, metrics, shutdown), span)
+            .await
+    }
+
+    async fn poll_files(
+        self,
+        cert: PathBuf,
+        key: PathBuf,
+        interval: Duration,
+        metrics: Option<Arc<Metrics>>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let mut seen = (fingerprint(&cert), fingerprint(&key));
+        let mut last_failed: Option<(Fingerprint, Fingerprint)> = None;
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tick.tick() => {}
+            }
+            let now = (fingerprint(&cert), fingerprint(&key));
+            if now == seen {
+                continue;
+            }
+            let count = |result: &str| {
+                if let Some(m) = &metrics {
+                    m.kubelet_cert_reloads.with_label_values(&[result]).inc();
+                }
+            };
+            let regular = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
+            if !(regular(&cert) && regular(&key)) {
+                if last_failed.as_ref() != Some(&now) {
+                    tracing::warn!("kubelet certificate files missing or not regular files; keeping the current certificate");
+                    last_failed = Some(now.clone());
+                }
+                continue;
+            }
+            match load_pair(&cert, &key) {
+                Ok(pair) => {
+                    self.resolver.set(pair);
+                    seen = now;
+                    last_failed = None;
+                    count("success");
+                    tracing::info!("kubelet serving certificate reloaded");
+                }
+                Err(e) => {
+                    // Often a half-written rotation: retried on the next
+                    // change, logged once per distinct state.
+                    if last_failed.as_ref() != Some(&now) {
+                        count("error");
+                        tracing::warn!(error = %e, "kubelet certificate reload failed; keeping the current certificate");
+                        last_failed = Some(now);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Parse a PEM CA bundle into client-certificate roots. `source` names
+/// where it came from for messages.
+pub fn roots_from_pem(pem: &[u8], source: &str) -> Result<Arc<RootCertStore>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Config(format!("client CA from {source} is not valid PEM: {e}")))?;
+    let mut roots = RootCertStore::empty();
+    let (added, ignored) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(Error::Config(format!(
+            "client CA from {source} holds no usable certificate ({ignored} ignored); give a PEM \
+             CA bundle with --client-ca-file (env VK_CLIENT_CA_FILE) or turn kubelet API auth off \
+             with --kubelet-auth=false"
+        )));
+    }
+    if ignored > 0 {
+        tracing::warn!(source, ignored, "some client CA certificates could not be parsed");
+    }
+    Ok(Arc::new(roots))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use x509_parser::prelude::*;
+
+    #[test]
+    fn self_signed_matches_behaviour_8() {
+        let (key, pem) = self_signed("vk-node-a", Some("10.1.2.3")).unwrap();
+        let der = key.end_entity_cert().unwrap().to_vec();
+        let (_, cert) = parse_x509_certificate(&der).unwrap();
+        assert_eq!(
+            cert.subject().iter_common_name().next().unwrap().as_str().unwrap(),
+            "vk-sandbox"
+        );
+        assert_eq!(cert.subject(), cert.issuer(), "self-issued");
+        let sans: Vec<String> = cert
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names
+            .iter()
+            .map(|n| match n {
+                GeneralName::DNSName(d) => format!("DNS:{d}"),
+                GeneralName::IPAddress(b) => {
+                    let ip: IpAddr = match b.len() {
+                        4 => <[u8; 4]>::try_from(*b).unwrap().into(),
+                        _ => <[u8; 16]>::try_from(*b).unwrap().into(),
+                    };
+                    format!("IP:{ip}")
+                }
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(sans, ["DNS:vk-node-a", "IP:10.1.2.3", "IP:127.0.0.1"]);
+        let bc = cert.basic_constraints().unwrap().unwrap();
+        assert!(!bc.value.ca);
+        let eku = cert.extended_key_usage().unwrap().unwrap();
+        assert!(eku.value.server_auth);
+        let ku = cert.key_usage().unwrap().unwrap();
+        assert!(ku.value.digital_signature());
+        let nb = cert.validity().not_before.timestamp();
+        let na = cert.validity().not_after.timestamp();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        assert!((now - 3600 - nb).abs() < 60, "not before = now - 1h");
+        assert!((na - (now + 3650 * 86400)).abs() < 60, "not after = now + 3650d");
+        assert_eq!(cert.raw_serial().len(), 16);
+        assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        // Key type ECDSA P-256.
+        assert_eq!(
+            cert.public_key().algorithm.algorithm.to_id_string(),
+            "1.2.840.10045.2.1"
+        );
+        // Serials differ between runs.
+        let (key2, _) = self_signed("vk-node-a", None).unwrap();
+        let (_, cert2) =
+            parse_x509_certificate(key2.end_entity_cert().unwrap().as_ref()).unwrap();
+        assert_ne!(cert.raw_serial(), cert2.raw_serial());
+    }
+
+    #[test]
+    fn self_signed_ip_node_name_and_dns_node_ip() {
+        let (key, _) = self_signed("10.9.9.9", Some("node.example")).unwrap();
+        let (_, cert) = parse_x509_certificate(key.end_entity_cert().unwrap().as_ref()).unwrap();
+        let names = &cert
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names;
+        assert!(matches!(names[0], GeneralName::IPAddress(b) if b == [10, 9, 9, 9]));
+        assert!(matches!(names[1], GeneralName::DNSName("node.example")));
+        assert_eq!(names.len(), 3);
+    }
+
+    #[test]
+    fn pair_loading_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let kp = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["x.test".to_string()])
+            .unwrap()
+            .self_signed(&kp)
+            .unwrap();
+        let c = dir.path().join("c.pem");
+        let k = dir.path().join("k.pem");
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, kp.serialize_pem()).unwrap();
+        assert!(load_pair(&c, &k).is_ok());
+
+        let files = TlsFiles {
+            cert: Some(c.clone()),
+            key: Some(k.clone()),
+        };
+        assert!(usable_pair(&files).is_some());
+        let tls = KubeletTls::init(&files, "n", None).unwrap();
+        assert!(!tls.is_self_signed());
+
+        // Missing key file -> self-sign.
+        let missing = TlsFiles {
+            cert: Some(c.clone()),
+            key: Some(dir.path().join("nope")),
+        };
+        assert!(usable_pair(&missing).is_none());
+        assert!(KubeletTls::init(&missing, "n", None).unwrap().is_self_signed());
+        // A directory is not a regular file -> self-sign.
+        let dir_pair = TlsFiles {
+            cert: Some(dir.path().to_path_buf()),
+            key: Some(k.clone()),
+        };
+        assert!(KubeletTls::init(&dir_pair, "n", None).unwrap().is_self_signed());
+
+        // Garbage -> start-up error naming the flags.
+        std::fs::write(&k, "not a key").unwrap();
+        let err = KubeletTls::init(&files, "n", None).unwrap_err().to_string();
+        assert!(err.contains("--tls-key"), "{err}");
+        assert!(err.contains("VK_TLS_CERT"), "{err}");
+
+        // A key of another pair -> mismatch error.
+        let other = KeyPair::generate().unwrap();
+        std::fs::write(&k, other.serialize_pem()).unwrap();
+        let err = load_pair(&c, &k).unwrap_err();
+        assert!(err.contains("does not fit"), "{err}");
+    }
+
+    #[test]
+    fn roots_parsing() {
+        let kp = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&kp).unwrap();
+        assert_eq!(roots_from_pem(ca.pem().as_bytes(), "test").unwrap().len(), 1);
+        let err = roots_from_pem(b"", "the ConfigMap").unwrap_err().to_string();
+        assert!(err.contains("--client-ca-file"), "{err}");
+    }
+}

@@ -1,0 +1,12 @@
+//! vk-sandbox: a virtual kubelet that turns sandbox Pods bound to its Node
+//! into sandboxd microVM claims.
+
+pub mod admin;
+pub mod build_info;
+pub mod config;
+pub mod error;
+pub mod kubelet;
+pub mod metrics;
+pub mod sandboxd;
+
+pub use error::{Error, Result};
