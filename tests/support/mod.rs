@@ -77,6 +77,22 @@ impl TestCluster {
             .create(&PostParams::default(), &ns)
             .await
             .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        // Pods are admitted only once the controller-manager has made the
+        // namespace's default ServiceAccount.
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client.clone(), &name);
+        wait_for(
+            "the default ServiceAccount of a new namespace (is kube-controller-manager running?)",
+            Duration::from_secs(30),
+            || async {
+                match sas.get_opt("default").await {
+                    Ok(Some(_)) => Ok(()),
+                    Ok(None) => Err("not created yet".to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            },
+        )
+        .await;
         name
     }
 
@@ -120,12 +136,11 @@ where
     Fut: Future<Output = Result<T, String>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut last = String::from("(not checked yet)");
     loop {
-        match check().await {
+        let last = match check().await {
             Ok(v) => return v,
-            Err(e) => last = e,
-        }
+            Err(e) => e,
+        };
         if tokio::time::Instant::now() >= deadline {
             panic!(
                 "timed out after {timeout:?} waiting for {what}; last observation: {last}\n{}",
@@ -135,3 +150,6 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+pub mod process;
+pub mod rbac;

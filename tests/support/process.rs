@@ -1,0 +1,120 @@
+//! Runs the vk-sandbox binary as a child process for end-to-end tests.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback port (bound then released; good enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral loopback port")
+}
+
+pub struct VkProcess {
+    pub child: Option<Child>,
+    pub log: PathBuf,
+    pub kubelet_port: u16,
+    pub admin_port: u16,
+}
+
+impl VkProcess {
+    /// Starts `vk-sandbox` with `args` (plus the kubeconfig and ports chosen
+    /// here); stdout and stderr go to `<dir>/<name>.log`.
+    pub fn start(dir: &Path, name: &str, kubeconfig: &Path, args: &[&str]) -> VkProcess {
+        let kubelet_port = free_port();
+        let admin_port = free_port();
+        let log = dir.join(format!("{name}.log"));
+        Self::start_with_ports(kubeconfig, args, log, kubelet_port, admin_port)
+    }
+
+    pub fn start_with_ports(
+        kubeconfig: &Path,
+        args: &[&str],
+        log: PathBuf,
+        kubelet_port: u16,
+        admin_port: u16,
+    ) -> VkProcess {
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("open process log");
+        let err = out.try_clone().expect("clone log handle");
+        let child = Command::new(env!("CARGO_BIN_EXE_vk-sandbox"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg(format!("--listen-addr=127.0.0.1:{kubelet_port}"))
+            .arg(format!("--admin-addr=127.0.0.1:{admin_port}"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .env("RUST_LOG", "info,vk_sandbox=debug")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn vk-sandbox");
+        VkProcess {
+            child: Some(child),
+            log,
+            kubelet_port,
+            admin_port,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends a signal (e.g. libc SIGTERM) by pid.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(c) = &self.child {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                self.child = None;
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for VkProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs the binary to completion (for flag/refusal tests).
+pub fn run_to_exit(args: &[&str], envs: &[(&str, &str)]) -> (ExitStatus, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vk-sandbox"));
+    cmd.args(args).env_remove("KUBECONFIG");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run vk-sandbox");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status, text)
+}

@@ -1,0 +1,125 @@
+//! Runs vk-sandbox as the ServiceAccount `manifests/rbac.yaml` binds, so the
+//! tests prove the shipped RBAC is sufficient (decisions.md D6). Works on
+//! any cluster the admin kubeconfig names.
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::Kubeconfig;
+use kube::discovery::{Discovery, Scope};
+use kube::{Api, Client};
+use serde::Deserialize;
+
+pub const NAMESPACE: &str = "sandbox-system";
+pub const SERVICE_ACCOUNT: &str = "vk-sandbox";
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Server-side applies every document of a YAML manifest file.
+pub async fn apply_manifest(client: &Client, path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .map_err(|e| format!("discovery: {e}"))?;
+    let pp = PatchParams::apply("vk-sandbox-tests").force();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(doc).map_err(|e| e.to_string())?;
+        if value.is_null() {
+            continue;
+        }
+        let obj: DynamicObject = serde_yaml::from_value(value).map_err(|e| e.to_string())?;
+        let tm = obj.types.clone().ok_or("manifest document without apiVersion/kind")?;
+        let gvk = kube::core::GroupVersionKind::try_from(&tm).map_err(|e| e.to_string())?;
+        let (ar, caps) = discovery
+            .resolve_gvk(&gvk)
+            .ok_or_else(|| format!("{gvk:?} is not served by this cluster"))?;
+        let name = obj.metadata.name.clone().ok_or("manifest object without a name")?;
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                obj.metadata.namespace.as_deref().unwrap_or("default"),
+                &ar,
+            ),
+            Scope::Cluster => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(&name, &pp, &Patch::Apply(&obj))
+            .await
+            .map_err(|e| format!("apply {} {name}: {e}", ar.kind))?;
+    }
+    Ok(())
+}
+
+/// Applies manifests/rbac.yaml and writes a kubeconfig holding a token of
+/// its ServiceAccount to `out`. The server and CA come from `admin`.
+pub async fn service_account_kubeconfig(
+    client: &Client,
+    admin: &Path,
+    out: &Path,
+) -> Result<PathBuf, String> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(NAMESPACE).await.map_err(|e| e.to_string())?.is_none() {
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}
+        }))
+        .map_err(|e| e.to_string())?;
+        match namespaces.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(ae)) if ae.code == 409 => {}
+            Err(e) => return Err(format!("create namespace {NAMESPACE}: {e}")),
+        }
+    }
+    apply_manifest(client, &repo_root().join("manifests/rbac.yaml")).await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NAMESPACE);
+    let req: TokenRequest = serde_json::from_value(serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 172800}
+    }))
+    .map_err(|e| e.to_string())?;
+    let token = sas
+        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &req)
+        .await
+        .map_err(|e| format!("token for {NAMESPACE}/{SERVICE_ACCOUNT}: {e}"))?
+        .status
+        .ok_or("TokenRequest without status")?
+        .token;
+
+    let mut kc = Kubeconfig::read_from(admin).map_err(|e| e.to_string())?;
+    let context = kc
+        .current_context
+        .clone()
+        .ok_or("admin kubeconfig has no current-context")?;
+    let cluster_name = kc
+        .contexts
+        .iter()
+        .find(|c| c.name == context)
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone())
+        .ok_or("admin kubeconfig: current context not found")?;
+    kc.clusters.retain(|c| c.name == cluster_name);
+    kc.auth_infos = vec![kube::config::NamedAuthInfo {
+        name: "vk-sandbox".into(),
+        auth_info: Some(kube::config::AuthInfo {
+            token: Some(token.into()),
+            ..Default::default()
+        }),
+        other: Default::default(),
+    }];
+    kc.contexts = vec![kube::config::NamedContext {
+        name: "vk-sandbox".into(),
+        context: Some(kube::config::Context {
+            cluster: cluster_name,
+            user: Some("vk-sandbox".into()),
+            ..Default::default()
+        }),
+        other: Default::default(),
+    }];
+    kc.current_context = Some("vk-sandbox".into());
+    let yaml = serde_yaml::to_string(&kc).map_err(|e| e.to_string())?;
+    std::fs::write(out, yaml).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(out.to_path_buf())
+}
