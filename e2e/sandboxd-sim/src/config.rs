@@ -1,0 +1,307 @@
+//! Simulator configuration: the `--config` JSON file, the command-line
+//! flags layered over it, and the parts that can change at run time.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything the simulator can be configured with. Every field has a
+/// default, so `{}` is a valid config file (open mode, no pools).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimConfig {
+    /// API (and admin, under `/_sim`) listen address.
+    pub listen: Option<SocketAddr>,
+    /// Optional second listener serving only the admin API; it stays up
+    /// while the API listener refuses connections.
+    pub admin_listen: Option<SocketAddr>,
+    /// Where claims are persisted (atomic rename on every change) and
+    /// reloaded from at start-up and on a simulated restart.
+    pub state_file: Option<PathBuf>,
+    /// Root token; empty together with no tenants means open mode.
+    pub api_token: String,
+    pub tenants: Vec<TenantConfig>,
+    /// Whether a tenant token may list (newer builds: its own claims only)
+    /// or gets 403 (older builds).
+    pub tenant_list: TenantList,
+    /// `owner_addr` in claim replies, `host:port`.
+    pub advertise_addr: String,
+    pub owner_addr_mode: OwnerAddrMode,
+    /// The origin emitted in `origin` mode.
+    pub origin: String,
+    /// Live-claim cap; 0 is unlimited.
+    pub max_claims: u32,
+    pub draining: bool,
+    /// Peer addresses; when non-empty, warm misses and quota/drain refusals
+    /// become `200 {"redirect":[…]}`.
+    pub peers: Vec<String>,
+    /// Whether the node has an egress attachment (`net:"egress"` else 409).
+    pub egress: bool,
+    pub pools: Vec<PoolConfig>,
+    /// How long a warm miss takes to provision before it succeeds.
+    pub provision_delay_ms: u64,
+    /// How long a refill of one warm VM takes.
+    pub refill_delay_ms: u64,
+    /// Reaper period; 0 disables the periodic reaper (`reap now` still works).
+    pub reap_interval_ms: u64,
+    /// A provisioning claim completes even when its client hangs up.
+    pub provision_survives_disconnect: bool,
+    /// Start the simulated clock at this instant instead of real time.
+    pub clock_start: Option<jiff::Timestamp>,
+    /// Freeze the simulated clock (it then moves only by admin calls).
+    pub clock_frozen: bool,
+    pub quirks: Quirks,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            listen: None,
+            admin_listen: None,
+            state_file: None,
+            api_token: String::new(),
+            tenants: Vec::new(),
+            tenant_list: TenantList::Forbidden,
+            advertise_addr: "10.0.0.5:7777".to_string(),
+            owner_addr_mode: OwnerAddrMode::HostPort,
+            origin: "https://node-a.example:7777".to_string(),
+            max_claims: 0,
+            draining: false,
+            peers: Vec::new(),
+            egress: true,
+            pools: Vec::new(),
+            provision_delay_ms: 100,
+            refill_delay_ms: 1000,
+            reap_interval_ms: 5000,
+            provision_survives_disconnect: true,
+            clock_start: None,
+            clock_frozen: false,
+            quirks: Quirks::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    pub token: String,
+    /// Live-claim cap for this tenant; 0 is unlimited.
+    #[serde(default)]
+    pub max_claims: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TenantList {
+    /// Older builds: listing is root-only, a tenant gets 403.
+    #[default]
+    Forbidden,
+    /// Newer builds: a tenant sees only its own claims.
+    Own,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OwnerAddrMode {
+    /// `advertise_addr` as is (default `10.0.0.5:7777`).
+    #[default]
+    HostPort,
+    /// Older builds without an advertise host: `":7777"`.
+    HostLess,
+    /// Newer builds without an advertise host: field left out.
+    Omit,
+    /// `client_advertise`: the configured origin.
+    Origin,
+}
+
+/// One configured pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub template: String,
+    #[serde(default = "default_net")]
+    pub net: String,
+    #[serde(default = "default_size")]
+    pub size: String,
+    /// Warm VMs at start.
+    #[serde(default)]
+    pub warm: u32,
+    /// Refill target; defaults to `warm`.
+    #[serde(default)]
+    pub target: Option<u32>,
+    #[serde(default = "yes")]
+    pub golden: bool,
+    /// Hibernated claims of this pool are archived, not destroyed, at their
+    /// deadline.
+    #[serde(default)]
+    pub archive_on_expire: bool,
+    /// Retention of an archived claim; 0 keeps it forever (zero deadline).
+    #[serde(default)]
+    pub archive_retention_seconds: u64,
+}
+
+fn default_net() -> String {
+    "none".to_string()
+}
+
+fn default_size() -> String {
+    "small".to_string()
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl PoolConfig {
+    /// Parse `TEMPLATE[@NET[/SIZE]]=WARM[/TARGET]`, e.g. `base:24.04=4` or
+    /// `rt:24.04@egress/medium=1/2`.
+    pub fn parse_spec(spec: &str) -> Result<PoolConfig, String> {
+        let (key, counts) = spec
+            .rsplit_once('=')
+            .ok_or_else(|| format!("pool {spec:?}: want TEMPLATE[@NET[/SIZE]]=WARM[/TARGET]"))?;
+        let (template, lane) = match key.split_once('@') {
+            Some((t, lane)) => (t, Some(lane)),
+            None => (key, None),
+        };
+        if template.is_empty() {
+            return Err(format!("pool {spec:?}: empty template"));
+        }
+        let (net, size) = match lane {
+            None => (default_net(), default_size()),
+            Some(lane) => match lane.split_once('/') {
+                Some((n, s)) => (n.to_string(), s.to_string()),
+                None => (lane.to_string(), default_size()),
+            },
+        };
+        let number = |s: &str| {
+            s.parse::<u32>()
+                .map_err(|_| format!("pool {spec:?}: {s:?} is not a count"))
+        };
+        let (warm, target) = match counts.split_once('/') {
+            Some((w, t)) => (number(w)?, Some(number(t)?)),
+            None => (number(counts)?, None),
+        };
+        Ok(PoolConfig {
+            template: template.to_string(),
+            net,
+            size,
+            warm,
+            target,
+            golden: true,
+            archive_on_expire: false,
+            archive_retention_seconds: 0,
+        })
+    }
+}
+
+/// Malformed or version-dependent reply shapes (§9 "Malformed fields").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Quirks {
+    /// How `deadline` is written in claim replies and list rows.
+    pub deadline: DeadlineQuirk,
+    /// Write deadlines in this fixed UTC offset (minutes), like a sandboxd
+    /// host whose local zone is not UTC.
+    pub deadline_offset_minutes: i32,
+    /// Add unknown fields to every reply object.
+    pub extra_fields: bool,
+    /// Add `"engine":"ch"` to every pool key, as intermediate builds did.
+    pub engine_in_key: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadlineQuirk {
+    #[default]
+    Normal,
+    Missing,
+    Zero,
+    Unparseable,
+}
+
+/// Run-time changes through the admin API: only the fields given change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConfigPatch {
+    pub api_token: Option<String>,
+    pub tenants: Option<Vec<TenantConfig>>,
+    pub tenant_list: Option<TenantList>,
+    pub advertise_addr: Option<String>,
+    pub owner_addr_mode: Option<OwnerAddrMode>,
+    pub origin: Option<String>,
+    pub max_claims: Option<u32>,
+    pub draining: Option<bool>,
+    pub peers: Option<Vec<String>>,
+    pub egress: Option<bool>,
+    pub provision_delay_ms: Option<u64>,
+    pub refill_delay_ms: Option<u64>,
+    pub provision_survives_disconnect: Option<bool>,
+    pub quirks: Option<Quirks>,
+}
+
+impl ConfigPatch {
+    pub fn apply(self, cfg: &mut SimConfig) {
+        macro_rules! set {
+            ($($f:ident),*) => {$(if let Some(v) = self.$f { cfg.$f = v; })*};
+        }
+        set!(
+            api_token,
+            tenants,
+            tenant_list,
+            advertise_addr,
+            owner_addr_mode,
+            origin,
+            max_claims,
+            draining,
+            peers,
+            egress,
+            provision_delay_ms,
+            refill_delay_ms,
+            provision_survives_disconnect,
+            quirks
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_specs() {
+        let p = PoolConfig::parse_spec("base:24.04=4").expect("spec");
+        assert_eq!(
+            (
+                p.template.as_str(),
+                p.net.as_str(),
+                p.size.as_str(),
+                p.warm,
+                p.target
+            ),
+            ("base:24.04", "none", "small", 4, None)
+        );
+        let p = PoolConfig::parse_spec("rt:24.04@egress/medium=1/2").expect("spec");
+        assert_eq!(
+            (
+                p.template.as_str(),
+                p.net.as_str(),
+                p.size.as_str(),
+                p.warm,
+                p.target
+            ),
+            ("rt:24.04", "egress", "medium", 1, Some(2))
+        );
+        for bad in ["base", "=3", "base=x", "base=1/y"] {
+            assert!(PoolConfig::parse_spec(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn empty_config_file_is_valid() {
+        let cfg: SimConfig = serde_json::from_str("{}").expect("config");
+        assert_eq!(cfg, SimConfig::default());
+        assert!(serde_json::from_str::<SimConfig>(r#"{"bogus":1}"#).is_err());
+    }
+}
