@@ -81,7 +81,11 @@ impl Health {
     /// Register a loop that promises to call [`LoopHeartbeat::beat`] at
     /// least every `max_silence`; `/livez` fails once it has been silent
     /// longer. Registering a name again replaces the previous entry.
-    pub fn register_loop(self: &Arc<Self>, name: &'static str, max_silence: Duration) -> LoopHeartbeat {
+    pub fn register_loop(
+        self: &Arc<Self>,
+        name: &'static str,
+        max_silence: Duration,
+    ) -> LoopHeartbeat {
         if let Ok(mut loops) = self.loops.lock() {
             loops.insert(
                 name,
@@ -253,7 +257,10 @@ mod tests {
         health.set_lease_ok(true);
         assert_eq!(get_path(&r, "/readyz").await.0, StatusCode::OK);
         health.set_lease_ok(false);
-        assert_eq!(get_path(&r, "/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            get_path(&r, "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 
     #[tokio::test]

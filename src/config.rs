@@ -136,12 +136,22 @@ pub struct RunArgs {
     /// host:port published in the NodeInventory for clients to reach
     /// sandboxd. Default: the host[:port] of --sandboxd-url (loopback by
     /// default, so operators should set it).
-    #[arg(long, env = "SANDBOXD_ADVERTISE_ADDR", default_value = "", value_name = "HOST:PORT")]
+    #[arg(
+        long,
+        env = "SANDBOXD_ADVERTISE_ADDR",
+        default_value = "",
+        value_name = "HOST:PORT"
+    )]
     pub sandboxd_advertise_addr: String,
 
     /// File holding the sandboxd node (root) API token, read once at start
     /// (whitespace trimmed). Unset or empty file: no Authorization header.
-    #[arg(long, env = "SANDBOXD_TOKEN_FILE", default_value = "", value_name = "FILE")]
+    #[arg(
+        long,
+        env = "SANDBOXD_TOKEN_FILE",
+        default_value = "",
+        value_name = "FILE"
+    )]
     pub sandboxd_token_file: String,
 
     /// Claims table file (release credentials). Its directory is created
@@ -208,7 +218,12 @@ pub struct RunArgs {
     /// PEM bundle of CAs that sign kubelet API client certificates. Default:
     /// the key "client-ca-file" of the ConfigMap
     /// kube-system/extension-apiserver-authentication, read once at start.
-    #[arg(long, env = "VK_CLIENT_CA_FILE", default_value = "", value_name = "FILE")]
+    #[arg(
+        long,
+        env = "VK_CLIENT_CA_FILE",
+        default_value = "",
+        value_name = "FILE"
+    )]
     pub client_ca_file: String,
 
     /// Let unauthenticated kubelet API requests through as
@@ -469,7 +484,11 @@ pub fn parse_go_duration(raw: &str) -> std::result::Result<i128, String> {
             "m" => 60_000_000_000,
             "h" => 3_600_000_000_000,
             "" => return Err("a unit is missing (ns, us, ms, s, m or h)".into()),
-            other => return Err(format!("unknown unit {other:?} (want ns, us, ms, s, m or h)")),
+            other => {
+                return Err(format!(
+                    "unknown unit {other:?} (want ns, us, ms, s, m or h)"
+                ));
+            }
         };
         let whole_v: i128 = if whole.is_empty() {
             0
@@ -559,7 +578,9 @@ fn check_label_value(value: &str) -> std::result::Result<(), String> {
         return Ok(());
     }
     if value.len() > 63 {
-        return Err(format!("label value {value:?} is longer than 63 characters"));
+        return Err(format!(
+            "label value {value:?} is longer than 63 characters"
+        ));
     }
     check_label_chars(value).map_err(|why| format!("label value {value:?} {why}"))
 }
@@ -631,8 +652,8 @@ pub struct SandboxdConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InventoryConfig {
     pub publish: bool,
-    /// > 0 whenever `publish`; zero when publishing is off and the flag was
-    /// `<= 0`.
+    /// Positive whenever `publish`; zero when publishing is off and the
+    /// flag was `<= 0`.
     pub interval: Duration,
     pub group: String,
 }
@@ -1151,8 +1172,16 @@ mod tests {
     #[test]
     fn bool_flags_take_go_forms() {
         assert!(parse(&["--publish-inventory"], &[]).run.publish_inventory);
-        assert!(parse(&["--publish-inventory=true"], &[]).run.publish_inventory);
-        assert!(!parse(&["--publish-inventory=false"], &[]).run.publish_inventory);
+        assert!(
+            parse(&["--publish-inventory=true"], &[])
+                .run
+                .publish_inventory
+        );
+        assert!(
+            !parse(&["--publish-inventory=false"], &[])
+                .run
+                .publish_inventory
+        );
         assert!(!parse(&["--kubelet-auth=false"], &[]).run.kubelet_auth);
         assert!(
             parse(&["--kubelet-auth=true"], &[("VK_KUBELET_AUTH", "false")])
@@ -1324,7 +1353,10 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
-        assert!(!state.exists(), "the claims file itself is not created here");
+        assert!(
+            !state.exists(),
+            "the claims file itself is not created here"
+        );
     }
 
     #[test]
@@ -1337,7 +1369,9 @@ mod tests {
     // Acceptance test 8.
     #[test]
     fn listen_addr_validation() {
-        for bad in ["10260", ":0", ":70000", ":http", "", ":", "a:b:1", "[::1]", "[::1:1"] {
+        for bad in [
+            "10260", ":0", ":70000", ":http", "", ":", "a:b:1", "[::1]", "[::1:1",
+        ] {
             assert!(ListenAddr::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert_eq!(
@@ -1398,7 +1432,10 @@ mod tests {
         let err = Config::from_args(&valid(dir.path(), &["--node-cpu=abc"]))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("--node-cpu (env VK_NODE_CPU)=\"abc\""), "{err}");
+        assert!(
+            err.contains("--node-cpu (env VK_NODE_CPU)=\"abc\""),
+            "{err}"
+        );
         assert!(err.contains("Kubernetes quantity"), "{err}");
         let err = Config::from_args(&valid(dir.path(), &["--node-pods=0"]))
             .unwrap_err()
@@ -1413,7 +1450,10 @@ mod tests {
         let flag = format!("--state-path={}", state.display());
         let args = parse(&[&flag, "--node-cpu=abc", "--node-memory=-1"], &[]).run;
         let err = Config::from_args(&args).unwrap_err().to_string();
-        assert!(err.starts_with("invalid configuration: 2 problems"), "{err}");
+        assert!(
+            err.starts_with("invalid configuration: 2 problems"),
+            "{err}"
+        );
         assert!(err.contains("--node-cpu"), "{err}");
         assert!(err.contains("--node-memory"), "{err}");
         assert!(
@@ -1573,9 +1613,11 @@ mod tests {
         assert_eq!(advertise_default("https://[::1]:9/"), "[::1]:9");
         assert_eq!(advertise_default("not a url/"), "not a url");
         let dir = tempfile::tempdir().expect("tempdir");
-        let cfg =
-            Config::from_args(&valid(dir.path(), &["--sandboxd-url=http://10.0.0.1:7777/"]))
-                .unwrap();
+        let cfg = Config::from_args(&valid(
+            dir.path(),
+            &["--sandboxd-url=http://10.0.0.1:7777/"],
+        ))
+        .unwrap();
         assert_eq!(cfg.sandboxd.url, "http://10.0.0.1:7777");
         assert_eq!(cfg.sandboxd.advertise_addr, "10.0.0.1:7777");
         let cfg = Config::from_args(&valid(
@@ -1607,7 +1649,10 @@ mod tests {
         let err = Config::from_args(&valid(dir.path(), &["--client-ca-file=/nonexistent"]))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("--client-ca-file (env VK_CLIENT_CA_FILE)"), "{err}");
+        assert!(
+            err.contains("--client-ca-file (env VK_CLIENT_CA_FILE)"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1615,7 +1660,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = Config::from_args(&valid(
             dir.path(),
-            &["--tls-cert=/c.pem", "--tls-key=/k.pem", "--node-ip=10.1.2.3"],
+            &[
+                "--tls-cert=/c.pem",
+                "--tls-key=/k.pem",
+                "--node-ip=10.1.2.3",
+            ],
         ))
         .unwrap();
         assert_eq!(cfg.tls.cert, Some(PathBuf::from("/c.pem")));

@@ -57,7 +57,12 @@ fn metric_error(e: prometheus::Error) -> Error {
     Error::Config(format!("building a metric: {e}"))
 }
 
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
+fn counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec> {
     let vec = IntCounterVec::new(Opts::new(name, help), labels).map_err(metric_error)?;
     register(registry, vec)
 }
@@ -170,7 +175,9 @@ mod tests {
     #[test]
     fn exposition_has_every_family_and_process_metrics() {
         let m = Metrics::new().unwrap();
-        m.kubelet_requests.with_label_values(&["/pods", "200"]).inc();
+        m.kubelet_requests
+            .with_label_values(&["/pods", "200"])
+            .inc();
         m.kubelet_auth_failures
             .with_label_values(&["unauthenticated"])
             .inc();

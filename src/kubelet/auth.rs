@@ -119,8 +119,7 @@ pub struct RequestAttributes {
 /// Go's `isSubpath`: `path == prefix` or `path` starts with `prefix/`.
 fn is_subpath(path: &str, prefix: &str) -> bool {
     let prefix = prefix.trim_end_matches('/');
-    path == prefix
-        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+    path == prefix || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
 }
 
 /// The kubelet's mapping of a request to `nodes/<subresource>` attributes.
@@ -327,9 +326,17 @@ pub enum Refusal {
     /// The TokenReview could not be made (401, logged).
     AuthenticationError(String),
     /// Denied by the authorizer (403).
-    Forbidden { user: String, attrs: RequestAttributes, reason: String },
+    Forbidden {
+        user: String,
+        attrs: RequestAttributes,
+        reason: String,
+    },
     /// The SubjectAccessReview could not be made (500).
-    AuthorizationError { user: String, attrs: RequestAttributes, error: String },
+    AuthorizationError {
+        user: String,
+        attrs: RequestAttributes,
+        error: String,
+    },
 }
 
 impl Refusal {
@@ -483,13 +490,15 @@ impl KubeletAuth {
         let decision = match self.decisions.get(&key) {
             Some(d) => d,
             None => {
-                let d = self.authorizer.authorize(user, &attrs).await.map_err(|error| {
-                    Refusal::AuthorizationError {
+                let d = self
+                    .authorizer
+                    .authorize(user, &attrs)
+                    .await
+                    .map_err(|error| Refusal::AuthorizationError {
                         user: user.name.clone(),
                         attrs: attrs.clone(),
                         error,
-                    }
-                })?;
+                    })?;
                 let ttl = match d {
                     Decision::Allow => ALLOW_CACHE_TTL,
                     Decision::Deny(_) => DENY_CACHE_TTL,
@@ -541,7 +550,9 @@ pub async fn load_client_ca(
     client: &Client,
 ) -> Result<Option<Arc<RootCertStore>>> {
     if !cfg.enabled {
-        tracing::warn!("kubelet API authentication and authorization are off (--kubelet-auth=false)");
+        tracing::warn!(
+            "kubelet API authentication and authorization are off (--kubelet-auth=false)"
+        );
         return Ok(None);
     }
     if let Some(path) = &cfg.client_ca_file {
@@ -735,7 +746,10 @@ mod tests {
 
     fn bearer(token: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
-        h.insert(header::AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
+        h.insert(
+            header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
         h
     }
 
@@ -814,10 +828,21 @@ mod tests {
             false,
         );
         let bob = user("bob");
-        assert!(auth.authorize(&bob, &Method::GET, "/stats/summary").await.is_ok());
-        assert!(auth.authorize(&bob, &Method::GET, "/stats/summary/").await.is_ok());
+        assert!(
+            auth.authorize(&bob, &Method::GET, "/stats/summary")
+                .await
+                .is_ok()
+        );
+        assert!(
+            auth.authorize(&bob, &Method::GET, "/stats/summary/")
+                .await
+                .is_ok()
+        );
         assert_eq!(authz.calls.load(Ordering::SeqCst), 1);
-        let err = auth.authorize(&bob, &Method::GET, "/pods").await.unwrap_err();
+        let err = auth
+            .authorize(&bob, &Method::GET, "/pods")
+            .await
+            .unwrap_err();
         let resp = err.clone().into_response();
         assert_eq!(resp.status(), StatusCode::FORBIDDEN);
         assert!(matches!(err, Refusal::Forbidden { ref reason, .. } if reason == "no RBAC rule"));

@@ -35,8 +35,7 @@ use crate::metrics::Metrics;
 pub const NOT_IMPLEMENTED: &str =
     "vk-sandbox: not implemented; use the sandbox SDK for interactive access";
 /// Body of `/containerLogs` once the query is valid (behaviour.md §7).
-pub const LOGS_NOT_IMPLEMENTED: &str =
-    "error getting container logs?): vk-sandbox: not implemented; use the sandbox SDK for interactive access";
+pub const LOGS_NOT_IMPLEMENTED: &str = "error getting container logs?): vk-sandbox: not implemented; use the sandbox SDK for interactive access";
 /// Content type of `/metrics/resource`.
 pub const RESOURCE_METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
@@ -212,7 +211,7 @@ fn query_get(query: &str, key: &str) -> String {
 pub fn validate_log_query(query: &str) -> Result<(), String> {
     let get = |k: &str| query_get(query, k);
     let tail = get("tailLines");
-    if !tail.is_empty() && !go_int(&tail).is_some_and(|n| n >= 0) {
+    if !tail.is_empty() && go_int(&tail).is_none_or(|n| n < 0) {
         return Err(format!(
             "invalid tailLines {tail:?}: want a non-negative integer"
         ));
@@ -224,11 +223,13 @@ pub fn validate_log_query(query: &str) -> Result<(), String> {
         }
     }
     let limit = get("limitBytes");
-    if !limit.is_empty() && !go_int(&limit).is_some_and(|n| n >= 1) {
-        return Err(format!("invalid limitBytes {limit:?}: want an integer >= 1"));
+    if !limit.is_empty() && go_int(&limit).is_none_or(|n| n < 1) {
+        return Err(format!(
+            "invalid limitBytes {limit:?}: want an integer >= 1"
+        ));
     }
     let since_seconds = get("sinceSeconds");
-    if !since_seconds.is_empty() && !go_int(&since_seconds).is_some_and(|n| n >= 1) {
+    if !since_seconds.is_empty() && go_int(&since_seconds).is_none_or(|n| n < 1) {
         return Err(format!(
             "invalid sinceSeconds {since_seconds:?}: want an integer >= 1"
         ));
@@ -302,14 +303,29 @@ fn streaming_refusal(
     if let Err(why) = validate_stream_options(&form, query.as_deref().unwrap_or("")) {
         return (StatusCode::BAD_REQUEST, why).into_response();
     }
-    (StatusCode::NOT_IMPLEMENTED, format!("{what}: {NOT_IMPLEMENTED}")).into_response()
+    (
+        StatusCode::NOT_IMPLEMENTED,
+        format!("{what}: {NOT_IMPLEMENTED}"),
+    )
+        .into_response()
 }
 
 async fn exec(method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Response {
-    streaming_refusal("error executing command in container", method, headers, q, body)
+    streaming_refusal(
+        "error executing command in container",
+        method,
+        headers,
+        q,
+        body,
+    )
 }
 
-async fn attach(method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Response {
+async fn attach(
+    method: Method,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Response {
     streaming_refusal("error attaching to container", method, headers, q, body)
 }
 
@@ -334,11 +350,7 @@ async fn stats_summary(State(state): State<KubeletState>) -> Response {
 }
 
 async fn resource_metrics() -> Response {
-    (
-        [(header::CONTENT_TYPE, RESOURCE_METRICS_CONTENT_TYPE)],
-        "",
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, RESOURCE_METRICS_CONTENT_TYPE)], "").into_response()
 }
 
 #[cfg(test)]
@@ -351,7 +363,7 @@ mod tests {
             "",
             "tailLines=0",
             "tailLines=10",
-            "tailLines=+3",
+            "tailLines=%2B3",
             "follow=true&previous=0&timestamps=T",
             "limitBytes=1",
             "sinceSeconds=5",
@@ -384,7 +396,10 @@ mod tests {
         assert!(validate_stream_options(&[], "").is_err());
         assert!(validate_stream_options(&[], "tty=1&input=1&output=1").is_ok());
         assert!(validate_stream_options(&[], "tty=1&output=1&error=1").is_err());
-        assert!(validate_stream_options(&[], "output=true").is_err(), "only 1 is on");
+        assert!(
+            validate_stream_options(&[], "output=true").is_err(),
+            "only 1 is on"
+        );
         assert!(validate_stream_options(&[], "error=1").is_ok());
         let form = vec![("input".to_string(), "1".to_string())];
         assert!(validate_stream_options(&form, "").is_ok());

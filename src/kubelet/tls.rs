@@ -76,8 +76,8 @@ impl ResolvesServerCert for ReloadingResolver {
 pub fn load_pair(cert_path: &Path, key_path: &Path) -> std::result::Result<CertifiedKey, String> {
     let cert_pem = std::fs::read(cert_path)
         .map_err(|e| format!("read --tls-cert {}: {e}", cert_path.display()))?;
-    let key_pem =
-        std::fs::read(key_path).map_err(|e| format!("read --tls-key {}: {e}", key_path.display()))?;
+    let key_pem = std::fs::read(key_path)
+        .map_err(|e| format!("read --tls-key {}: {e}", key_path.display()))?;
     pair_from_pem(&cert_pem, &key_pem).map_err(|e| {
         format!(
             "--tls-cert {} / --tls-key {}: {e}",
@@ -115,7 +115,9 @@ pub fn usable_pair(files: &TlsFiles) -> Option<(PathBuf, PathBuf)> {
 /// key and the certificate PEM.
 pub fn self_signed(node_name: &str, node_ip: Option<&str>) -> Result<(CertifiedKey, String)> {
     let fail = |what: &str, e: rcgen::Error| {
-        Error::Config(format!("self-signing the kubelet serving certificate: {what}: {e}"))
+        Error::Config(format!(
+            "self-signing the kubelet serving certificate: {what}: {e}"
+        ))
     };
     let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
         .map_err(|e| fail("key generation", e))?;
@@ -271,8 +273,11 @@ impl KubeletTls {
         };
         let span =
             tracing::info_span!("kubelet_cert_watch", cert = %cert.display(), key = %key.display());
-        tracing::Instrument::instrument(self.poll_files(cert, key, interval, metrics, shutdown), span)
-            .await
+        tracing::Instrument::instrument(
+            self.poll_files(cert, key, interval, metrics, shutdown),
+            span,
+        )
+        .await
     }
 
     async fn poll_files(
@@ -305,7 +310,9 @@ impl KubeletTls {
             let regular = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
             if !(regular(&cert) && regular(&key)) {
                 if last_failed.as_ref() != Some(&now) {
-                    tracing::warn!("kubelet certificate files missing or not regular files; keeping the current certificate");
+                    tracing::warn!(
+                        "kubelet certificate files missing or not regular files; keeping the current certificate"
+                    );
                     last_failed = Some(now.clone());
                 }
                 continue;
@@ -348,7 +355,11 @@ pub fn roots_from_pem(pem: &[u8], source: &str) -> Result<Arc<RootCertStore>> {
         )));
     }
     if ignored > 0 {
-        tracing::warn!(source, ignored, "some client CA certificates could not be parsed");
+        tracing::warn!(
+            source,
+            ignored,
+            "some client CA certificates could not be parsed"
+        );
     }
     Ok(Arc::new(roots))
 }
@@ -364,7 +375,12 @@ mod tests {
         let der = key.end_entity_cert().unwrap().to_vec();
         let (_, cert) = parse_x509_certificate(&der).unwrap();
         assert_eq!(
-            cert.subject().iter_common_name().next().unwrap().as_str().unwrap(),
+            cert.subject()
+                .iter_common_name()
+                .next()
+                .unwrap()
+                .as_str()
+                .unwrap(),
             "vk-sandbox"
         );
         assert_eq!(cert.subject(), cert.issuer(), "self-issued");
@@ -396,9 +412,12 @@ mod tests {
         assert!(ku.value.digital_signature());
         let nb = cert.validity().not_before.timestamp();
         let na = cert.validity().not_after.timestamp();
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let now = ::time::OffsetDateTime::now_utc().unix_timestamp();
         assert!((now - 3600 - nb).abs() < 60, "not before = now - 1h");
-        assert!((na - (now + 3650 * 86400)).abs() < 60, "not after = now + 3650d");
+        assert!(
+            (na - (now + 3650 * 86400)).abs() < 60,
+            "not after = now + 3650d"
+        );
         assert_eq!(cert.raw_serial().len(), 16);
         assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"));
         // Key type ECDSA P-256.
@@ -408,8 +427,7 @@ mod tests {
         );
         // Serials differ between runs.
         let (key2, _) = self_signed("vk-node-a", None).unwrap();
-        let (_, cert2) =
-            parse_x509_certificate(key2.end_entity_cert().unwrap().as_ref()).unwrap();
+        let (_, cert2) = parse_x509_certificate(key2.end_entity_cert().unwrap().as_ref()).unwrap();
         assert_ne!(cert.raw_serial(), cert2.raw_serial());
     }
 
@@ -456,13 +474,21 @@ mod tests {
             key: Some(dir.path().join("nope")),
         };
         assert!(usable_pair(&missing).is_none());
-        assert!(KubeletTls::init(&missing, "n", None).unwrap().is_self_signed());
+        assert!(
+            KubeletTls::init(&missing, "n", None)
+                .unwrap()
+                .is_self_signed()
+        );
         // A directory is not a regular file -> self-sign.
         let dir_pair = TlsFiles {
             cert: Some(dir.path().to_path_buf()),
             key: Some(k.clone()),
         };
-        assert!(KubeletTls::init(&dir_pair, "n", None).unwrap().is_self_signed());
+        assert!(
+            KubeletTls::init(&dir_pair, "n", None)
+                .unwrap()
+                .is_self_signed()
+        );
 
         // Garbage -> start-up error naming the flags.
         std::fs::write(&k, "not a key").unwrap();
@@ -483,8 +509,13 @@ mod tests {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let ca = params.self_signed(&kp).unwrap();
-        assert_eq!(roots_from_pem(ca.pem().as_bytes(), "test").unwrap().len(), 1);
-        let err = roots_from_pem(b"", "the ConfigMap").unwrap_err().to_string();
+        assert_eq!(
+            roots_from_pem(ca.pem().as_bytes(), "test").unwrap().len(),
+            1
+        );
+        let err = roots_from_pem(b"", "the ConfigMap")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--client-ca-file"), "{err}");
     }
 }

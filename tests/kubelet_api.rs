@@ -1,0 +1,720 @@
+//! The kubelet HTTPS API over real TLS on 127.0.0.1 (behaviour.md §7, §8,
+//! decisions.md D5; acceptance tests 48 and 50): routes, redirects, 404/405,
+//! authentication and authorization refusals, client certificates, HTTP/2,
+//! and serving-certificate hot reload.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use reqwest::StatusCode;
+use tokio::sync::oneshot;
+use vk_sandbox::config::TlsFiles;
+use vk_sandbox::kubelet::auth::{Authenticator, Authorizer, Decision, RequestAttributes};
+use vk_sandbox::kubelet::tls::{self, KubeletTls};
+use vk_sandbox::kubelet::{KubeletAuth, KubeletState, StaticPods, UserInfo, router, serve};
+use vk_sandbox::metrics::Metrics;
+
+const NOT_IMPL_LOGS: &str = "error getting container logs?): vk-sandbox: not implemented; use the sandbox SDK for interactive access";
+
+fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn pod(ns: &str, name: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "base:24.04"}]}
+    }))
+    .expect("pod")
+}
+
+/// Tokens "good-<user>" authenticate as <user>.
+#[derive(Default)]
+struct Tokens {
+    calls: AtomicUsize,
+}
+
+impl Authenticator for Tokens {
+    fn authenticate_token<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UserInfo>, String>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let user = token.strip_prefix("good-").map(|name| UserInfo {
+            name: name.to_string(),
+            ..UserInfo::default()
+        });
+        Box::pin(async move { Ok(user) })
+    }
+}
+
+/// Allows the listed users; records what it was asked.
+struct Allow {
+    users: Vec<&'static str>,
+    seen: std::sync::Mutex<Vec<(String, RequestAttributes)>>,
+}
+
+impl Allow {
+    fn users(users: &[&'static str]) -> Arc<Allow> {
+        Arc::new(Allow {
+            users: users.to_vec(),
+            seen: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+}
+
+impl Authorizer for Allow {
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        attrs: &'a RequestAttributes,
+    ) -> BoxFuture<'a, Result<Decision, String>> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((user.name.clone(), attrs.clone()));
+        let d = if self.users.contains(&user.name.as_str()) {
+            Decision::Allow
+        } else {
+            Decision::Deny("no RBAC rule allows it".into())
+        };
+        Box::pin(async move { Ok(d) })
+    }
+}
+
+struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<vk_sandbox::Result<()>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Server {
+    fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.addr.port())
+    }
+
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("server stops in time")
+            .expect("join")
+            .expect("serve ok");
+    }
+}
+
+async fn start(
+    tls: &KubeletTls,
+    auth: Option<Arc<KubeletAuth>>,
+    client_roots: Option<Arc<rustls::RootCertStore>>,
+    pods: Arc<StaticPods>,
+) -> Server {
+    install_crypto();
+    let metrics = Metrics::new().expect("metrics");
+    let state = KubeletState {
+        node_name: "node-a".into(),
+        pods,
+        auth,
+        metrics: metrics.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let config = tls.server_config(client_roots).expect("server config");
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve(listener, config, router(state), async move {
+        let _ = rx.await;
+    }));
+    Server {
+        addr,
+        stop: Some(tx),
+        task,
+        metrics,
+    }
+}
+
+fn self_signed_tls() -> KubeletTls {
+    KubeletTls::init(&TlsFiles::default(), "node-a", Some("127.0.0.1")).expect("tls")
+}
+
+fn client() -> reqwest::Client {
+    client_builder().build().expect("client")
+}
+
+fn client_builder() -> reqwest::ClientBuilder {
+    install_crypto();
+    reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .tls_info(true)
+        .timeout(Duration::from_secs(10))
+}
+
+async fn text(resp: reqwest::Response) -> (StatusCode, Option<String>, String) {
+    let status = resp.status();
+    let ct = resp
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, ct, resp.text().await.expect("body"))
+}
+
+async fn get(
+    server: &Server,
+    c: &reqwest::Client,
+    path: &str,
+) -> (StatusCode, Option<String>, String) {
+    text(c.get(server.url(path)).send().await.expect("request")).await
+}
+
+// Acceptance tests 48 and 50, plus redirects, 404 and 405 (auth off).
+#[tokio::test]
+async fn routes_without_auth() {
+    let pods = Arc::new(StaticPods::new(
+        vec![pod("ns1", "a"), pod("ns2", "b")],
+        vec![pod("ns1", "a")],
+    ));
+    let server = start(&self_signed_tls(), None, None, pods.clone()).await;
+    let c = client();
+
+    let (code, _, body) = get(&server, &c, "/containerLogs/ns/p/c").await;
+    assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body, NOT_IMPL_LOGS);
+    let (code, _, body) = get(&server, &c, "/containerLogs/ns/p/c?tailLines=-1").await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("tailLines"), "{body}");
+    for bad in [
+        "follow=x",
+        "previous=2",
+        "timestamps=yes",
+        "limitBytes=0",
+        "sinceSeconds=0",
+        "sinceTime=nope",
+        "sinceTime=2026-01-01T00:00:00Z&sinceSeconds=5",
+    ] {
+        let (code, _, body) = get(&server, &c, &format!("/containerLogs/ns/p/c?{bad}")).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+    let (code, _, _) = get(
+        &server,
+        &c,
+        "/containerLogs/ns/p/c?tailLines=10&follow=true&sinceTime=2026-01-01T00:00:00Z",
+    )
+    .await;
+    assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
+
+    let (code, ct, body) = get(&server, &c, "/stats/summary").await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(ct.as_deref(), Some("application/json"));
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["node"]["nodeName"], "node-a");
+    assert!(v["node"]["startTime"].is_null());
+    assert_eq!(v["pods"], serde_json::json!([]));
+    assert_eq!(get(&server, &c, "/stats/summary/").await.0, StatusCode::OK);
+
+    for path in ["/metrics/resource", "/metrics/resource/"] {
+        let (code, ct, body) = get(&server, &c, path).await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(ct.as_deref(), Some("text/plain; version=0.0.4"));
+        assert_eq!(body, "");
+    }
+
+    let (code, _, body) = get(&server, &c, "/healthz").await;
+    assert_eq!((code, body.as_str()), (StatusCode::OK, "ok"));
+
+    let (code, ct, body) = get(&server, &c, "/pods").await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(ct.as_deref(), Some("application/json"));
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["kind"], "PodList");
+    assert_eq!(v["apiVersion"], "v1");
+    let names: Vec<&str> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+
+    let (code, _, body) = get(&server, &c, "/runningpods/").await;
+    assert_eq!(code, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["items"].as_array().unwrap().len(), 1);
+    assert_eq!(v["items"][0]["metadata"]["namespace"], "ns1");
+
+    // The lists are live.
+    pods.set_node_pods(vec![]);
+    let (_, _, body) = get(&server, &c, "/pods").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["items"], serde_json::json!([]));
+
+    // Strict-slash redirects, query kept.
+    let resp = c.get(server.url("/runningpods")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(resp.headers()["location"], "/runningpods/");
+    let resp = c.get(server.url("/pods/?x=1")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(resp.headers()["location"], "/pods?x=1");
+
+    // Unknown paths and wrong methods.
+    for path in ["/nope", "/metrics", "/containerLogs/ns/p", "/spec/"] {
+        let (code, _, body) = get(&server, &c, path).await;
+        assert_eq!(code, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(body.trim_end(), "404 request not found", "{path}");
+    }
+    let resp = c.post(server.url("/pods")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let resp = c.delete(server.url("/stats/summary")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let resp = c
+        .put(server.url("/containerLogs/ns/p/c"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+
+    // Counted by route template and code.
+    let requests = &server.metrics.kubelet_requests;
+    assert_eq!(requests.with_label_values(&["/pods", "200"]).get(), 2);
+    assert_eq!(
+        requests
+            .with_label_values(&["/containerLogs/{ns}/{pod}/{container}", "400"])
+            .get(),
+        8
+    );
+    assert_eq!(requests.with_label_values(&["unmatched", "404"]).get(), 4);
+
+    server.stop().await;
+}
+
+// Acceptance test 49 at the kubelet: nothing is upgraded or executed.
+#[tokio::test]
+async fn exec_attach_port_forward_refuse_before_upgrade() {
+    let server = start(&self_signed_tls(), None, None, Arc::default()).await;
+    let c = client();
+    for route in ["exec", "attach"] {
+        for uid_seg in ["", "uid-1/"] {
+            let base = format!("/{route}/ns/p/{uid_seg}c");
+            let (code, _, body) = get(&server, &c, &base).await;
+            assert_eq!(code, StatusCode::BAD_REQUEST, "{base}: no streams");
+            assert!(body.contains("at least 1 of stdin"), "{body}");
+            let (code, _, _) = get(&server, &c, &format!("{base}?tty=1&error=1")).await;
+            assert_eq!(code, StatusCode::BAD_REQUEST, "{base}: tty + stderr");
+
+            let query = "?command=sh&input=1&output=1&tty=1";
+            let resp = c
+                .post(server.url(&format!("{base}{query}")))
+                .header("Connection", "Upgrade")
+                .header("Upgrade", "SPDY/3.1")
+                .header("X-Stream-Protocol-Version", "v4.channel.k8s.io")
+                .send()
+                .await
+                .unwrap();
+            let (code, _, body) = text(resp).await;
+            assert_eq!(code, StatusCode::NOT_IMPLEMENTED, "{base}");
+            assert!(body.contains("not implemented"), "{body}");
+            assert!(body.contains("use the sandbox SDK"), "{body}");
+            let (code, _, _) = get(&server, &c, &format!("{base}?output=1")).await;
+            assert_eq!(code, StatusCode::NOT_IMPLEMENTED);
+        }
+    }
+    // Form body options count for POST.
+    let resp = c
+        .post(server.url("/exec/ns/p/c"))
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body("output=1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_IMPLEMENTED);
+
+    for path in ["/portForward/ns/p", "/portForward/ns/p/uid-1"] {
+        let (code, _, body) = get(&server, &c, path).await;
+        assert_eq!(code, StatusCode::NOT_IMPLEMENTED);
+        assert!(body.contains("not implemented") && body.contains("sandbox SDK"));
+        let resp = c.post(server.url(path)).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_IMPLEMENTED);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn http1_and_h2_are_served() {
+    let server = start(&self_signed_tls(), None, None, Arc::default()).await;
+    let resp = client().get(server.url("/healthz")).send().await.unwrap();
+    assert_eq!(resp.version(), reqwest::Version::HTTP_2, "ALPN picks h2");
+    let h1 = client_builder().http1_only().build().unwrap();
+    let resp = h1.get(server.url("/healthz")).send().await.unwrap();
+    assert_eq!(resp.version(), reqwest::Version::HTTP_11);
+    assert_eq!(resp.status(), StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn tls_below_1_2_is_refused() {
+    let server = start(&self_signed_tls(), None, None, Arc::default()).await;
+    let c = client_builder()
+        .tls_version_max(reqwest::tls::Version::TLS_1_1)
+        .build();
+    // rustls cannot even offer TLS 1.1: either the client refuses to build
+    // or the request fails; it never succeeds.
+    if let Ok(c) = c {
+        assert!(c.get(server.url("/healthz")).send().await.is_err());
+    }
+    server.stop().await;
+}
+
+// The self-signed certificate verifies for 127.0.0.1 against itself.
+#[tokio::test]
+async fn self_signed_cert_verifies_for_loopback() {
+    install_crypto();
+    let (key, pem) = tls::self_signed("node-a", None).unwrap();
+    let server = start(&KubeletTls::from_key(key), None, None, Arc::default()).await;
+    let strict = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(pem.as_bytes()).unwrap()])
+        .build()
+        .unwrap();
+    let resp = strict.get(server.url("/healthz")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    server.stop().await;
+}
+
+struct TestCa {
+    issuer: Issuer<'static, KeyPair>,
+    pem: String,
+}
+
+fn test_ca(name: &str) -> TestCa {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let cert = params.self_signed(&key).unwrap();
+    TestCa {
+        pem: cert.pem(),
+        issuer: Issuer::new(params, key),
+    }
+}
+
+/// PEM of a client certificate (CN, O) signed by `ca`, plus its key.
+fn client_identity(ca: &TestCa, cn: &str, orgs: &[&str]) -> reqwest::Identity {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(DnType::CommonName, cn);
+    for o in orgs {
+        params.distinguished_name.push(DnType::OrganizationName, *o);
+    }
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    let pem = format!("{}{}", cert.pem(), key.serialize_pem());
+    reqwest::Identity::from_pem(pem.as_bytes()).unwrap()
+}
+
+async fn start_with_auth(anonymous: bool, allow: Arc<Allow>, ca: &TestCa) -> (Server, Arc<Tokens>) {
+    let tokens = Arc::new(Tokens::default());
+    let auth = Arc::new(KubeletAuth::new(tokens.clone(), allow, "node-a", anonymous));
+    let roots = tls::roots_from_pem(ca.pem.as_bytes(), "test CA").unwrap();
+    let server = start(&self_signed_tls(), Some(auth), Some(roots), Arc::default()).await;
+    (server, tokens)
+}
+
+#[tokio::test]
+async fn auth_refuses_and_admits() {
+    let ca = test_ca("test client CA");
+    let allow = Allow::users(&["alice", "system:kube-apiserver"]);
+    let (server, tokens) = start_with_auth(false, allow.clone(), &ca).await;
+    let c = client();
+
+    // /healthz needs nothing.
+    assert_eq!(get(&server, &c, "/healthz").await.0, StatusCode::OK);
+
+    // No certificate, no token: 401 everywhere else, even unknown paths.
+    for path in [
+        "/pods",
+        "/runningpods/",
+        "/stats/summary",
+        "/nope",
+        "/pods/",
+    ] {
+        let (code, _, body) = get(&server, &c, path).await;
+        assert_eq!(code, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(body.trim(), "Unauthorized");
+    }
+    let resp = c
+        .post(server.url("/exec/ns/p/c?output=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    // A token the TokenReview rejects: 401.
+    let resp = c
+        .get(server.url("/pods"))
+        .bearer_auth("bogus")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+
+    // Valid token, authorized user: through.
+    let resp = c
+        .get(server.url("/pods"))
+        .bearer_auth("good-alice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    // Valid token, user without RBAC: 403 naming the attributes.
+    let resp = c
+        .get(server.url("/stats/summary"))
+        .bearer_auth("good-mallory")
+        .send()
+        .await
+        .unwrap();
+    let (code, _, body) = text(resp).await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    assert!(body.contains("user=mallory"), "{body}");
+    assert!(body.contains("verb=get"), "{body}");
+    assert!(body.contains("resource=nodes"), "{body}");
+    assert!(body.contains("subresource=stats"), "{body}");
+    assert!(body.contains("no RBAC rule allows it"), "{body}");
+
+    // The token is reviewed once and then cached.
+    for _ in 0..3 {
+        let resp = c
+            .get(server.url("/healthz"))
+            .bearer_auth("good-alice")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let resp = c
+            .get(server.url("/pods"))
+            .bearer_auth("good-alice")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    assert_eq!(
+        tokens.calls.load(Ordering::SeqCst),
+        3,
+        "bogus, alice, mallory"
+    );
+
+    // A client certificate from the client CA: user = CN, no token needed.
+    let apiserver = client_builder()
+        .identity(client_identity(
+            &ca,
+            "system:kube-apiserver",
+            &["system:masters"],
+        ))
+        .build()
+        .unwrap();
+    let (code, _, _) = get(&server, &apiserver, "/pods").await;
+    assert_eq!(code, StatusCode::OK);
+    let (code, _, body) = get(&server, &apiserver, "/containerLogs/ns/p/c").await;
+    assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body, NOT_IMPL_LOGS);
+    // A certificate for a user without RBAC: 403.
+    let other = client_builder()
+        .identity(client_identity(&ca, "bob", &[]))
+        .build()
+        .unwrap();
+    assert_eq!(get(&server, &other, "/pods").await.0, StatusCode::FORBIDDEN);
+    // A certificate from another CA: the handshake fails.
+    let foreign_ca = test_ca("someone else");
+    let foreign = client_builder()
+        .identity(client_identity(&foreign_ca, "alice", &[]))
+        .build()
+        .unwrap();
+    assert!(foreign.get(server.url("/pods")).send().await.is_err());
+
+    // What the authorizer saw: nodes/<sub> named node-a, verbs by method.
+    let seen = allow.seen.lock().unwrap().clone();
+    let find = |user: &str, sub: &str| {
+        seen.iter()
+            .find(|(u, a)| u == user && a.subresource == sub)
+            .map(|(_, a)| a.clone())
+    };
+    let a = find("system:kube-apiserver", "proxy").expect("apiserver proxy check");
+    assert_eq!(
+        (a.verb, a.resource, a.name.as_str()),
+        ("get", "nodes", "node-a")
+    );
+    assert!(find("mallory", "stats").is_some());
+
+    let failures = &server.metrics.kubelet_auth_failures;
+    assert!(failures.with_label_values(&["unauthenticated"]).get() >= 7);
+    assert_eq!(failures.with_label_values(&["forbidden"]).get(), 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn anonymous_auth_is_authorized_as_system_anonymous() {
+    let ca = test_ca("ca");
+    let (server, _) = start_with_auth(true, Allow::users(&[]), &ca).await;
+    let (code, _, body) = get(&server, &client(), "/pods").await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    assert!(body.contains("user=system:anonymous"), "{body}");
+    server.stop().await;
+
+    let (server, _) = start_with_auth(true, Allow::users(&["system:anonymous"]), &ca).await;
+    assert_eq!(get(&server, &client(), "/pods").await.0, StatusCode::OK);
+    server.stop().await;
+}
+
+fn write_pair(dir: &Path, cn: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    params.distinguished_name.push(DnType::CommonName, cn);
+    let cert = params.self_signed(&key).unwrap();
+    let c = dir.join("tls.crt");
+    let k = dir.join("tls.key");
+    // Write beside and rename, as a rotation would.
+    std::fs::write(dir.join("tls.crt.new"), cert.pem()).unwrap();
+    std::fs::write(dir.join("tls.key.new"), key.serialize_pem()).unwrap();
+    std::fs::rename(dir.join("tls.key.new"), &k).unwrap();
+    std::fs::rename(dir.join("tls.crt.new"), &c).unwrap();
+    (c, k)
+}
+
+async fn served_cn(server: &Server) -> String {
+    // A fresh client per probe: a new connection, a new handshake.
+    let resp = client()
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .expect("request");
+    let info = resp
+        .extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .expect("tls info");
+    let der = info.peer_certificate().expect("peer cert").to_vec();
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    cert.subject()
+        .iter_common_name()
+        .next()
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn certificate_files_are_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = write_pair(dir.path(), "first");
+    let files = TlsFiles {
+        cert: Some(cert.clone()),
+        key: Some(key.clone()),
+    };
+    let tls = KubeletTls::init(&files, "node-a", None).unwrap();
+    assert!(!tls.is_self_signed());
+    let server = start(&tls, None, None, Arc::default()).await;
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let metrics = server.metrics.clone();
+    let watcher = tokio::spawn(tls.clone().watch(
+        Duration::from_millis(50),
+        Some(metrics.clone()),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    assert_eq!(served_cn(&server).await, "first");
+
+    let wait_for_cn = |want: &'static str| {
+        let server = &server;
+        async move {
+            for _ in 0..100 {
+                if served_cn(server).await == want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("the served certificate never became {want}");
+        }
+    };
+
+    // Sleep past coarse mtime granularity, then rotate.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    write_pair(dir.path(), "second");
+    wait_for_cn("second").await;
+    assert_eq!(
+        metrics
+            .kubelet_cert_reloads
+            .with_label_values(&["success"])
+            .get(),
+        1
+    );
+
+    // A broken key keeps the current certificate.
+    std::fs::write(&key, "garbage").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(served_cn(&server).await, "second");
+    assert_eq!(
+        metrics
+            .kubelet_cert_reloads
+            .with_label_values(&["error"])
+            .get(),
+        1,
+        "one failure counted once"
+    );
+    // Missing files keep it too.
+    std::fs::remove_file(&cert).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(served_cn(&server).await, "second");
+
+    // A good pair again: picked up.
+    write_pair(dir.path(), "third");
+    wait_for_cn("third").await;
+
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), watcher)
+        .await
+        .expect("watcher stops")
+        .unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_connections_finish_and_stops_listening() {
+    let server = start(&self_signed_tls(), None, None, Arc::default()).await;
+    let c = client();
+    assert_eq!(get(&server, &c, "/healthz").await.0, StatusCode::OK);
+    let addr = server.addr;
+    server.stop().await;
+    // The port is closed.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+#[tokio::test]
+async fn handshake_garbage_does_not_hurt_the_server() {
+    use tokio::io::AsyncWriteExt;
+    let server = start(&self_signed_tls(), None, None, Arc::default()).await;
+    for _ in 0..5 {
+        let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    }
+    assert_eq!(get(&server, &client(), "/healthz").await.0, StatusCode::OK);
+    server.stop().await;
+}
