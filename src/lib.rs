@@ -5,8 +5,10 @@ pub mod admin;
 pub mod build_info;
 pub mod config;
 pub mod error;
+pub mod kube_client;
 pub mod kubelet;
 pub mod metrics;
+pub mod node;
 pub mod sandboxd;
 
 pub use error::{Error, Result};

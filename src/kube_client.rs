@@ -1,0 +1,77 @@
+//! Kubernetes credentials, in the order decisions.md D1 gives: in-cluster
+//! service account first, then `--kubeconfig`, then `$KUBECONFIG`, then
+//! `~/.kube/config`.
+
+use std::path::PathBuf;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tracing::info;
+
+use crate::{Error, Result};
+
+/// Where the credentials came from (logged at start-up).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    InCluster,
+    Kubeconfig(PathBuf),
+}
+
+fn kubeconfig_candidates(flag: Option<PathBuf>) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    v.extend(flag);
+    if let Some(env) = std::env::var_os("KUBECONFIG").filter(|s| !s.is_empty()) {
+        // Like kubectl, the first file of a list is the one read here.
+        v.extend(std::env::split_paths(&env).next());
+    }
+    if let Some(home) = std::env::var_os("HOME").filter(|s| !s.is_empty()) {
+        v.push(PathBuf::from(home).join(".kube").join("config"));
+    }
+    v
+}
+
+/// Builds the client configuration. kube-rs applies no client-side rate
+/// limit, so nothing here is stricter than `--kube-api-qps/burst`.
+pub async fn config(kubeconfig_flag: Option<PathBuf>) -> Result<(Config, Source)> {
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        match Config::incluster() {
+            Ok(c) => return Ok((c, Source::InCluster)),
+            Err(e) => info!(error = %e, "in-cluster credentials unusable; trying a kubeconfig"),
+        }
+    }
+    let flag_given = kubeconfig_flag.is_some();
+    let candidates = kubeconfig_candidates(kubeconfig_flag);
+    for (i, path) in candidates.iter().enumerate() {
+        let explicit = i == 0 && flag_given;
+        if !explicit && !path.exists() {
+            continue;
+        }
+        let kc = Kubeconfig::read_from(path).map_err(|e| {
+            Error::Config(format!(
+                "kubeconfig {}: {e}; fix the file or point --kubeconfig at a valid one",
+                path.display()
+            ))
+        })?;
+        let c = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| {
+                Error::Config(format!(
+                    "kubeconfig {}: {e}; fix the file or point --kubeconfig at a valid one",
+                    path.display()
+                ))
+            })?;
+        return Ok((c, Source::Kubeconfig(path.clone())));
+    }
+    Err(Error::Config(
+        "no Kubernetes credentials: not running in a cluster, no --kubeconfig, \
+         KUBECONFIG unset and no ~/.kube/config; pass --kubeconfig PATH"
+            .into(),
+    ))
+}
+
+pub async fn client(kubeconfig_flag: Option<PathBuf>) -> Result<(Client, Source)> {
+    let (cfg, source) = config(kubeconfig_flag).await?;
+    let client =
+        Client::try_from(cfg).map_err(|e| Error::kube("build the Kubernetes client", e))?;
+    Ok((client, source))
+}

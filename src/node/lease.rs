@@ -1,0 +1,183 @@
+//! The node Lease (`kube-node-lease/<node>`): the heartbeat the node
+//! lifecycle controller reads (behaviour.md §2.2).
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{debug, instrument, warn};
+
+use super::desired::FIELD_MANAGER;
+use crate::{Error, Result};
+
+pub const NAMESPACE: &str = "kube-node-lease";
+pub const DURATION_SECONDS: i32 = 40;
+/// Renew at a quarter of the duration, as the kubelet does.
+pub const RENEW_INTERVAL: Duration = Duration::from_secs(10);
+const MAX_QUICK_RETRIES: usize = 5;
+const BACKOFF_START: Duration = Duration::from_millis(200);
+const BACKOFF_CAP: Duration = Duration::from_secs(7);
+
+/// The Lease as it should be now, owned by the Node (so it goes with it).
+pub fn desired(node: &str, node_uid: &str, now: Timestamp) -> Lease {
+    serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": node,
+            "namespace": NAMESPACE,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}],
+        },
+        "spec": {
+            "holderIdentity": node,
+            "leaseDurationSeconds": DURATION_SECONDS,
+            "renewTime": MicroTime(now),
+        },
+    }))
+    .expect("a static Lease shape always deserializes")
+}
+
+/// `last` with its renewal moved to `now` and our identity re-asserted
+/// (another writer may have changed them).
+pub fn renewed(mut last: Lease, node: &str, node_uid: &str, now: Timestamp) -> Lease {
+    let want = desired(node, node_uid, now);
+    let spec = last.spec.get_or_insert_with(Default::default);
+    spec.holder_identity = Some(node.into());
+    spec.lease_duration_seconds = Some(DURATION_SECONDS);
+    spec.renew_time = Some(MicroTime(now));
+    if last
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_none_or(|refs| !refs.iter().any(|r| r.uid == node_uid))
+    {
+        last.metadata.owner_references = want.metadata.owner_references;
+    }
+    last
+}
+
+/// One renewal: update from the last written object; on a conflict re-read
+/// and retry a few times; recreate when the Lease is gone.
+pub async fn renew_once(
+    leases: &Api<Lease>,
+    node: &str,
+    node_uid: &str,
+    last: Option<Lease>,
+) -> Result<Lease> {
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let mut current = last;
+    for _ in 0..MAX_QUICK_RETRIES {
+        let base = match current.take() {
+            Some(l) => l,
+            None => match leases.get_opt(node).await {
+                Ok(Some(l)) => l,
+                Ok(None) => {
+                    let l = desired(node, node_uid, Timestamp::now());
+                    match leases.create(&pp, &l).await {
+                        Ok(l) => return Ok(l),
+                        Err(kube::Error::Api(ae)) if ae.code == 409 => continue,
+                        Err(e) => {
+                            return Err(Error::kube(format!("create Lease {NAMESPACE}/{node}"), e));
+                        }
+                    }
+                }
+                Err(e) => return Err(Error::kube(format!("read Lease {NAMESPACE}/{node}"), e)),
+            },
+        };
+        let next = renewed(base, node, node_uid, Timestamp::now());
+        match leases.replace(node, &pp, &next).await {
+            Ok(l) => return Ok(l),
+            // Someone else wrote it, or it was deleted: re-read and retry.
+            Err(kube::Error::Api(ae)) if ae.code == 409 || ae.code == 404 => {
+                debug!(code = ae.code, "lease renewal raced; re-reading");
+                current = None;
+            }
+            Err(e) => return Err(Error::kube(format!("renew Lease {NAMESPACE}/{node}"), e)),
+        }
+    }
+    Err(Error::Config(format!(
+        "renew Lease {NAMESPACE}/{node}: still conflicting after {MAX_QUICK_RETRIES} attempts"
+    )))
+}
+
+/// Renews the Lease every 10 s until `shutdown` fires. Failures back off
+/// (200 ms doubling to 7 s) and are reported through `on_result`; nothing
+/// here panics or gives up.
+#[instrument(skip_all, fields(node = %node))]
+pub async fn run(
+    client: Client,
+    node: String,
+    node_uid: String,
+    mut shutdown: watch::Receiver<bool>,
+    on_result: impl Fn(&Result<()>) + Send,
+) {
+    let leases: Api<Lease> = Api::namespaced(client, NAMESPACE);
+    let mut last: Option<Lease> = None;
+    let mut backoff = BACKOFF_START;
+    loop {
+        let wait = match renew_once(&leases, &node, &node_uid, last.take()).await {
+            Ok(l) => {
+                last = Some(l);
+                backoff = BACKOFF_START;
+                on_result(&Ok(()));
+                RENEW_INTERVAL
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in = ?backoff, "node lease renewal failed");
+                on_result(&Err(e));
+                let w = backoff;
+                backoff = (backoff * 2).min(BACKOFF_CAP);
+                w
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn desired_lease_shape() {
+        let now: Timestamp = "2026-01-01T00:00:00.123456Z".parse().expect("ts");
+        let l = desired("vk-a", "uid-1", now);
+        assert_eq!(l.metadata.namespace.as_deref(), Some(NAMESPACE));
+        let spec = l.spec.expect("spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some("vk-a"));
+        assert_eq!(spec.lease_duration_seconds, Some(40));
+        assert_eq!(spec.renew_time, Some(MicroTime(now)));
+        let owners = l.metadata.owner_references.expect("owners");
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].kind, "Node");
+        assert_eq!(owners[0].uid, "uid-1");
+        assert_eq!(owners[0].controller, None);
+    }
+
+    #[test]
+    fn renewal_moves_time_and_restores_identity() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().expect("t0");
+        let t1: Timestamp = "2026-01-01T00:00:10Z".parse().expect("t1");
+        let mut l = desired("vk-a", "uid-1", t0);
+        l.metadata.resource_version = Some("42".into());
+        l.spec.as_mut().expect("spec").holder_identity = Some("intruder".into());
+        l.metadata.owner_references = None;
+        let r = renewed(l, "vk-a", "uid-2", t1);
+        assert_eq!(r.metadata.resource_version.as_deref(), Some("42"));
+        let spec = r.spec.expect("spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some("vk-a"));
+        assert_eq!(spec.renew_time, Some(MicroTime(t1)));
+        assert_eq!(r.metadata.owner_references.expect("owners")[0].uid, "uid-2");
+    }
+}
