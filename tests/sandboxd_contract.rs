@@ -272,6 +272,38 @@ async fn claim_200_redirect_fault_and_empty_200_are_capacity_misses() {
     c.claim(&req("ns/a")).await.expect("faults used up");
 }
 
+/// A 3xx is never followed: it is an Http error and the target is never hit.
+#[tokio::test]
+async fn claim_http_redirects_are_never_followed() {
+    let h = sim(cfg()).await;
+    let target = format!("{}/v1/claim", h.base_url());
+    let app = axum::Router::new().fallback(move || {
+        let target = target.clone();
+        async move {
+            (
+                axum::http::StatusCode::TEMPORARY_REDIRECT,
+                [(axum::http::header::LOCATION, target)],
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    init();
+    let c = SandboxdClient::builder(format!("http://{addr}"))
+        .token(Some(ROOT.into()))
+        .build()
+        .expect("client");
+    let err = c.claim(&req("ns/r")).await.expect_err("307");
+    assert_http(&err, Op::Claim, 307, "");
+    assert!(h.requests().is_empty(), "the redirect target was contacted");
+    server.abort();
+}
+
 #[tokio::test]
 async fn claim_400_bad_key_or_body() {
     let h = sim(cfg()).await;

@@ -48,11 +48,11 @@ fn bad_request(message: impl Into<String>) -> Response {
         .into_response()
 }
 
-fn parse<T: DeserializeOwned + Default>(body: &Bytes) -> Result<T, Response> {
+fn parse<T: DeserializeOwned + Default>(body: &Bytes) -> Result<T, String> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid JSON: {e}")))
+    serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))
 }
 
 async fn state(State(sim): State<Arc<Sim>>) -> Response {
@@ -105,7 +105,7 @@ async fn config(State(sim): State<Arc<Sim>>) -> Response {
 async fn patch_config(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
     match parse::<ConfigPatch>(&body) {
         Ok(patch) => axum::Json(sim.patch_config(patch)).into_response(),
-        Err(resp) => resp,
+        Err(e) => bad_request(e),
     }
 }
 
@@ -132,7 +132,7 @@ async fn patch_clock(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
             axum::Json(json!({ "now": now.to_string(), "frozen": sim.clock().is_frozen() }))
                 .into_response()
         }
-        Err(resp) => resp,
+        Err(e) => bad_request(e),
     }
 }
 
@@ -151,7 +151,7 @@ async fn claims(State(sim): State<Arc<Sim>>, Query(q): Query<HashMap<String, Str
 async fn patch_claim(State(sim): State<Arc<Sim>>, Path(id): Path<String>, body: Bytes) -> Response {
     let patch = match parse::<ClaimPatch>(&body) {
         Ok(p) => p,
-        Err(resp) => return resp,
+        Err(e) => return bad_request(e),
     };
     match sim.patch_claim(&id, patch) {
         Ok(claim) => axum::Json(claim).into_response(),
@@ -174,7 +174,7 @@ struct RestartRequest {
 async fn restart(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
     let req = match parse::<RestartRequest>(&body) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(e) => return bad_request(e),
     };
     match sim.restart(&req.drop_ids) {
         Ok(ids) => {
@@ -210,7 +210,7 @@ struct ListenerRequest {
 async fn set_listener(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
     let req = match parse::<ListenerRequest>(&body) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(e) => return bad_request(e),
     };
     let Some(accepting) = req.accepting else {
         return bad_request("want {\"accepting\": true|false}");

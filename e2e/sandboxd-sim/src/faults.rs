@@ -154,7 +154,7 @@ mod tests {
             kind: FaultKind::Garbage,
             times: None,
         });
-        assert!(matches!(f.take(Endpoint::List), None));
+        assert!(f.take(Endpoint::List).is_none());
         assert!(matches!(
             f.take(Endpoint::Claim),
             Some(FaultKind::Status { status: 429, .. })

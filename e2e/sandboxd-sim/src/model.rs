@@ -89,33 +89,38 @@ pub struct ClaimBody {
     pub no_redirect: bool,
 }
 
+/// A claim body sandboxd answers with `400 invalid request body`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("invalid request body")]
+pub struct InvalidBody;
+
 /// Decode a claim body the way Go's `encoding/json` does for sandboxd:
 /// only the first JSON value is read, field names match case-insensitively,
 /// unknown fields are ignored, `null` leaves a field at its zero value, and
 /// a mistyped field fails the whole decode.
-pub fn decode_claim_body(bytes: &[u8]) -> Result<ClaimBody, ()> {
+pub fn decode_claim_body(bytes: &[u8]) -> Result<ClaimBody, InvalidBody> {
     if bytes.len() > MAX_BODY {
-        return Err(());
+        return Err(InvalidBody);
     }
     let mut values = serde_json::Deserializer::from_slice(bytes).into_iter::<Value>();
     let map = match values.next() {
         Some(Ok(Value::Object(map))) => map,
         Some(Ok(Value::Null)) => return Ok(ClaimBody::default()),
-        _ => return Err(()),
+        _ => return Err(InvalidBody),
     };
     let mut body = ClaimBody::default();
     for (name, value) in map {
         if value.is_null() {
             continue;
         }
-        let string = |v: &Value| v.as_str().map(str::to_string).ok_or(());
+        let string = |v: &Value| v.as_str().map(str::to_string).ok_or(InvalidBody);
         match name.to_lowercase().as_str() {
             "template" => body.template = string(&value)?,
             "net" => body.net = string(&value)?,
             "size" => body.size = string(&value)?,
             "claim_ref" => body.claim_ref = string(&value)?,
-            "ttl_seconds" => body.ttl_seconds = value.as_i64().ok_or(())?,
-            "no_redirect" => body.no_redirect = value.as_bool().ok_or(())?,
+            "ttl_seconds" => body.ttl_seconds = value.as_i64().ok_or(InvalidBody)?,
+            "no_redirect" => body.no_redirect = value.as_bool().ok_or(InvalidBody)?,
             _ => {}
         }
     }
