@@ -542,6 +542,12 @@ async fn claim_persist_then_drop_is_transport_and_the_claim_is_listed() {
     assert_transport(&err, Op::Claim);
     assert!(err.is_outcome_unknown());
     assert_eq!(err.metric_label(), "sandboxd_transport");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("sandboxd claim: transport error"),
+        "{text}"
+    );
+    assert!(text.contains("outcome unknown"), "{text}");
 
     let rows = c.list().await.expect("list");
     let lost: Vec<_> = rows.iter().filter(|r| r.claim_ref == "ns/lost").collect();
@@ -625,6 +631,8 @@ async fn claim_refused_connection_is_transport() {
     wait_until("listener closed", || refused(&h)).await;
     let err = c.claim(&req("ns/a")).await.expect_err("refused");
     assert_transport(&err, Op::Claim);
+    // Nothing reached sandboxd, so nothing can have been created.
+    assert!(!err.is_outcome_unknown(), "{err}");
     h.set_accepting(true);
     wait_until("listener back", || async { !refused(&h).await }).await;
     c.claim(&req("ns/a")).await.expect("back up");

@@ -54,7 +54,12 @@ pub enum SandboxdError {
     /// The request did not complete: connection refused or reset, timeout, or
     /// a reply body cut short. On a claim the outcome is unknown: sandboxd may
     /// have created and persisted the claim (see [`Self::is_outcome_unknown`]).
-    #[error("sandboxd {op}: {}: {source}", transport_kind(*timeout))]
+    #[error(
+        "sandboxd {op}: {}: {}{}",
+        transport_kind(*timeout),
+        chain(source),
+        outcome_note(*op, source)
+    )]
     Transport {
         op: Op,
         timeout: bool,
@@ -92,6 +97,29 @@ fn suffix(message: &str) -> String {
         String::new()
     } else {
         format!(": {message}")
+    }
+}
+
+/// The error and its causes, `a: b: c` (reqwest's own text omits them).
+fn chain(err: &reqwest::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn outcome_note(op: Op, source: &reqwest::Error) -> &'static str {
+    if op == Op::Claim && !source.is_connect() {
+        " (outcome unknown: sandboxd may have created the claim)"
+    } else {
+        ""
     }
 }
 
@@ -135,12 +163,19 @@ impl SandboxdError {
     /// a claim, or a `200` claim reply whose body could not be decoded. The
     /// caller must look for a stray row under its `claim_ref` (decisions.md
     /// D7) rather than assume nothing happened.
+    ///
+    /// A connection that could not be established (refused, unreachable)
+    /// carried no request, so its outcome is known: nothing was created.
     pub fn is_outcome_unknown(&self) -> bool {
-        matches!(
-            self,
-            SandboxdError::Transport { op: Op::Claim, .. }
-                | SandboxdError::Decode { op: Op::Claim, .. }
-        )
+        match self {
+            SandboxdError::Transport {
+                op: Op::Claim,
+                source,
+                ..
+            } => !source.is_connect(),
+            SandboxdError::Decode { op: Op::Claim, .. } => true,
+            _ => false,
+        }
     }
 
     /// True for a `429`-or-redirect capacity miss on a claim.
@@ -155,7 +190,6 @@ impl SandboxdError {
             SandboxdError::Http { status, .. } | SandboxdError::Decode { status, .. } => {
                 Some(*status)
             }
-            SandboxdError::CapacityMiss { .. } => None,
             _ => None,
         }
     }
