@@ -294,6 +294,53 @@ mod tests {
         assert_eq!(get_path(&r, "/nope").await.0, StatusCode::NOT_FOUND);
     }
 
+    /// `promtool check metrics` (Debian package `prometheus`) accepts the
+    /// exposition; skipped where promtool is not installed.
+    #[test]
+    fn promtool_accepts_the_exposition() {
+        use std::io::Write;
+        let metrics = Metrics::new().unwrap();
+        metrics.lease_renewed(true);
+        metrics.lease_renewed(false);
+        metrics
+            .kubelet_requests
+            .with_label_values(&["/pods", "200"])
+            .inc();
+        metrics
+            .kubelet_auth_failures
+            .with_label_values(&["forbidden"])
+            .inc();
+        metrics
+            .kubelet_cert_reloads
+            .with_label_values(&["success"])
+            .inc();
+        let text = metrics.encode().unwrap();
+        let child = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn();
+        let Ok(mut child) = child else {
+            eprintln!("SKIPPED: promtool is not installed");
+            return;
+        };
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let report = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "promtool: {report}\n{text}");
+        assert!(report.trim().is_empty(), "promtool warnings: {report}");
+    }
+
     #[tokio::test]
     async fn serves_over_tcp_and_shuts_down() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -49,6 +49,8 @@ pub const TOKEN_REJECT_CACHE_TTL: Duration = Duration::from_secs(30);
 pub const ALLOW_CACHE_TTL: Duration = Duration::from_secs(120);
 /// How long a denied SubjectAccessReview is reused.
 pub const DENY_CACHE_TTL: Duration = Duration::from_secs(30);
+/// Attempts at reading the client CA ConfigMap before giving up.
+const CLIENT_CA_ATTEMPTS: u32 = 3;
 /// Entries kept per cache before it is pruned.
 const CACHE_MAX_ENTRIES: usize = 4096;
 
@@ -570,13 +572,36 @@ pub async fn load_client_ca(
         "ConfigMap {CLIENT_CA_CONFIGMAP_NAMESPACE}/{CLIENT_CA_CONFIGMAP_NAME} key {CLIENT_CA_CONFIGMAP_KEY}"
     );
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), CLIENT_CA_CONFIGMAP_NAMESPACE);
-    let cm = api.get(CLIENT_CA_CONFIGMAP_NAME).await.map_err(|e| {
-        Error::Config(format!(
-            "reading the kubelet client CA from {source}: {e}; allow `get` on that ConfigMap \
-             (e.g. bind the Role extension-apiserver-authentication-reader), or give \
-             --client-ca-file (env VK_CLIENT_CA_FILE), or turn auth off with --kubelet-auth=false"
-        ))
-    })?;
+    let fix = "allow `get` on that ConfigMap (e.g. bind the Role \
+               extension-apiserver-authentication-reader), or give --client-ca-file (env \
+               VK_CLIENT_CA_FILE), or turn auth off with --kubelet-auth=false";
+    // A few quick retries ride out an apiserver that is still starting;
+    // a refusal (403) or absence (404) is final.
+    let mut delay = Duration::from_millis(500);
+    let mut attempt = 1;
+    let cm = loop {
+        match api.get(CLIENT_CA_CONFIGMAP_NAME).await {
+            Ok(cm) => break cm,
+            Err(kube::Error::Api(ae)) if ae.code == 403 || ae.code == 404 => {
+                return Err(Error::Config(format!(
+                    "reading the kubelet client CA from {source}: {} ({}); {fix}",
+                    ae.message, ae.code
+                )));
+            }
+            Err(e) if attempt >= CLIENT_CA_ATTEMPTS => {
+                return Err(Error::kube(
+                    format!("reading the kubelet client CA from {source} ({fix})"),
+                    e,
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, attempt, "reading the kubelet client CA failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                attempt += 1;
+            }
+        }
+    };
     let pem = cm
         .data
         .as_ref()
