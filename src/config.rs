@@ -244,6 +244,11 @@ pub struct RunArgs {
     /// Log line format on stderr.
     #[arg(long, env = "VK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// How often the Node status heartbeat is written (at most 60s keeps
+    /// the node lifecycle controller content). Hidden: for tests.
+    #[arg(long, default_value = "60s", value_name = "DURATION", hide = true)]
+    pub node_status_interval: String,
 }
 
 /// Log output format (`--log-format`).
@@ -679,6 +684,8 @@ pub struct Config {
     pub node_labels: BTreeMap<String, String>,
     pub kubelet_auth: KubeletAuthConfig,
     pub log_format: LogFormat,
+    /// Node status heartbeat period (> 0).
+    pub node_status_interval: Duration,
 }
 
 /// Collects problems so one run reports all of them.
@@ -803,6 +810,19 @@ impl Config {
                     "give e.g. 60s or 5m (0 disables the scan)",
                 );
                 None
+            }
+        };
+        let node_status_interval = match parse_go_duration(&args.node_status_interval) {
+            Ok(n) if n > 0 => nanos_to_duration(n),
+            Ok(_) | Err(_) => {
+                p.push(
+                    "node-status-interval",
+                    None,
+                    &args.node_status_interval,
+                    "must be a Go duration greater than zero",
+                    "give e.g. 60s",
+                );
+                Duration::from_secs(60)
             }
         };
         let publish_interval = match parse_go_duration(&args.publish_interval) {
@@ -967,6 +987,7 @@ impl Config {
                 client_ca_file,
             },
             log_format: args.log_format,
+            node_status_interval,
         })
     }
 }

@@ -9,6 +9,8 @@ pub mod kube_client;
 pub mod kubelet;
 pub mod metrics;
 pub mod node;
+pub mod pods;
 pub mod sandboxd;
+pub mod telemetry;
 
 pub use error::{Error, Result};

@@ -59,8 +59,10 @@ async fn scheduler_binds_by_toleration_and_gc_collects_dependents() {
             json!({"key": "node.kubernetes.io/unreachable", "operator": "Exists"}),
         ];
         if tolerate {
-            tolerations.push(json!({"key": "smoke.vk-sandbox.test/only", "operator": "Equal",
-                                    "value": "yes", "effect": "NoSchedule"}));
+            tolerations.push(
+                json!({"key": "smoke.vk-sandbox.test/only", "operator": "Equal",
+                                    "value": "yes", "effect": "NoSchedule"}),
+            );
         }
         from_json(json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -106,7 +108,11 @@ async fn scheduler_binds_by_toleration_and_gc_collects_dependents() {
                 .unwrap_or_default()
                 .into_iter()
                 .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"));
-            if unschedulable { Ok(()) } else { Err("no Unschedulable condition yet".into()) }
+            if unschedulable {
+                Ok(())
+            } else {
+                Err("no Unschedulable condition yet".into())
+            }
         },
     )
     .await;
@@ -116,7 +122,9 @@ async fn scheduler_binds_by_toleration_and_gc_collects_dependents() {
     let owner = cms
         .create(
             &PostParams::default(),
-            &from_json(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}})),
+            &from_json(
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}),
+            ),
         )
         .await
         .expect("create owner");

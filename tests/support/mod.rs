@@ -119,7 +119,11 @@ pub fn cluster_logs() -> String {
         let text = std::fs::read_to_string(&p).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         let tail = &lines[lines.len().saturating_sub(25)..];
-        out.push_str(&format!("==== {} (last {} lines)\n", p.display(), tail.len()));
+        out.push_str(&format!(
+            "==== {} (last {} lines)\n",
+            p.display(),
+            tail.len()
+        ));
         for l in tail {
             out.push_str(l);
             out.push('\n');
@@ -153,3 +157,4 @@ where
 
 pub mod process;
 pub mod rbac;
+pub mod vk;

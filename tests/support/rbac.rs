@@ -33,12 +33,19 @@ pub async fn apply_manifest(client: &Client, path: &Path) -> Result<(), String> 
             continue;
         }
         let obj: DynamicObject = serde_yaml::from_value(value).map_err(|e| e.to_string())?;
-        let tm = obj.types.clone().ok_or("manifest document without apiVersion/kind")?;
+        let tm = obj
+            .types
+            .clone()
+            .ok_or("manifest document without apiVersion/kind")?;
         let gvk = kube::core::GroupVersionKind::try_from(&tm).map_err(|e| e.to_string())?;
         let (ar, caps) = discovery
             .resolve_gvk(&gvk)
             .ok_or_else(|| format!("{gvk:?} is not served by this cluster"))?;
-        let name = obj.metadata.name.clone().ok_or("manifest object without a name")?;
+        let name = obj
+            .metadata
+            .name
+            .clone()
+            .ok_or("manifest object without a name")?;
         let api: Api<DynamicObject> = match caps.scope {
             Scope::Namespaced => Api::namespaced_with(
                 client.clone(),
@@ -62,7 +69,12 @@ pub async fn service_account_kubeconfig(
     out: &Path,
 ) -> Result<PathBuf, String> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces.get_opt(NAMESPACE).await.map_err(|e| e.to_string())?.is_none() {
+    if namespaces
+        .get_opt(NAMESPACE)
+        .await
+        .map_err(|e| e.to_string())?
+        .is_none()
+    {
         let ns: Namespace = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}
         }))

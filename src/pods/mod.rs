@@ -1,0 +1,3 @@
+//! Pods bound to this node.
+
+pub mod cache;

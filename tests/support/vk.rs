@@ -1,0 +1,158 @@
+//! Per-test setup for running vk-sandbox against the shared cluster with the
+//! shipped RBAC: a ServiceAccount kubeconfig (made once per test binary), a
+//! private state folder, and the process itself.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::DeleteParams;
+use kube::{Api, Client};
+use tokio::sync::OnceCell;
+
+use super::process::VkProcess;
+use super::{TestCluster, wait_for};
+
+static SA_KUBECONFIG: OnceCell<PathBuf> = OnceCell::const_new();
+
+/// A folder that outlives the test binary's run only when kept for
+/// debugging (VK_KEEP_TEST_DIRS=1).
+pub fn test_dir(prefix: &str) -> PathBuf {
+    let base = std::env::temp_dir().join("vk-sandbox-tests");
+    std::fs::create_dir_all(&base).expect("create test base dir");
+    let d = tempfile::Builder::new()
+        .prefix(&format!("{prefix}-"))
+        .tempdir_in(&base)
+        .expect("create test dir");
+    d.keep()
+}
+
+/// The kubeconfig of the `vk-sandbox` ServiceAccount (manifests/rbac.yaml).
+pub async fn sa_kubeconfig(cluster: &TestCluster) -> PathBuf {
+    SA_KUBECONFIG
+        .get_or_init(|| async {
+            let dir = test_dir("sa");
+            let out = dir.join("vk-sandbox.kubeconfig");
+            super::rbac::service_account_kubeconfig(&cluster.client, &cluster.kubeconfig, &out)
+                .await
+                .unwrap_or_else(|e| panic!("service account kubeconfig: {e}"))
+        })
+        .await
+        .clone()
+}
+
+pub struct VkUnderTest {
+    pub node: String,
+    pub dir: PathBuf,
+    pub state_path: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub process: VkProcess,
+}
+
+impl VkUnderTest {
+    /// Starts vk-sandbox for a fresh node `<prefix>-<random>` with the
+    /// shipped RBAC, node IP 127.0.0.1, a private state path, plus `extra`.
+    pub async fn start(cluster: &TestCluster, prefix: &str, extra: &[&str]) -> VkUnderTest {
+        let node = format!("{prefix}-{}", super::suffix());
+        let kubeconfig = sa_kubeconfig(cluster).await;
+        let dir = test_dir(&node);
+        let state_path = dir.join("state").join("claims.json");
+        let process = Self::spawn(&dir, &node, &kubeconfig, &state_path, extra, None);
+        VkUnderTest {
+            node,
+            dir,
+            state_path,
+            kubeconfig,
+            process,
+        }
+    }
+
+    fn spawn(
+        dir: &Path,
+        node: &str,
+        kubeconfig: &Path,
+        state_path: &Path,
+        extra: &[&str],
+        ports: Option<(u16, u16)>,
+    ) -> VkProcess {
+        let mut args: Vec<String> = vec![
+            format!("--node-name={node}"),
+            "--node-ip=127.0.0.1".into(),
+            format!("--state-path={}", state_path.display()),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match ports {
+            None => VkProcess::start(dir, node, kubeconfig, &args),
+            Some((k, a)) => VkProcess::start_with_ports(
+                kubeconfig,
+                &args,
+                dir.join(format!("{node}.log")),
+                k,
+                a,
+            ),
+        }
+    }
+
+    /// Starts the process again with the same node, state and ports.
+    pub fn restart(&mut self, extra: &[&str]) {
+        let ports = (self.process.kubelet_port, self.process.admin_port);
+        self.process = Self::spawn(
+            &self.dir,
+            &self.node,
+            &self.kubeconfig,
+            &self.state_path,
+            extra,
+            Some(ports),
+        );
+    }
+
+    pub fn logs(&self) -> String {
+        self.process.logs()
+    }
+
+    /// Waits until the Node reports Ready=True.
+    pub async fn wait_ready(&self, client: &Client, timeout: Duration) -> Node {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let logs = || self.logs();
+        wait_for(&format!("Node {} Ready", self.node), timeout, || async {
+            let n = nodes
+                .get_opt(&self.node)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("no Node yet; vk-sandbox log:\n{}", tail(&logs(), 30)))?;
+            if node_condition(&n, "Ready").as_deref() == Some("True") {
+                Ok(n)
+            } else {
+                Err(format!(
+                    "Ready = {:?}; vk-sandbox log:\n{}",
+                    node_condition(&n, "Ready"),
+                    tail(&logs(), 30)
+                ))
+            }
+        })
+        .await
+    }
+
+    /// Deletes the Node (its Lease goes with it through the owner reference).
+    pub async fn delete_node(&self, client: &Client) {
+        let _ = Api::<Node>::all(client.clone())
+            .delete(&self.node, &DeleteParams::default())
+            .await;
+    }
+}
+
+pub fn node_condition(n: &Node, type_: &str) -> Option<String> {
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
+pub fn tail(text: &str, lines: usize) -> String {
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
