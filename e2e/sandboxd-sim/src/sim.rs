@@ -608,6 +608,10 @@ impl Sim {
     /// Schedule refills until warm + refilling reaches the target.
     fn top_up(self: &Arc<Self>, st: &mut State, key: &PoolKey) {
         let delay = Duration::from_millis(st.cfg.refill_delay_ms);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            warn!("sandboxd-sim: no async runtime, pools will not refill");
+            return;
+        };
         let Some(pool) = st.pools.get_mut(key) else {
             return;
         };
@@ -615,7 +619,7 @@ impl Sim {
             pool.refilling += 1;
             let weak: Weak<Sim> = Arc::downgrade(self);
             let key = key.clone();
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 tokio::time::sleep(delay).await;
                 if let Some(sim) = weak.upgrade() {
                     let mut st = sim.lock();
