@@ -19,6 +19,15 @@ pub enum Error {
     #[error(transparent)]
     Sandboxd(#[from] crate::sandboxd::SandboxdError),
 
+    /// A sandbox Pod could not be claimed for (yet); retried with back-off.
+    #[error("{message}")]
+    PodCreate {
+        pod: String,
+        /// `ProviderFailed` or `NoWarmCapacity`.
+        reason: &'static str,
+        message: String,
+    },
+
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -49,6 +58,11 @@ impl Error {
             Error::Kube { .. } => "kube",
             Error::Sandboxd(e) => e.metric_label(),
             Error::Io { .. } => "io",
+            Error::PodCreate {
+                reason: "NoWarmCapacity",
+                ..
+            } => "no_warm_capacity",
+            Error::PodCreate { .. } => "pod_create",
         }
     }
 }

@@ -1,0 +1,253 @@
+//! Delete authorization: Pod deletion is not VM authority (behaviour.md
+//! §3.4). A sandbox is released only when the Pod's owner is confirmed gone
+//! or tearing down; every doubt preserves it. The decision is pure; the
+//! owner lookup is I/O.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+
+/// What asking the apiserver about the owner gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerLookup {
+    /// Row 1: no controller ownerReference (a bare Pod).
+    NoControllerRef,
+    /// Row 3: the reference cannot be resolved to a resource.
+    BadRef(String),
+    /// Rows 4/5: 404; `details_name` is the Status body's `details.name`.
+    NotFound { details_name: Option<String> },
+    /// Row 6: any other failure (403, 5xx, timeout, refused).
+    Failed(String),
+    /// Rows 7–9: the owner exists.
+    Found { deleting: bool, uid: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Release(String),
+    Preserve(String),
+}
+
+pub fn controller_ref(pod: &Pod) -> Option<&OwnerReference> {
+    pod.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|r| r.controller == Some(true))
+}
+
+/// The decision table, first matching row wins.
+pub fn decide(owner: Option<&OwnerReference>, lookup: &OwnerLookup) -> Verdict {
+    use OwnerLookup::*;
+    match lookup {
+        NoControllerRef => Verdict::Release("the Pod has no controller owner".into()),
+        BadRef(why) => Verdict::Preserve(format!("owner reference unusable: {why}")),
+        NotFound { details_name } => {
+            let name = owner.map(|o| o.name.as_str());
+            if details_name.is_some() && details_name.as_deref() == name {
+                Verdict::Release("the owner is gone (NotFound)".into())
+            } else {
+                Verdict::Preserve(format!(
+                    "owner lookup answered 404 without naming the owner (details.name {details_name:?}); \
+                     a wrong path is not proof the owner is gone"
+                ))
+            }
+        }
+        Failed(why) => Verdict::Preserve(format!("owner lookup failed: {why}")),
+        Found { deleting: true, .. } => Verdict::Release("the owner is being deleted".into()),
+        Found { uid, .. } => match owner {
+            Some(o) if !o.uid.is_empty() && o.uid != *uid => Verdict::Release(format!(
+                "the owner generation the Pod referenced ({}) is gone; {} is a new object",
+                o.uid, uid
+            )),
+            _ => Verdict::Preserve("the owner is alive".into()),
+        },
+    }
+}
+
+/// English plural of a Kind: the fallback when discovery cannot answer.
+pub fn plural_fallback(kind: &str) -> String {
+    let lower = kind.to_lowercase();
+    let consonant_y = lower.len() >= 2
+        && lower.ends_with('y')
+        && !matches!(
+            lower.as_bytes()[lower.len() - 2],
+            b'a' | b'e' | b'i' | b'o' | b'u'
+        );
+    if ["s", "x", "z", "ch", "sh"]
+        .iter()
+        .any(|s| lower.ends_with(s))
+    {
+        format!("{lower}es")
+    } else if consonant_y {
+        format!("{}ies", &lower[..lower.len() - 1])
+    } else {
+        format!("{lower}s")
+    }
+}
+
+/// Resolves owner kinds to resources through discovery, cached; falls back
+/// to [`plural_fallback`] when discovery cannot answer.
+#[derive(Default)]
+pub struct OwnerResolver {
+    cache: Mutex<HashMap<GroupVersionKind, ApiResource>>,
+}
+
+impl OwnerResolver {
+    async fn resource(&self, client: &Client, gvk: &GroupVersionKind) -> ApiResource {
+        if let Some(ar) = self.cache.lock().ok().and_then(|c| c.get(gvk).cloned()) {
+            return ar;
+        }
+        match kube::discovery::pinned_kind(client, gvk).await {
+            Ok((ar, _caps)) => {
+                if let Ok(mut c) = self.cache.lock() {
+                    c.insert(gvk.clone(), ar.clone());
+                }
+                ar
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, kind = %gvk.kind, "discovery failed; using the English plural");
+                ApiResource::from_gvk_with_plural(gvk, &plural_fallback(&gvk.kind))
+            }
+        }
+    }
+
+    /// Looks up the Pod's controller owner in the Pod's namespace.
+    pub async fn lookup(&self, client: &Client, pod: &Pod) -> OwnerLookup {
+        let Some(owner) = controller_ref(pod) else {
+            return OwnerLookup::NoControllerRef;
+        };
+        if owner.kind.is_empty() {
+            return OwnerLookup::BadRef("empty kind".into());
+        }
+        let (group, version) = match owner.api_version.split_once('/') {
+            Some((g, v)) if !g.is_empty() && !v.is_empty() && !v.contains('/') => (g, v),
+            None if !owner.api_version.is_empty() => ("", owner.api_version.as_str()),
+            _ => {
+                return OwnerLookup::BadRef(format!("apiVersion {:?}", owner.api_version));
+            }
+        };
+        let gvk = GroupVersionKind::gvk(group, version, &owner.kind);
+        let ar = self.resource(client, &gvk).await;
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+        match api.get(&owner.name).await {
+            Ok(obj) => OwnerLookup::Found {
+                deleting: obj.metadata.deletion_timestamp.is_some(),
+                uid: obj.metadata.uid.unwrap_or_default(),
+            },
+            Err(kube::Error::Api(status)) if status.code == 404 => OwnerLookup::NotFound {
+                details_name: status.details.as_ref().map(|d| d.name.clone()),
+            },
+            Err(e) => OwnerLookup::Failed(e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "agents.x-k8s.io/v1beta1".into(),
+            kind: "Sandbox".into(),
+            name: "sb".into(),
+            uid: uid.into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    fn released(v: &Verdict) -> bool {
+        matches!(v, Verdict::Release(_))
+    }
+
+    #[test]
+    fn decision_table() {
+        let o = owner("u1");
+        assert!(released(&decide(None, &OwnerLookup::NoControllerRef)));
+        assert!(!released(&decide(
+            Some(&o),
+            &OwnerLookup::BadRef("x".into())
+        )));
+        assert!(released(&decide(
+            Some(&o),
+            &OwnerLookup::NotFound {
+                details_name: Some("sb".into())
+            }
+        )));
+        assert!(!released(&decide(
+            Some(&o),
+            &OwnerLookup::NotFound { details_name: None }
+        )));
+        assert!(!released(&decide(
+            Some(&o),
+            &OwnerLookup::NotFound {
+                details_name: Some("other".into())
+            }
+        )));
+        assert!(!released(&decide(
+            Some(&o),
+            &OwnerLookup::Failed("403".into())
+        )));
+        assert!(released(&decide(
+            Some(&o),
+            &OwnerLookup::Found {
+                deleting: true,
+                uid: "u1".into()
+            }
+        )));
+        assert!(released(&decide(
+            Some(&o),
+            &OwnerLookup::Found {
+                deleting: false,
+                uid: "u2".into()
+            }
+        )));
+        assert!(!released(&decide(
+            Some(&o),
+            &OwnerLookup::Found {
+                deleting: false,
+                uid: "u1".into()
+            }
+        )));
+        let no_uid = owner("");
+        assert!(!released(&decide(
+            Some(&no_uid),
+            &OwnerLookup::Found {
+                deleting: false,
+                uid: "u9".into()
+            }
+        )));
+    }
+
+    #[test]
+    fn plurals() {
+        for (k, p) in [
+            ("Sandbox", "sandboxes"),
+            ("Policy", "policies"),
+            ("Gateway", "gateways"),
+            ("Batch", "batches"),
+            ("ReplicaSet", "replicasets"),
+            ("CocoonSet", "cocoonsets"),
+            ("Mesh", "meshes"),
+            ("Quiz", "quizes"),
+        ] {
+            assert_eq!(plural_fallback(k), p, "{k}");
+        }
+    }
+
+    #[test]
+    fn controller_ref_ignores_non_controllers() {
+        let mut p = Pod::default();
+        let mut r = owner("u");
+        r.controller = None;
+        p.metadata.owner_references = Some(vec![r]);
+        assert!(controller_ref(&p).is_none());
+    }
+}

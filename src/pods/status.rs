@@ -1,0 +1,241 @@
+//! The Pod statuses vk-sandbox publishes (behaviour.md §3.5), as JSON merge
+//! patches of `pods/status`. Pure. Fields we clear are sent as `null`, so
+//! the patch replaces the status we own without a read-modify-write.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+
+use super::annotations::CLAIM_ID;
+
+/// What a published status is built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimView<'a> {
+    pub id: &'a str,
+    /// The Pod IP from `owner_addr`, when it has a usable one.
+    pub ip: Option<String>,
+    pub claimed_at: Timestamp,
+    pub deadline: Option<Timestamp>,
+}
+
+fn containers(pod: &Pod) -> Vec<(String, String)> {
+    pod.spec
+        .as_ref()
+        .map(|s| {
+            s.containers
+                .iter()
+                .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn ts(t: Timestamp) -> String {
+    // Second precision, UTC, as the apiserver stores metav1.Time.
+    t.round(jiff::Unit::Second)
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| t.to_string())
+}
+
+/// Running: the claim is settled and its lease has not ended.
+pub fn running(pod: &Pod, c: &ClaimView) -> Value {
+    let started = ts(c.claimed_at);
+    let statuses: Vec<Value> = containers(pod)
+        .into_iter()
+        .map(|(name, image)| {
+            json!({
+                "name": name, "ready": true, "started": true, "restartCount": 0,
+                "image": image, "imageID": format!("sandboxd://{}", c.id),
+                "state": {"running": {"startedAt": started}},
+            })
+        })
+        .collect();
+    let ip = c.ip.clone();
+    let ips = ip.as_ref().map(|ip| json!([{"ip": ip}]));
+    json!({
+        "metadata": {"annotations": {CLAIM_ID: c.id}},
+        "status": {
+            "phase": "Running",
+            "reason": null,
+            "message": null,
+            "hostIP": ip,
+            "hostIPs": ips,
+            "podIP": ip,
+            "podIPs": ips,
+            "startTime": started,
+            "conditions": [
+                {"type": "Initialized", "status": "True"},
+                {"type": "Ready", "status": "True"},
+                {"type": "ContainersReady", "status": "True"},
+                {"type": "PodScheduled", "status": "True"},
+            ],
+            "containerStatuses": statuses,
+        }
+    })
+}
+
+/// Lease expired (`SandboxLeaseExpired`): sandboxd no longer lists the
+/// claim and its deadline has passed. Terminal.
+pub fn expired(pod: &Pod, c: &ClaimView, deadline: Timestamp) -> Value {
+    let ended = ts(deadline);
+    let statuses: Vec<Value> = containers(pod)
+        .into_iter()
+        .map(|(name, image)| {
+            json!({
+                "name": name, "ready": false, "started": false, "restartCount": 0,
+                "image": image, "imageID": format!("sandboxd://{}", c.id),
+                "state": {"terminated": {
+                    "exitCode": 1, "reason": "SandboxLeaseExpired",
+                    "startedAt": ts(c.claimed_at), "finishedAt": ended,
+                }},
+            })
+        })
+        .collect();
+    json!({
+        "metadata": {"annotations": {CLAIM_ID: c.id}},
+        "status": {
+            "phase": "Failed",
+            "reason": "SandboxLeaseExpired",
+            "message": format!(
+                "sandbox lease ended at {ended}; the microVM is reaped at the deadline"
+            ),
+            "startTime": ts(c.claimed_at),
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "SandboxLeaseExpired"},
+            ],
+            "containerStatuses": statuses,
+        }
+    })
+}
+
+/// A failed create: `Pending` (retried) or `Failed` when the Pod will never
+/// restart. Other status fields are left as they are.
+pub fn create_failed(terminal: bool, reason: &str, message: &str) -> Value {
+    json!({
+        "status": {
+            "phase": if terminal { "Failed" } else { "Pending" },
+            "reason": reason,
+            "message": message,
+        }
+    })
+}
+
+/// Whether applying `patch` would change the Pod as the apiserver has it:
+/// compares against the server's object, never a cache of what was sent.
+pub fn changes(pod: &Pod, patch: &Value) -> bool {
+    let Ok(current) = serde_json::to_value(pod) else {
+        return true;
+    };
+    let mut merged = current.clone();
+    json_patch::merge(&mut merged, patch);
+    // Normalise both through the typed Pod, so e.g. a null we send and a
+    // field the server omits compare equal.
+    let norm = |v: Value| {
+        serde_json::from_value::<Pod>(v)
+            .ok()
+            .map(|p| serde_json::to_value(p).ok())
+    };
+    norm(merged) != norm(current)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "a", "image": "base:24.04"}, {"name": "b", "image": "x"}]},
+        }))
+        .unwrap()
+    }
+
+    fn view() -> ClaimView<'static> {
+        ClaimView {
+            id: "sb_1",
+            ip: Some("10.0.0.5".into()),
+            claimed_at: "2026-01-01T00:00:00.6Z".parse().unwrap(),
+            deadline: Some("2026-01-02T00:00:00Z".parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn running_shape() {
+        let v = running(&pod(), &view());
+        let s = &v["status"];
+        assert_eq!(s["phase"], "Running");
+        assert_eq!(s["podIP"], "10.0.0.5");
+        assert_eq!(s["hostIP"], "10.0.0.5");
+        assert_eq!(s["podIPs"], json!([{"ip": "10.0.0.5"}]));
+        assert_eq!(s["startTime"], "2026-01-01T00:00:01Z");
+        assert_eq!(s["containerStatuses"].as_array().unwrap().len(), 2);
+        assert_eq!(s["containerStatuses"][0]["imageID"], "sandboxd://sb_1");
+        assert_eq!(s["containerStatuses"][1]["image"], "x");
+        assert_eq!(v["metadata"]["annotations"][CLAIM_ID], "sb_1");
+        assert!(!v.to_string().contains("token"));
+        // Applying it to the Pod yields a typed Running Pod.
+        let mut p = serde_json::to_value(pod()).unwrap();
+        json_patch::merge(&mut p, &v);
+        let typed: Pod = serde_json::from_value(p).unwrap();
+        assert_eq!(typed.status.unwrap().phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
+    fn running_without_address_omits_ips() {
+        let mut c = view();
+        c.ip = None;
+        let v = running(&pod(), &c);
+        assert!(v["status"]["podIP"].is_null());
+        assert!(v["status"]["podIPs"].is_null());
+    }
+
+    #[test]
+    fn expired_shape() {
+        let c = view();
+        let v = expired(&pod(), &c, c.deadline.unwrap());
+        let s = &v["status"];
+        assert_eq!(s["phase"], "Failed");
+        assert_eq!(s["reason"], "SandboxLeaseExpired");
+        let t = &s["containerStatuses"][0]["state"]["terminated"];
+        assert_eq!(t["exitCode"], 1);
+        assert_eq!(t["reason"], "SandboxLeaseExpired");
+        assert_eq!(t["finishedAt"], "2026-01-02T00:00:00Z");
+    }
+
+    #[test]
+    fn change_detection_against_server_object() {
+        let v = running(&pod(), &view());
+        assert!(changes(&pod(), &v));
+        let mut applied = serde_json::to_value(pod()).unwrap();
+        json_patch::merge(&mut applied, &v);
+        let applied: Pod = serde_json::from_value(applied).unwrap();
+        assert!(!changes(&applied, &v));
+        // Someone (e.g. the node lifecycle controller) flipped Ready: rewrite.
+        let mut drifted = applied.clone();
+        for c in drifted
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+        {
+            if c.type_ == "Ready" {
+                c.status = "False".into();
+            }
+        }
+        assert!(changes(&drifted, &v));
+    }
+
+    #[test]
+    fn failed_create_pending_or_terminal() {
+        assert_eq!(
+            create_failed(false, "ProviderFailed", "x")["status"]["phase"],
+            "Pending"
+        );
+        assert_eq!(
+            create_failed(true, "NoWarmCapacity", "x")["status"]["phase"],
+            "Failed"
+        );
+    }
+}
