@@ -404,3 +404,137 @@ async fn lifecycle_controller_marks_a_silent_node_and_restart_recovers() {
     assert_eq!(again.metadata.uid, uid, "the Node object was replaced");
     vk.delete_node(&client).await;
 }
+
+fn kubectl_bin() -> std::path::PathBuf {
+    let dir = std::env::var_os("VK_K8S_BIN_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let out =
+                std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/e2e/cluster.sh"))
+                    .arg("bin")
+                    .output()
+                    .expect("e2e/cluster.sh bin");
+            std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        });
+    dir.join("kubectl")
+}
+
+/// Tests 48–50 through the apiserver against the real binary: kubectl
+/// logs/exec/attach/port-forward answer "not implemented", an anonymous
+/// caller is refused, and /metrics passes promtool.
+#[tokio::test]
+async fn kubelet_api_through_the_apiserver() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    let client = cluster.client.clone();
+    let vk = VkUnderTest::start(&cluster, "vk-kapi", &[]).await;
+    vk.wait_ready(&client, Duration::from_secs(30)).await;
+    let ns = cluster.namespace("vk-kapi").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.create(&PostParams::default(), &pod_json("p", &vk.node, true))
+        .await
+        .expect("create pod");
+    wait_for("the Pod to be bound", Duration::from_secs(30), || async {
+        let p = pods.get("p").await.map_err(|e| e.to_string())?;
+        p.spec
+            .and_then(|s| s.node_name)
+            .map(|_| ())
+            .ok_or_else(|| "not bound".to_string())
+    })
+    .await;
+    // kubectl port-forward insists on a Running Pod; without the Pod
+    // controller in this test, say so by hand.
+    pods.patch_status(
+        "p",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {"phase": "Running"}})),
+    )
+    .await
+    .expect("mark Running");
+    let kubectl = kubectl_bin();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&cluster.kubeconfig)
+            .arg("-n")
+            .arg(&ns)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run kubectl");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    for args in [
+        vec!["logs", "p"],
+        vec!["exec", "p", "--", "true"],
+        vec!["attach", "p"],
+        vec!["port-forward", "pod/p", "0:80"],
+    ] {
+        let (ok, out) = run(&args);
+        assert!(!ok, "kubectl {args:?} succeeded: {out}");
+        assert!(
+            out.contains("not implemented"),
+            "kubectl {args:?} should say not implemented: {out}\nvk-sandbox log:\n{}",
+            tail(&vk.logs(), 20)
+        );
+    }
+    // The kubelet port refuses anonymous callers.
+    let anon = std::process::Command::new("curl")
+        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!(
+            "https://127.0.0.1:{}/pods",
+            vk.process.kubelet_port
+        ))
+        .output()
+        .expect("curl");
+    let code = String::from_utf8_lossy(&anon.stdout).to_string();
+    assert!(
+        code == "401" || code == "403",
+        "anonymous /pods answered {code}"
+    );
+    // /metrics on the admin port passes promtool.
+    let metrics = reqwest::get(format!(
+        "http://127.0.0.1:{}/metrics",
+        vk.process.admin_port
+    ))
+    .await
+    .expect("GET /metrics")
+    .text()
+    .await
+    .expect("metrics body");
+    assert!(
+        metrics.contains("vk_sandbox_lease_renewals_total"),
+        "{metrics}"
+    );
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; run `make deps`)");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(metrics.as_bytes())
+        .expect("write metrics");
+    let out = child.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cluster.drop_namespace(&ns).await;
+    vk.delete_node(&client).await;
+}
