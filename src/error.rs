@@ -34,6 +34,37 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    /// The claims state (snapshot or journal) is malformed or unreadable:
+    /// refuse to start, never discard it. `problem` says what is wrong and
+    /// what to do.
+    #[error("claims state {}: {problem}", path.display())]
+    State {
+        path: std::path::PathBuf,
+        problem: String,
+    },
+
+    /// Persisting the claims state failed (at start-up this is fatal).
+    /// `problem` names the file and the operation that failed.
+    #[error(
+        "claims state is not writable: {problem} (state path {}; check free space and that the directory is writable)",
+        path.display()
+    )]
+    StateWrite {
+        path: std::path::PathBuf,
+        problem: String,
+    },
+
+    /// A claim was committed for a key that holds another claim id;
+    /// overwriting would lose that claim's release credential.
+    #[error(
+        "claims key {key} already holds claim {held}; refusing to overwrite it with claim {offered} (release or drop the held claim first)"
+    )]
+    ClaimConflict {
+        key: String,
+        held: String,
+        offered: String,
+    },
 }
 
 impl Error {
@@ -58,6 +89,9 @@ impl Error {
             Error::Kube { .. } => "kube",
             Error::Sandboxd(e) => e.metric_label(),
             Error::Io { .. } => "io",
+            Error::State { .. } => "state",
+            Error::StateWrite { .. } => "state_write",
+            Error::ClaimConflict { .. } => "claim_conflict",
             Error::PodCreate {
                 reason: "NoWarmCapacity",
                 ..

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod build_info;
+pub mod claims;
 pub mod config;
 pub mod error;
 pub mod kube_client;

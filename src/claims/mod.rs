@@ -1,0 +1,576 @@
+//! The durable claims store: which sandboxd claim (id + release token) each
+//! Pod key holds (behaviour.md §4, decisions.md D4).
+//!
+//! # Files
+//! - `--state-path`: a snapshot in the Go original's `claims.json` format
+//!   ([`format`]), so the Go file loads as is and, after [`ClaimsStore::compact`]
+//!   (clean shutdown), the file is a valid Go `claims.json` again;
+//! - `<state-path>.journal`: an append-only journal of changes since the
+//!   snapshot, one checksummed line per group commit;
+//! - `<state-path>.tmp`: the next snapshot while it is being written.
+//!
+//! Files are created 0600, the directory 0700. Persisting one change costs
+//! one journal append and one `fdatasync`, shared by every change queued at
+//! the time (group commit), whatever the size of the table; the snapshot is
+//! rewritten at start-up, at clean shutdown, and when the journal grows past
+//! [`StoreOptions`]' threshold (amortised: at least `compact_ratio` times the
+//! snapshot's bytes of journal between two rewrites). See [`writer`] for the
+//! write path.
+//!
+//! # States
+//! Rows loaded at start-up are [`ClaimState::Quarantined`] until a sandboxd
+//! listing vouches for them (§4.5); a fresh claim is [`ClaimState::Tentative`]
+//! until it is durable, then [`ClaimState::Settled`]. Tentative rows are never
+//! written to the snapshot (a crash forgets them); every state is visible to
+//! release, the orphan scan and address lookups.
+//!
+//! # Times
+//! Times are kept at whole seconds, the precision of the file, so what the
+//! store returns is what a restart gives back.
+
+pub mod format;
+mod writer;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use jiff::Timestamp;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info};
+
+use crate::error::{Error, Result};
+use crate::sandboxd::SandboxRow;
+use writer::{Counters, Entry, Paths, Request, Table, Writer, lock};
+
+/// One claim: the sandbox a Pod key holds and the credential to release it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// sandboxd's sandbox id (`sb_…`).
+    pub id: String,
+    /// The release credential. Never logged: `Debug` redacts it.
+    pub token: String,
+    /// sandboxd's `owner_addr` (may be empty).
+    pub address: String,
+    /// UID of the Pod the claim was made or last adopted for (forensics; the
+    /// stale-UID guard never reads it).
+    pub pod_uid: String,
+    /// When the claim was made (or first seen without a time).
+    pub claimed_at: Timestamp,
+    /// The lease deadline; `None` = no expiry.
+    pub deadline: Option<Timestamp>,
+}
+
+impl fmt::Debug for Claim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Claim")
+            .field("id", &self.id)
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    "<empty>"
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("address", &self.address)
+            .field("pod_uid", &self.pod_uid)
+            .field("claimed_at", &self.claimed_at)
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+impl Claim {
+    /// The claim with its times truncated to whole seconds (the file's
+    /// precision) and an unset `claimed_at` stamped with `now`.
+    fn normalised(mut self, now: Timestamp) -> Claim {
+        self.claimed_at = if format::is_unset(self.claimed_at) {
+            format::to_second(now)
+        } else {
+            format::to_second(self.claimed_at)
+        };
+        self.deadline = self.deadline.map(format::to_second);
+        self
+    }
+}
+
+/// Where a row stands (behaviour.md §3.2, §4.5).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ClaimState {
+    /// Durable and vouched for: may be adopted and reported Running.
+    Settled,
+    /// Recorded in memory, not (yet) durable: a fresh claim being committed,
+    /// or one whose commit failed and whose undo has not removed it yet.
+    /// Never adopted or reported Running; releasable.
+    Tentative,
+    /// Loaded from disk and not yet vouched for by a sandboxd listing. Never
+    /// adopted or reported Running; releasable.
+    Quarantined,
+}
+
+/// Row counts per state.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct ClaimCounts {
+    pub settled: usize,
+    pub tentative: usize,
+    pub quarantined: usize,
+}
+
+/// What [`ClaimsStore::apply_verification`] did.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct VerifyReport {
+    /// Keys whose quarantine was lifted (listed by sandboxd).
+    pub lifted: Vec<String>,
+    /// Keys whose row was dropped (not listed, not tentative), with the id
+    /// that was dropped.
+    pub dropped: Vec<(String, String)>,
+    /// Keys that took sandboxd's listed deadline (the row had none).
+    pub deadlines_taken: Vec<String>,
+    /// Snapshotted pairs not judged: the row was removed or replaced since
+    /// the snapshot.
+    pub unjudged: usize,
+    /// Snapshotted rows that were not listed but are tentative (kept).
+    pub kept_tentative: usize,
+    /// Rows still quarantined after this verification (the verification
+    /// loop stops when this is 0).
+    pub remaining_quarantined: usize,
+}
+
+/// Tuning of the store.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreOptions {
+    /// The journal is never compacted below this many bytes.
+    pub compact_min_bytes: u64,
+    /// Above `compact_min_bytes`, the journal is compacted (the snapshot
+    /// rewritten) when it holds more than this many times the snapshot's
+    /// bytes.
+    pub compact_ratio: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            compact_min_bytes: 1 << 20,
+            compact_ratio: 4,
+        }
+    }
+}
+
+/// Counters of the writer, for metrics and tests.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct StoreStats {
+    /// Batches written (each: one journal append + fdatasync, or a rewrite).
+    pub batches: u64,
+    /// Requests served by those batches (`requests / batches` is the group
+    /// commit factor).
+    pub requests: u64,
+    pub journal_appends: u64,
+    /// Snapshot rewrites, start-up and compactions included.
+    pub rewrites: u64,
+    /// Batches whose write failed.
+    pub failures: u64,
+    /// Current journal size.
+    pub journal_bytes: u64,
+}
+
+struct Inner {
+    table: Arc<Mutex<Table>>,
+    tx: mpsc::UnboundedSender<Request>,
+    counters: Arc<Counters>,
+    path: PathBuf,
+}
+
+/// The claims table and its files. Cheap to clone (one `Arc`); all methods
+/// take `&self`. The table lock is a std `Mutex` never held across `.await`.
+/// Writes go to one writer thread, which stops when the last clone is
+/// dropped (after finishing what was queued).
+#[derive(Clone)]
+pub struct ClaimsStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for ClaimsStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimsStore")
+            .field("path", &self.inner.path)
+            .field("counts", &self.counts())
+            .finish()
+    }
+}
+
+fn now_second() -> Timestamp {
+    format::to_second(Timestamp::now())
+}
+
+impl ClaimsStore {
+    /// Load the state at `path` (`--state-path`) with default options.
+    ///
+    /// Reads the Go `claims.json` as is (compact or indented, missing optional
+    /// fields, unknown fields, `"claims": null`, no `claims` key ⇒ empty; a
+    /// missing file ⇒ empty) and replays `<path>.journal` if present. Malformed
+    /// or unreadable state is refused with [`Error::State`] naming the file
+    /// and the problem, and nothing on disk is touched. Rows without
+    /// `claimedAt` get now. Every loaded row starts
+    /// [`ClaimState::Quarantined`]. Then the start-up write (the snapshot
+    /// rewritten, the journal removed; directory created 0700, files 0600);
+    /// its failure is fatal ([`Error::StateWrite`], "claims state is not
+    /// writable: …").
+    pub async fn open(path: &Path) -> Result<ClaimsStore> {
+        Self::open_with(path, StoreOptions::default()).await
+    }
+
+    /// [`ClaimsStore::open`] with explicit options.
+    pub async fn open_with(path: &Path, options: StoreOptions) -> Result<ClaimsStore> {
+        let paths = Paths::new(path);
+        let table = Arc::new(Mutex::new(Table::default()));
+        let counters = Arc::new(Counters::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<()>>();
+        let mut writer = Writer::new(paths.clone(), options, table.clone(), counters.clone());
+        let thread_table = table.clone();
+        std::thread::Builder::new()
+            .name("claims-writer".into())
+            .spawn(move || {
+                let started = writer::load(&paths, now_second()).and_then(|rows| {
+                    lock(&thread_table).rows = rows
+                        .into_iter()
+                        .map(|(k, claim)| {
+                            let state = ClaimState::Quarantined;
+                            (k, Entry { claim, state })
+                        })
+                        .collect();
+                    writer.startup()
+                });
+                let ok = started.is_ok();
+                let _ = ready_tx.send(started);
+                if ok {
+                    writer.run(rx);
+                }
+            })
+            .map_err(|e| Error::io("start the claims writer thread", e))?;
+        let started = ready_rx.await.map_err(|_| Error::StateWrite {
+            path: path.to_path_buf(),
+            problem: "the claims writer thread stopped during start-up".into(),
+        });
+        started??;
+        let store = ClaimsStore {
+            inner: Arc::new(Inner {
+                table,
+                tx,
+                counters,
+                path: path.to_path_buf(),
+            }),
+        };
+        info!(path = %path.display(), counts = ?store.counts(), "claims store open");
+        Ok(store)
+    }
+
+    /// The state path this store was opened with.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// `key`'s claim and state.
+    pub fn get(&self, key: &str) -> Option<(Claim, ClaimState)> {
+        lock(&self.inner.table)
+            .rows
+            .get(key)
+            .map(|e| (e.claim.clone(), e.state))
+    }
+
+    /// A snapshot of every row (any state), sorted by key.
+    pub fn all(&self) -> Vec<(String, Claim, ClaimState)> {
+        lock(&self.inner.table)
+            .rows
+            .iter()
+            .map(|(k, e)| (k.clone(), e.claim.clone(), e.state))
+            .collect()
+    }
+
+    /// Number of rows (any state).
+    pub fn len(&self) -> usize {
+        lock(&self.inner.table).rows.len()
+    }
+
+    /// Whether the table has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rows per state.
+    pub fn counts(&self) -> ClaimCounts {
+        let table = lock(&self.inner.table);
+        let mut c = ClaimCounts::default();
+        for e in table.rows.values() {
+            match e.state {
+                ClaimState::Settled => c.settled += 1,
+                ClaimState::Tentative => c.tentative += 1,
+                ClaimState::Quarantined => c.quarantined += 1,
+            }
+        }
+        c
+    }
+
+    /// Writer counters.
+    pub fn stats(&self) -> StoreStats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Ids held by any row (any state) — for decisions.md D7 lost-reply
+    /// recovery and the orphan audit.
+    pub fn held_ids(&self) -> HashSet<String> {
+        lock(&self.inner.table)
+            .rows
+            .values()
+            .map(|e| e.claim.id.clone())
+            .collect()
+    }
+
+    /// The (key, id) of every quarantined row, sorted by key: the snapshot a
+    /// verification takes *before* listing sandboxd (behaviour.md §4.5).
+    /// Empty ⇒ verification succeeds without listing.
+    pub fn quarantined(&self) -> Vec<(String, String)> {
+        lock(&self.inner.table)
+            .rows
+            .iter()
+            .filter(|(_, e)| e.state == ClaimState::Quarantined)
+            .map(|(k, e)| (k.clone(), e.claim.id.clone()))
+            .collect()
+    }
+
+    /// Mutate the table and enqueue the write under one lock hold (so the
+    /// writer sees requests in mutation order), then wait for durability.
+    async fn persist<R>(
+        &self,
+        mutate: impl FnOnce(&mut Table) -> (R, Option<(Vec<String>, Option<(String, String)>)>),
+    ) -> Result<R> {
+        let (result, rx) = {
+            let mut table = lock(&self.inner.table);
+            let (result, write) = mutate(&mut table);
+            let Some((keys, commit)) = write else {
+                return Ok(result);
+            };
+            let (done, rx) = oneshot::channel();
+            self.inner
+                .tx
+                .send(Request::Persist { keys, commit, done })
+                .map_err(|_| self.writer_gone())?;
+            (result, rx)
+        };
+        self.wait(rx).await?;
+        Ok(result)
+    }
+
+    async fn wait(&self, rx: oneshot::Receiver<writer::Outcome>) -> Result<()> {
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(problem)) => Err(Error::StateWrite {
+                path: self.inner.path.clone(),
+                problem,
+            }),
+            Err(_) => Err(self.writer_gone()),
+        }
+    }
+
+    fn writer_gone(&self) -> Error {
+        Error::StateWrite {
+            path: self.inner.path.clone(),
+            problem: "the claims writer thread has stopped".into(),
+        }
+    }
+
+    /// Record a fresh claim for `key` as [`ClaimState::Tentative`] and make
+    /// it durable (journal appended and `fdatasync`ed; a new file's directory
+    /// `fsync`ed) before returning `Ok`; the row is then
+    /// [`ClaimState::Settled`]. Concurrent commits share one write and sync.
+    ///
+    /// Times are truncated to whole seconds; an unset `claimed_at` (at or
+    /// before the Unix epoch) becomes now.
+    ///
+    /// On `Err` the row stays tentative in memory, so the credential is never
+    /// lost: the caller undoes (releases the sandbox, then calls
+    /// [`ClaimsStore::remove`]).
+    ///
+    /// Refused with [`Error::ClaimConflict`] (nothing recorded) when `key`
+    /// already holds a *different* claim id: overwriting would lose that
+    /// claim's release credential. The caller releases or drops the old row
+    /// first (behaviour.md §3.2 steps 2, 3 and 5). Committing the same id
+    /// again replaces the row's fields.
+    pub async fn commit(&self, key: &str, claim: Claim) -> Result<()> {
+        let claim = claim.normalised(Timestamp::now());
+        let id = claim.id.clone();
+        self.persist(|table| {
+            if let Some(held) = table.rows.get(key)
+                && held.claim.id != claim.id
+            {
+                let err = Error::ClaimConflict {
+                    key: key.to_string(),
+                    held: held.claim.id.clone(),
+                    offered: claim.id.clone(),
+                };
+                return (Err(err), None);
+            }
+            let state = ClaimState::Tentative;
+            table.rows.insert(key.to_string(), Entry { claim, state });
+            (
+                Ok(()),
+                Some((vec![key.to_string()], Some((key.to_string(), id)))),
+            )
+        })
+        .await?
+    }
+
+    /// Remove `key`'s row only if it still holds claim `id` (id-guarded:
+    /// never removes a replacement, never resurrects). Durable before `Ok`.
+    /// Returns whether a row was removed; `Ok(false)` writes nothing. On
+    /// `Err` the row is gone from memory but may survive on disk (it comes
+    /// back quarantined after a restart, and verification drops it if
+    /// sandboxd no longer lists it).
+    pub async fn remove(&self, key: &str, id: &str) -> Result<bool> {
+        self.persist(|table| match table.rows.get(key) {
+            Some(e) if e.claim.id == id => {
+                table.rows.remove(key);
+                (true, Some((vec![key.to_string()], None)))
+            }
+            _ => (false, None),
+        })
+        .await
+    }
+
+    /// Adoption (behaviour.md §3.2 step 4): record `pod_uid` on `key`'s row
+    /// if it still holds claim `id` (and stamp `claimed_at` if unset). No
+    /// state change. Writes only when something changed. The change stands
+    /// in memory even on `Err` (the caller only logs it, §4.4).
+    pub async fn rebind(&self, key: &str, id: &str, pod_uid: &str) -> Result<()> {
+        let now = now_second();
+        self.persist(|table| match table.rows.get_mut(key) {
+            Some(e) if e.claim.id == id => {
+                let mut changed = false;
+                if e.claim.pod_uid != pod_uid {
+                    e.claim.pod_uid = pod_uid.to_string();
+                    changed = true;
+                }
+                if format::is_unset(e.claim.claimed_at) {
+                    e.claim.claimed_at = now;
+                    changed = true;
+                }
+                ((), changed.then(|| (vec![key.to_string()], None)))
+            }
+            _ => {
+                debug!(
+                    key,
+                    id, "claims: rebind skipped, the row no longer holds this id"
+                );
+                ((), None)
+            }
+        })
+        .await
+    }
+
+    /// Take sandboxd's listed deadline (`None` = no expiry, e.g. archived
+    /// keep-forever rows) for `key`'s row if it still holds claim `id`.
+    /// Truncated to whole seconds; writes only when it changed. The change
+    /// stands in memory even on `Err`.
+    pub async fn set_deadline(
+        &self,
+        key: &str,
+        id: &str,
+        deadline: Option<Timestamp>,
+    ) -> Result<()> {
+        let deadline = deadline.map(format::to_second);
+        self.persist(|table| match table.rows.get_mut(key) {
+            Some(e) if e.claim.id == id && e.claim.deadline != deadline => {
+                e.claim.deadline = deadline;
+                ((), Some((vec![key.to_string()], None)))
+            }
+            _ => ((), None),
+        })
+        .await
+    }
+
+    /// Verification (behaviour.md §4.5) against one *successful* sandboxd
+    /// listing. `snapshot` is what [`ClaimsStore::quarantined`] returned
+    /// before the list call. For each snapshotted key whose row still holds
+    /// the same id: listed ⇒ quarantine lifted (→ settled) and, if the row
+    /// has no deadline, the listed one taken; not listed and not tentative ⇒
+    /// row dropped. Rows removed or replaced since the snapshot are never
+    /// judged, and nothing is resurrected.
+    ///
+    /// The in-memory effects are applied before the changes are persisted;
+    /// `Err` means only that persisting them failed (log it: §4.4).
+    pub async fn apply_verification(
+        &self,
+        snapshot: &[(String, String)],
+        listing: &[SandboxRow],
+    ) -> Result<VerifyReport> {
+        let listed: HashMap<&str, &SandboxRow> =
+            listing.iter().map(|r| (r.id.as_str(), r)).collect();
+        let report = self
+            .persist(|table| {
+                let mut report = VerifyReport::default();
+                let mut dirty = Vec::new();
+                for (key, id) in snapshot {
+                    let Some(e) = table.rows.get_mut(key).filter(|e| e.claim.id == *id) else {
+                        report.unjudged += 1;
+                        continue;
+                    };
+                    if let Some(row) = listed.get(id.as_str()) {
+                        if e.state == ClaimState::Quarantined {
+                            e.state = ClaimState::Settled;
+                            report.lifted.push(key.clone());
+                        }
+                        if e.claim.deadline.is_none()
+                            && let Some(d) = row.deadline.expires_at()
+                        {
+                            e.claim.deadline = Some(format::to_second(d));
+                            report.deadlines_taken.push(key.clone());
+                            dirty.push(key.clone());
+                        }
+                    } else if e.state == ClaimState::Tentative {
+                        report.kept_tentative += 1;
+                    } else {
+                        table.rows.remove(key);
+                        report.dropped.push((key.clone(), id.clone()));
+                        dirty.push(key.clone());
+                    }
+                }
+                report.remaining_quarantined = table
+                    .rows
+                    .values()
+                    .filter(|e| e.state == ClaimState::Quarantined)
+                    .count();
+                let write = (!dirty.is_empty()).then_some((dirty, None));
+                (report, write)
+            })
+            .await?;
+        if !report.lifted.is_empty() || !report.dropped.is_empty() {
+            info!(
+                lifted = report.lifted.len(),
+                dropped = ?report.dropped,
+                remaining_quarantined = report.remaining_quarantined,
+                "claims verified against sandboxd"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Clean shutdown (decisions.md D7): rewrite the snapshot so the file at
+    /// the state path is a valid Go `claims.json` (every non-tentative row;
+    /// compact JSON, second-precision UTC times, `address` omitted when
+    /// empty, `claimedAt`/`deadline` omitted when unset, `podUID` always
+    /// present) and remove the journal. The store stays usable (the next
+    /// change starts a new journal).
+    pub async fn compact(&self) -> Result<()> {
+        let (done, rx) = oneshot::channel();
+        self.inner
+            .tx
+            .send(Request::Compact { done })
+            .map_err(|_| self.writer_gone())?;
+        self.wait(rx).await
+    }
+}
+
+#[cfg(test)]
+mod tests;
