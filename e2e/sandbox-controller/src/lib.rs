@@ -12,6 +12,7 @@
 //! runs the same loop for the demo.
 
 pub mod controller;
+pub mod crd;
 pub mod pod;
 pub mod status;
 pub mod types;

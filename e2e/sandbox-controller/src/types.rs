@@ -149,6 +149,9 @@ mod tests {
         assert_eq!(versions[0]["schema"], versions[1]["schema"]);
         assert_eq!(crd["spec"]["conversion"]["strategy"], "None");
         assert_eq!(versions[0]["subresources"]["status"], serde_json::json!({}));
+        // The embedded copy parses as a typed CRD.
+        let typed = crate::crd::crd().expect("typed CRD");
+        assert_eq!(typed.spec.versions.len(), 2);
     }
 
     #[test]
