@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# `make demo` / `make demo-down`: a Sandbox going Running on a vk-sandbox node,
+# everything on this machine.
+#
+#   e2e/demo.sh up       build what is missing, start the local control plane,
+#                        the sandboxd simulator, the Sandbox controller stand-in
+#                        and vk-sandbox, create manifests/examples/sandbox.yaml
+#                        and follow it to Running / Ready
+#   e2e/demo.sh down     stop everything `up` started, then the control plane
+#   e2e/demo.sh status   what runs, and where its logs are
+#
+# Binaries are debug builds (target/debug: shared with `make test`, so usually
+# already built); VK_DEMO_PROFILE=release builds and uses release ones.
+# Everything the demo writes (PIDs, logs, tokens, kubeconfigs, state) is in
+# .cache/demo/ (VK_DEMO_DIR). VK_DEMO_KEEP_CLUSTER=1 makes `down` leave the
+# control plane running.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+dir="${VK_DEMO_DIR:-$root/.cache/demo}"
+profile="${VK_DEMO_PROFILE:-debug}"
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+bindir="$target_dir/$profile"
+node="demo-sandboxd"
+ns="demo"
+sandbox="demo"
+crd="$root/crds/agents.x-k8s.io_sandboxes.yaml"
+example="$root/manifests/examples/sandbox.yaml"
+# Started in this order, stopped in the reverse one.
+services=(sandboxd-sim sandbox-controller vk-sandbox)
+
+t0=$SECONDS
+say() { printf 'demo [%3ss] %s\n' "$((SECONDS - t0))" "$*"; }
+die() { echo "demo: error: $*" >&2; exit 1; }
+
+k8s_bin() { "$here/cluster.sh" bin; }
+admin_kubeconfig() { "$here/cluster.sh" kubeconfig; }
+kc() { "$(k8s_bin)/kubectl" --kubeconfig "$(admin_kubeconfig)" "$@"; }
+
+pid_of() { [[ -f "$dir/$1.pid" ]] && cat "$dir/$1.pid"; }
+alive() { local p; p=$(pid_of "$1") && [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null; }
+
+# A TCP port nobody listens on, preferring $1.
+free_port() {
+  local p=$1
+  for _ in $(seq 1 200); do
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+    p=$((p + 1))
+  done
+  die "no free port near $1"
+}
+
+# start NAME ARGS...: a detached process (own session), output to NAME.log.
+start() {
+  local name=$1; shift
+  setsid "$@" >"$dir/$name.log" 2>&1 </dev/null &
+  echo $! >"$dir/$name.pid"
+}
+
+log_tail() {
+  echo "---- last lines of $dir/$1.log" >&2
+  tail -n 25 "$dir/$1.log" >&2 || true
+}
+
+# wait_until WHAT SECONDS SERVICE CMD...: poll CMD every 0.5 s; fail (with the
+# service's log) if the service dies or time runs out. Returns 1 on timeout
+# when SOFT=1 is set, instead of failing.
+wait_until() {
+  local what=$1 limit=$2 svc=$3; shift 3
+  local start=$SECONDS
+  until "$@" >/dev/null 2>&1; do
+    if [[ -n "$svc" ]] && ! alive "$svc"; then
+      log_tail "$svc"
+      die "$svc exited while waiting for $what"
+    fi
+    if (( SECONDS - start > limit )); then
+      [[ "${SOFT:-0}" == 1 ]] && return 1
+      [[ -n "$svc" ]] && log_tail "$svc"
+      die "$what: not after ${limit}s"
+    fi
+    sleep 0.5
+  done
+}
+
+jp() { kc "$@" 2>/dev/null || true; }
+node_ready() { [[ "$(jp get node "$node" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
+pod_bound() { [[ "$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.spec.nodeName}')" == "$node" ]]; }
+pod_running() { [[ "$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.status.phase}')" == Running ]]; }
+sandbox_ready() { [[ "$(jp -n "$ns" get sandbox "$sandbox" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
+sim_up() { curl -fsS --max-time 1 -H "Authorization: Bearer $(cat "$dir/sandboxd.token")" "$(cat "$dir/sandboxd.url")/v1/info"; }
+pod_gone() { ! kc -n "$ns" get pod "$sandbox" >/dev/null 2>&1; }
+crd_established() { [[ "$(jp get crd sandboxes.agents.x-k8s.io -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}')" == True ]]; }
+
+stop_services() {
+  local i svc pid
+  for (( i=${#services[@]}-1; i>=0; i-- )); do
+    svc=${services[$i]}
+    pid=$(pid_of "$svc") || continue
+    if kill -0 "$pid" 2>/dev/null; then
+      say "stopping $svc (pid $pid)"
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      if kill -0 "$pid" 2>/dev/null; then
+        say "$svc did not stop within 10s; killing it"
+        kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+      fi
+    fi
+    rm -f "$dir/$svc.pid"
+  done
+}
+
+cluster_ready() { "$here/cluster.sh" status 2>/dev/null | grep -q 'apiserver: ready'; }
+
+cmd_up() {
+  command -v cargo >/dev/null || die "cargo is needed (https://rustup.rs), or run make deps"
+  command -v curl >/dev/null || die "curl is needed (apt-get install curl)"
+  mkdir -p "$dir"
+  chmod 700 "$dir"
+
+  if alive vk-sandbox && alive sandbox-controller && alive sandboxd-sim && cluster_ready; then
+    say "the demo is already running (make demo-down stops it)"
+    summary
+    return 0
+  fi
+  stop_services
+
+  local flags=()
+  [[ "$profile" == release ]] && flags=(--release)
+  say "building vk-sandbox, sandboxd-sim and sandbox-controller ($profile; cargo rebuilds only what changed)"
+  (cd "$root" && cargo build "${flags[@]}" -p vk-sandbox --bin vk-sandbox \
+      -p sandboxd-sim --bin sandboxd-sim -p sandbox-controller --bin sandbox-controller) \
+    || die "cargo build failed"
+
+  local fresh_cluster=false
+  cluster_ready || fresh_cluster=true
+  say "starting the local control plane (the first run builds it from source: 20-40 min)"
+  "$here/cluster.sh" up >/dev/null
+  if $fresh_cluster; then
+    # A new cluster has no Pods: claims kept from an earlier run would only
+    # be swept as dangling. Start sandboxd and vk-sandbox from empty state.
+    rm -rf "$dir/vk-state" "$dir/sandboxd-sim"
+  fi
+  say "control plane ready: $(admin_kubeconfig)"
+
+  # sandboxd simulator: a root token, one warm pool, persisted claims.
+  local sim_port kubelet_port admin_port
+  sim_port=$(free_port 7777)
+  kubelet_port=$(free_port 10260)
+  admin_port=$(free_port $((kubelet_port + 1)))
+  if [[ ! -s "$dir/sandboxd.token" ]]; then
+    (umask 077; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/sandboxd.token")
+  fi
+  echo "http://127.0.0.1:$sim_port" >"$dir/sandboxd.url"
+  mkdir -p "$dir/sandboxd-sim"
+  say "starting the sandboxd simulator on 127.0.0.1:$sim_port (warm pool base:24.04=4)"
+  start sandboxd-sim "$bindir/sandboxd-sim" --listen "127.0.0.1:$sim_port" \
+    --pool base:24.04=4 --api-token-file "$dir/sandboxd.token" \
+    --state-file "$dir/sandboxd-sim/claims.json"
+  wait_until "the sandboxd simulator to answer /v1/info" 20 sandboxd-sim sim_up
+
+  say "installing the Sandbox CRD ($(basename "$crd"))"
+  kc apply --server-side --force-conflicts -f "$crd" >/dev/null
+  wait_until "the Sandbox CRD to be Established" 30 "" crd_established
+
+  say "starting the Sandbox controller stand-in (e2e/sandbox-controller)"
+  start sandbox-controller env RUST_LOG="${RUST_LOG:-info}" "$bindir/sandbox-controller" \
+    --kubeconfig "$(admin_kubeconfig)"
+
+  # vk-sandbox runs as the ServiceAccount of manifests/rbac.yaml.
+  "$here/cluster.sh" sa-kubeconfig "$dir/vk-sandbox.kubeconfig" >/dev/null
+  mkdir -p "$dir/vk-state"
+  chmod 700 "$dir/vk-state"
+  say "starting vk-sandbox as node $node (kubelet API 127.0.0.1:$kubelet_port, admin 127.0.0.1:$admin_port)"
+  start vk-sandbox env -u KUBECONFIG RUST_LOG="${RUST_LOG:-info}" "$bindir/vk-sandbox" \
+    --kubeconfig "$dir/vk-sandbox.kubeconfig" \
+    --node-name "$node" --node-ip 127.0.0.1 \
+    --listen-addr "127.0.0.1:$kubelet_port" --admin-addr "127.0.0.1:$admin_port" \
+    --state-path "$dir/vk-state/claims.json" \
+    --sandboxd-url "http://127.0.0.1:$sim_port" \
+    --sandboxd-token-file "$dir/sandboxd.token"
+  say "waiting for node $node to be Ready"
+  wait_until "node $node Ready" 60 vk-sandbox node_ready
+  say "node $node is Ready"
+  alive sandbox-controller || { log_tail sandbox-controller; die "sandbox-controller exited"; }
+
+  kc get namespace "$ns" >/dev/null 2>&1 || kc create namespace "$ns" >/dev/null
+  say "creating Sandbox $ns/$sandbox ($(realpath --relative-to="$root" "$example"))"
+  kc -n "$ns" apply -f "$example" >/dev/null
+  say "waiting for the controller to create Pod $ns/$sandbox and the scheduler to bind it"
+  wait_until "Pod $ns/$sandbox bound to $node" 60 sandbox-controller pod_bound
+  say "Pod $ns/$sandbox is bound to $node"
+
+  say "waiting for the Pod to go Running (vk-sandbox claims a VM from sandboxd)"
+  if SOFT=1 wait_until "Pod Running" 60 vk-sandbox pod_running; then
+    local ip claim
+    ip=$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.status.podIP}')
+    claim=$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}')
+    say "Pod $ns/$sandbox is Running with the VM address $ip (claim ${claim:-?})"
+    if SOFT=1 wait_until "Sandbox Ready" 30 sandbox-controller sandbox_ready; then
+      say "Sandbox $ns/$sandbox is Ready (podIPs $(jp -n "$ns" get sandbox "$sandbox" -o 'jsonpath={.status.podIPs}'))"
+    else
+      say "Sandbox $ns/$sandbox is not Ready after 30s: $(jp -n "$ns" get sandbox "$sandbox" \
+        -o 'jsonpath={.status.conditions[?(@.type=="Ready")].message}')"
+    fi
+  else
+    local phase reason
+    phase=$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.status.phase}')
+    reason=$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.status.reason}')
+    say "NOTE: the Pod is still ${phase:-without a phase}${reason:+ ($reason)} after 60s."
+    say "NOTE: vk-sandbox's claim path (the Pod controller) is not implemented yet in this"
+    say "NOTE: build, so the Pod is bound but never claimed; everything else is running."
+  fi
+  summary
+}
+
+summary() {
+  local k sim_url
+  k="$(k8s_bin)/kubectl --kubeconfig $(admin_kubeconfig)"
+  sim_url=$(cat "$dir/sandboxd.url" 2>/dev/null || echo http://127.0.0.1:7777)
+  cat <<EOF
+
+The demo is running. Admin kubeconfig: $(admin_kubeconfig)
+  export KUBECONFIG=$(admin_kubeconfig)
+  alias kubectl=$(k8s_bin)/kubectl
+vk-sandbox runs as the ServiceAccount of manifests/rbac.yaml ($dir/vk-sandbox.kubeconfig).
+Logs and PIDs: $dir/{vk-sandbox,sandbox-controller,sandboxd-sim}.{log,pid}
+
+Try:
+  $k get node $node -o wide
+  $k -n $ns get sandboxes,pods -o wide
+  # delete the Pod: the controller re-creates it and vk-sandbox adopts the same claim (no new VM)
+  $k -n $ns delete pod $sandbox && $k -n $ns get pod $sandbox -w
+  $k -n $ns get pod $sandbox -o jsonpath='{.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}'
+  # the simulator's claims, and the claim/release requests it received
+  $bindir/sandboxd-sim ctl --url $sim_url claims
+  $bindir/sandboxd-sim ctl --url $sim_url requests --path /v1/
+  # delete the Sandbox: the Pod is garbage-collected and vk-sandbox releases the VM
+  $k -n $ns delete sandbox $sandbox && $k -n $ns get pods -w
+  $bindir/sandboxd-sim ctl --url $sim_url requests --path /v1/sandboxes/
+
+Stop everything: make demo-down
+EOF
+}
+
+cmd_down() {
+  mkdir -p "$dir"
+  if cluster_ready && alive vk-sandbox && kc -n "$ns" get sandbox "$sandbox" >/dev/null 2>&1; then
+    # While vk-sandbox still runs, so the VM is released rather than left behind.
+    say "deleting Sandbox $ns/$sandbox"
+    kc -n "$ns" delete sandbox "$sandbox" --wait=true --timeout=20s >/dev/null 2>&1 || true
+    SOFT=1 wait_until "Pod $ns/$sandbox gone" 20 "" pod_gone || true
+  fi
+  stop_services
+  if [[ "${VK_DEMO_KEEP_CLUSTER:-0}" == 1 ]]; then
+    if cluster_ready; then
+      kc delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
+      kc delete node "$node" >/dev/null 2>&1 || true
+    fi
+    say "left the control plane running (VK_DEMO_KEEP_CLUSTER=1); e2e/cluster.sh down stops it"
+  else
+    say "stopping the local control plane"
+    "$here/cluster.sh" down >/dev/null 2>&1 || true
+  fi
+  say "down; logs kept in $dir"
+}
+
+cmd_status() {
+  local svc
+  for svc in "${services[@]}"; do
+    if alive "$svc"; then echo "$svc: running (pid $(pid_of "$svc"), log $dir/$svc.log)"
+    else echo "$svc: stopped"; fi
+  done
+  "$here/cluster.sh" status
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
