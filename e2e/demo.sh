@@ -32,7 +32,11 @@ services=(sandboxd-sim sandbox-controller vk-sandbox)
 
 t0=$SECONDS
 say() { printf 'demo [%3ss] %s\n' "$((SECONDS - t0))" "$*"; }
-die() { echo "demo: error: $*" >&2; exit 1; }
+die() {
+  echo "demo: error: $*" >&2
+  [[ "${phase:-}" == up ]] && echo "demo: whatever started keeps running for a look at $dir/*.log; make demo-down stops it" >&2
+  exit 1
+}
 
 k8s_bin() { "$here/cluster.sh" bin; }
 admin_kubeconfig() { "$here/cluster.sh" kubeconfig; }
@@ -274,6 +278,7 @@ cmd_status() {
   "$here/cluster.sh" status
 }
 
+phase=${1:-}
 case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
