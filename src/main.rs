@@ -11,11 +11,15 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{error, info};
 use vk_sandbox::admin::{self, Health};
+use vk_sandbox::claims::ClaimsStore;
 use vk_sandbox::config::{self, Config};
 use vk_sandbox::kubelet::KubeletApi;
+use vk_sandbox::kubelet::PodSource;
 use vk_sandbox::metrics::Metrics;
 use vk_sandbox::node::{self, NodeSettings};
-use vk_sandbox::pods::cache::{self, CachedPods};
+use vk_sandbox::pods::controller::{self, Context};
+use vk_sandbox::pods::provider::Provider;
+use vk_sandbox::sandboxd::SandboxdClient;
 use vk_sandbox::{Error, Result, kube_client, telemetry};
 
 fn main() -> ExitCode {
@@ -98,12 +102,37 @@ async fn run(cfg: Config) -> Result<()> {
     let (client, source) = kube_client::client(cfg.kube.kubeconfig.clone()).await?;
     info!(?source, node = %cfg.node_name, "Kubernetes credentials loaded");
 
-    // Pod watch first: the kubelet API serves from it and readiness waits
-    // for it.
-    let (store, drive_watch) = cache::start(client.clone(), &cfg.node_name);
-    let pods = Arc::new(CachedPods {
+    let sandboxd = SandboxdClient::builder(cfg.sandboxd.url.clone())
+        .token(cfg.sandboxd.token.as_ref().map(|t| t.expose().to_string()))
+        .build()?;
+    // The claims store loads and is written once before the Node exists:
+    // an unwritable state path keeps the node out of scheduling.
+    let claims = Arc::new(ClaimsStore::open(&cfg.state_path).await?);
+    let provider = Arc::new(Provider::new(
+        client.clone(),
+        sandboxd.clone(),
+        Arc::clone(&claims),
+    ));
+    // Vouch for the previous run's claims once; a failure is tolerated (the
+    // rows stay quarantined and are verified again later).
+    match sandboxd.list().await {
+        Ok(listing) => {
+            provider.note_suspects(&listing);
+            if let Err(e) = provider.verify().await {
+                info!(error = %e, "start-up verification deferred");
+            }
+        }
+        Err(e) => {
+            info!(error = %e, "sandboxd cannot be listed at start-up; claims stay quarantined")
+        }
+    }
+
+    // The Pod controller's store serves the kubelet API and gates readiness.
+    let pod_controller = controller::controller(&client, &cfg.node_name);
+    let store = pod_controller.store();
+    let pods = Arc::new(NodePods {
         store: store.clone(),
-        running: Arc::new(Vec::new),
+        provider: Arc::clone(&provider),
     });
     let kubelet = KubeletApi::prepare(&cfg, &client, pods, Arc::clone(&metrics)).await?;
     let admin_listener = cfg.admin_addr.bind().await.map_err(|e| {
@@ -120,12 +149,14 @@ async fn run(cfg: Config) -> Result<()> {
 
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn({
-        let stop = stopped(stop_rx.clone());
+        let ctx = Arc::new(Context::new(
+            client.clone(),
+            Arc::clone(&provider),
+            &cfg.node_name,
+        ));
+        let fut = controller::run(pod_controller, ctx, stop_rx.clone());
         async move {
-            tokio::select! {
-                _ = drive_watch => {}
-                _ = stop => {}
-            }
+            fut.await;
             Ok(())
         }
     });
@@ -143,10 +174,7 @@ async fn run(cfg: Config) -> Result<()> {
     tokio::pin!(signal);
     let registered = tokio::select! {
         r = async {
-            store
-                .wait_until_ready()
-                .await
-                .map_err(|e| Error::Config(format!("pod watch ended before syncing: {e}")))?;
+            controller::wait_synced(&store).await;
             health.set_pod_watch_synced(true);
             node::register::register(&client, &settings).await
         } => Some(r?),
@@ -221,5 +249,26 @@ async fn run(cfg: Config) -> Result<()> {
     {
         info!("some tasks did not stop within 5 s; exiting anyway");
     }
+    // Leave a plain claims.json behind (an operator can roll back to the Go
+    // build); the journal is folded in.
+    claims.compact().await?;
     Ok(())
+}
+
+/// `/pods` from the watch cache; `/runningpods/` from the provider.
+struct NodePods {
+    store: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Pod>,
+    provider: Arc<Provider>,
+}
+
+impl PodSource for NodePods {
+    fn node_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        let mut pods: Vec<_> = self.store.state().iter().map(|p| (**p).clone()).collect();
+        pods.sort_by_key(vk_sandbox::pods::annotations::key);
+        pods
+    }
+
+    fn running_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        self.provider.tracked_pods()
+    }
 }

@@ -428,30 +428,45 @@ async fn kubelet_api_through_the_apiserver() {
         return;
     };
     let client = cluster.client.clone();
-    let vk = VkUnderTest::start(&cluster, "vk-kapi", &[]).await;
+    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool")],
+        ..Default::default()
+    })
+    .await
+    .expect("start the sandboxd simulator");
+    let vk = VkUnderTest::start(
+        &cluster,
+        "vk-kapi",
+        &[&format!("--sandboxd-url={}", sim.base_url())],
+    )
+    .await;
     vk.wait_ready(&client, Duration::from_secs(30)).await;
     let ns = cluster.namespace("vk-kapi").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    pods.create(&PostParams::default(), &pod_json("p", &vk.node, true))
+    let mut pod = pod_json("p", &vk.node, true);
+    pod.metadata.annotations = Some(
+        [(
+            "sandbox.cocoonstack.io/template".to_string(),
+            "base:24.04".to_string(),
+        )]
+        .into(),
+    );
+    pods.create(&PostParams::default(), &pod)
         .await
         .expect("create pod");
-    wait_for("the Pod to be bound", Duration::from_secs(30), || async {
-        let p = pods.get("p").await.map_err(|e| e.to_string())?;
-        p.spec
-            .and_then(|s| s.node_name)
-            .map(|_| ())
-            .ok_or_else(|| "not bound".to_string())
-    })
-    .await;
-    // kubectl port-forward insists on a Running Pod; without the Pod
-    // controller in this test, say so by hand.
-    pods.patch_status(
-        "p",
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(json!({"status": {"phase": "Running"}})),
+    // kubectl port-forward insists on a Running Pod.
+    wait_for(
+        "the Pod to run on a sandbox",
+        Duration::from_secs(30),
+        || async {
+            let p = pods.get("p").await.map_err(|e| e.to_string())?;
+            match p.status.and_then(|s| s.phase) {
+                Some(ph) if ph == "Running" => Ok(()),
+                other => Err(format!("phase {other:?}")),
+            }
+        },
     )
-    .await
-    .expect("mark Running");
+    .await;
     let kubectl = kubectl_bin();
     let run = |args: &[&str]| {
         let out = std::process::Command::new(&kubectl)

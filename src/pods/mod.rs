@@ -4,5 +4,6 @@
 
 pub mod annotations;
 pub mod authority;
-pub mod cache;
+pub mod controller;
+pub mod provider;
 pub mod status;

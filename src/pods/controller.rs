@@ -1,0 +1,463 @@
+//! The Pod controller: a kube-runtime `Controller` over the Pods bound to
+//! this node. Reconcile reads the cached Pod and the provider's state, picks
+//! one action, and converges through requeues with per-key back-off.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use serde_json::Value;
+use tokio::sync::watch;
+use tracing::{Instrument, info, info_span, warn};
+
+use super::annotations::key;
+use super::provider::{Created, Deleted, Provider};
+use super::status;
+use crate::claims::ClaimState;
+use crate::{Error, Result};
+
+/// Healthy Pods are looked at again this often, so drifted status is
+/// re-published even without a watch event.
+const RESYNC: Duration = Duration::from_secs(300);
+const BACKOFF_START: Duration = Duration::from_millis(500);
+const BACKOFF_CAP: Duration = Duration::from_secs(180);
+
+pub struct Context {
+    pub provider: Arc<Provider>,
+    pub client: Client,
+    pub recorder: Recorder,
+    pub node: String,
+    failures: Mutex<HashMap<ObjectRef<Pod>, u32>>,
+}
+
+impl Context {
+    pub fn new(client: Client, provider: Arc<Provider>, node: &str) -> Context {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "vk-sandbox".into(),
+                instance: Some(node.to_string()),
+            },
+        );
+        Context {
+            provider,
+            client,
+            recorder,
+            node: node.to_string(),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn event(&self, pod: &Pod, type_: EventType, reason: &str, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &pod.object_ref(&())).await {
+            warn!(error = %e, reason, "event not recorded");
+        }
+    }
+
+    fn backoff(&self, pod: &Pod) -> Duration {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(ObjectRef::from_obj(pod)).or_insert(0);
+        *n = n.saturating_add(1);
+        let exp = BACKOFF_START.saturating_mul(1u32 << (*n - 1).min(16));
+        exp.min(BACKOFF_CAP)
+    }
+
+    fn succeeded(&self, pod: &Pod) {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        f.remove(&ObjectRef::from_obj(pod));
+    }
+}
+
+fn pods_api(client: &Client, pod: &Pod) -> Api<Pod> {
+    Api::namespaced(
+        client.clone(),
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+    )
+}
+
+/// Writes `patch` to pods/status unless the Pod already shows it.
+async fn publish(client: &Client, pod: &Pod, patch: &Value) -> Result<()> {
+    if !status::changes(pod, patch) {
+        return Ok(());
+    }
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    match pods_api(client, pod)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(format!("write status of Pod {}", key(pod)), e)),
+    }
+}
+
+/// Deletes the Pod object for good: grace 0, only this generation.
+async fn force_delete(client: &Client, pod: &Pod) -> Result<()> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match pods_api(client, pod).delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube(format!("delete Pod {}", key(pod)), e)),
+    }
+}
+
+/// A container is "running" unless every status is terminated or waiting.
+fn has_running_container(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.state
+                    .as_ref()
+                    .is_none_or(|st| st.terminated.is_none() && st.waiting.is_none())
+            })
+        })
+}
+
+fn terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Failed") | Some("Succeeded")
+    )
+}
+
+fn never_restarts(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never")
+}
+
+async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
+    if !has_running_container(&pod) {
+        // Never ran (or already terminated): nothing of ours is live in it.
+        force_delete(&ctx.client, &pod).await?;
+        return Ok(Action::await_change());
+    }
+    match ctx.provider.delete(&pod).await {
+        Ok(outcome) => {
+            match &outcome {
+                Deleted::Preserved { id, reason } => {
+                    ctx.event(
+                        &pod,
+                        EventType::Normal,
+                        "SandboxPreserved",
+                        format!("sandbox {id} preserved for the next Pod: {reason}"),
+                    )
+                    .await
+                }
+                Deleted::Released { id, reason } => {
+                    ctx.event(
+                        &pod,
+                        EventType::Normal,
+                        "SandboxReleased",
+                        format!("sandbox {id} released: {reason}"),
+                    )
+                    .await
+                }
+                Deleted::Stale | Deleted::NothingHeld => {}
+            }
+            force_delete(&ctx.client, &pod).await?;
+            Ok(Action::await_change())
+        }
+        Err(e) => {
+            ctx.event(
+                &pod,
+                EventType::Warning,
+                "ProviderDeleteFailed",
+                format!("release failed; the claim is kept and retried: {e}"),
+            )
+            .await;
+            Err(Error::Sandboxd(e))
+        }
+    }
+}
+
+async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
+    match ctx.provider.create(&pod).await {
+        Ok(created) => {
+            let (reason, note, patch) = match created {
+                Created::Claimed { id, status } => {
+                    ("Claimed", format!("claimed sandbox {id}"), status)
+                }
+                Created::Adopted { id, status } => (
+                    "Adopted",
+                    format!("adopted sandbox {id}, kept from the previous Pod"),
+                    status,
+                ),
+            };
+            publish(&ctx.client, &pod, &patch).await?;
+            ctx.event(&pod, EventType::Normal, reason, note).await;
+            Ok(Action::requeue(RESYNC))
+        }
+        Err(failure) => {
+            let terminal = never_restarts(&pod);
+            let patch = status::create_failed(terminal, failure.reason, &failure.message);
+            publish(&ctx.client, &pod, &patch).await?;
+            ctx.event(
+                &pod,
+                EventType::Warning,
+                failure.reason,
+                failure.message.clone(),
+            )
+            .await;
+            if terminal {
+                return Ok(Action::await_change());
+            }
+            Err(Error::PodCreate {
+                pod: key(&pod),
+                reason: failure.reason,
+                message: failure.message,
+            })
+        }
+    }
+}
+
+pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
+    let k = key(&pod);
+    let span = info_span!("reconcile", node = %ctx.node, pod = %k);
+    async move {
+        let result = reconcile_inner(pod.clone(), &ctx).await;
+        if result.is_ok() {
+            ctx.succeeded(&pod);
+        }
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
+    let k = key(&pod);
+    // A new Pod generation under a tracked key: the old one is gone first
+    // (decisions.md D3), then this one is created.
+    if let Some(old) = ctx.provider.tracked(&k)
+        && old.metadata.uid != pod.metadata.uid
+    {
+        info!(old_uid = ?old.metadata.uid, "Pod replaced under the same name");
+        if let Err(e) = ctx.provider.delete(&old).await {
+            return Err(Error::Sandboxd(e));
+        }
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        return delete_pod(pod, ctx).await;
+    }
+    if terminal(&pod) {
+        return Ok(Action::await_change());
+    }
+    if ctx.provider.tracked(&k).is_some() {
+        // Already ours: keep the tracked copy current, re-publish on drift.
+        ctx.provider.update_tracked(&pod);
+        if let Some((_, patch)) = ctx.provider.running_status(&pod) {
+            publish(&ctx.client, &pod, &patch).await?;
+        }
+        return Ok(Action::requeue(RESYNC));
+    }
+    create_pod(pod, ctx).await
+}
+
+pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
+    let wait = ctx.backoff(&pod);
+    warn!(pod = %key(&pod), error = %error, retry_in = ?wait, "reconcile failed");
+    Action::requeue(wait)
+}
+
+/// Provider Delete for tracked Pods that vanished from the API (deleted
+/// with grace 0 by someone else, or gone while we looked away).
+async fn sweep_vanished(ctx: &Context, store: &Store<Pod>) {
+    let present: HashMap<String, Option<String>> = store
+        .state()
+        .iter()
+        .map(|p| (key(p), p.metadata.uid.clone()))
+        .collect();
+    for k in ctx.provider.tracked_keys() {
+        let Some(old) = ctx.provider.tracked(&k) else {
+            continue;
+        };
+        let gone = match present.get(&k) {
+            None => true,
+            Some(uid) => *uid != old.metadata.uid,
+        };
+        if !gone {
+            continue;
+        }
+        match ctx.provider.delete(&old).await {
+            Ok(outcome) => info!(pod = %k, ?outcome, "tracked Pod vanished from the API"),
+            Err(e) => warn!(pod = %k, error = %e, "release for a vanished Pod failed; retrying"),
+        }
+    }
+}
+
+/// Lease expiry (behaviour.md §3.7): settled claims past their deadline
+/// are confirmed against sandboxd before their Pod is marked Failed.
+async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>) {
+    let now = jiff::Timestamp::now();
+    let candidates: Vec<_> = ctx
+        .provider
+        .claims
+        .all()
+        .into_iter()
+        .filter(|(k, c, s)| {
+            *s == ClaimState::Settled
+                && c.deadline.is_some_and(|d| d <= now)
+                && ctx.provider.tracked(k).is_some()
+        })
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    let listing = match ctx.provider.sandboxd.list().await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %e, "lease check skipped: sandboxd cannot be listed (a failed list is not an empty one)");
+            return;
+        }
+    };
+    for (k, claim, _) in candidates {
+        if let Some(row) = listing.iter().find(|r| r.id == claim.id) {
+            let _ = ctx
+                .provider
+                .claims
+                .set_deadline(&k, &claim.id, row.deadline.expires_at())
+                .await;
+            continue;
+        }
+        // The key may have changed hands meanwhile.
+        let still = ctx
+            .provider
+            .claims
+            .get(&k)
+            .is_some_and(|(c, _)| c.id == claim.id);
+        let Some(tracked) = ctx.provider.tracked(&k) else {
+            continue;
+        };
+        let Some(deadline) = claim.deadline else {
+            continue;
+        };
+        if !still {
+            continue;
+        }
+        let Some(pod) = store
+            .state()
+            .into_iter()
+            .find(|p| key(p) == k && p.metadata.uid == tracked.metadata.uid)
+        else {
+            continue;
+        };
+        if terminal(&pod) {
+            continue;
+        }
+        let patch = status::expired(&pod, &super::provider::view(&claim), deadline);
+        match publish(&ctx.client, &pod, &patch).await {
+            Ok(()) => {
+                ctx.event(
+                    &pod,
+                    EventType::Warning,
+                    "SandboxLeaseExpired",
+                    format!("sandbox {} lease ended at {deadline}", claim.id),
+                )
+                .await
+            }
+            Err(e) => warn!(pod = %k, error = %e, "could not publish the expired status"),
+        }
+    }
+}
+
+/// Waits until the store has its initial list. Polled in short slices:
+/// kube-runtime's readiness signal wakes only one of several concurrent
+/// waiters (the controller's own applier is one), so a lone long wait could
+/// miss it.
+pub async fn wait_synced(store: &Store<Pod>) {
+    loop {
+        match tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready()).await {
+            Ok(Ok(())) => return,
+            Ok(Err(_)) => {
+                // The writer is gone (shutdown); nothing will ever sync.
+                std::future::pending::<()>().await;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The Pod controller over `spec.nodeName=<node>`; its store also serves
+/// the kubelet API's `/pods` and the node's readiness.
+pub fn controller(client: &Client, node: &str) -> Controller<Pod> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    Controller::new(api, wc)
+}
+
+/// Runs the controller and its side loops (vanished-Pod sweep, lease
+/// expiry, claim verification) until `shutdown` fires. The side loops
+/// start only once the watch has synced, so an incomplete list never makes
+/// a tracked Pod look vanished.
+pub async fn run(
+    controller: Controller<Pod>,
+    ctx: Arc<Context>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let store = controller.store();
+    let side = {
+        let ctx = Arc::clone(&ctx);
+        let store = store.clone();
+        let mut stop = shutdown.clone();
+        async move {
+            wait_synced(&store).await;
+            let mut sweep = tokio::time::interval(Duration::from_secs(2));
+            let mut lease = tokio::time::interval(Duration::from_secs(30));
+            let mut verify = tokio::time::interval(Duration::from_secs(15));
+            lease.tick().await;
+            loop {
+                tokio::select! {
+                    _ = sweep.tick() => sweep_vanished(&ctx, &store).await,
+                    _ = lease.tick() => lease_expiry_tick(&ctx, &store).await,
+                    _ = verify.tick() => {
+                        if !ctx.provider.claims.quarantined().is_empty()
+                            && let Err(e) = ctx.provider.verify().await
+                        {
+                            warn!(error = %e, "claim verification skipped; retrying");
+                        }
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    };
+    let main = controller
+        .graceful_shutdown_on(async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| {
+            if let Err(e) = r {
+                match e {
+                    kube::runtime::controller::Error::ReconcilerFailed(..) => {}
+                    other => warn!(error = %other, "pod controller"),
+                }
+            }
+            futures::future::ready(())
+        });
+    tokio::join!(main, side);
+}

@@ -1,0 +1,639 @@
+//! Sandbox Pods end to end: the real local control plane, the sandboxd
+//! simulator, and the vk-sandbox binary with the shipped RBAC. Pods are
+//! created the way the agent-sandbox controller creates them (owned by a
+//! `Sandbox`, carrying the Pod contract) so each test controls its timing;
+//! tests/e2e_sandbox_controller.rs drives the full Sandbox path.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, DynamicObject, PostParams};
+use kube::discovery::ApiResource;
+use kube::{Api, Client};
+use sandboxd_sim::SimHandle;
+use serde_json::{Value, json};
+use support::vk::{VkUnderTest, tail};
+use support::{TestCluster, wait_for};
+
+const TOKEN: &str = "root-token-e2e";
+
+fn sandbox_resource() -> ApiResource {
+    ApiResource {
+        group: "agents.x-k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "agents.x-k8s.io/v1beta1".into(),
+        kind: "Sandbox".into(),
+        plural: "sandboxes".into(),
+    }
+}
+
+struct Env {
+    cluster: TestCluster,
+    sim: SimHandle,
+    vk: VkUnderTest,
+    ns: String,
+}
+
+async fn install_crd(cluster: &TestCluster) {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crds/agents.x-k8s.io_sandboxes.yaml");
+    support::rbac::apply_manifest(&cluster.client, &path)
+        .await
+        .unwrap_or_else(|e| panic!("install the Sandbox CRD: {e}"));
+    let api: Api<DynamicObject> = Api::all_with(cluster.client.clone(), &sandbox_resource());
+    wait_for(
+        "the Sandbox CRD to be served",
+        Duration::from_secs(30),
+        || async {
+            api.list(&Default::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+}
+
+async fn setup(prefix: &str, extra: &[&str]) -> Option<Env> {
+    let cluster = support::cluster().await?;
+    install_crd(&cluster).await;
+    let cfg = sandboxd_sim::SimConfig {
+        api_token: TOKEN.into(),
+        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=8").expect("pool")],
+        ..Default::default()
+    };
+    let sim = sandboxd_sim::start_local(cfg)
+        .await
+        .expect("start the sandboxd simulator");
+    let dir = support::vk::test_dir(prefix);
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, format!(" {TOKEN}\n")).expect("token file");
+    let mut args = vec![
+        format!("--sandboxd-url={}", sim.base_url()),
+        format!("--sandboxd-token-file={}", token_file.display()),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let vk = VkUnderTest::start(&cluster, prefix, &args).await;
+    vk.wait_ready(&cluster.client, Duration::from_secs(30))
+        .await;
+    let ns = cluster.namespace(prefix).await;
+    Some(Env {
+        cluster,
+        sim,
+        vk,
+        ns,
+    })
+}
+
+impl Env {
+    fn client(&self) -> Client {
+        self.cluster.client.clone()
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client(), &self.ns)
+    }
+
+    fn sandboxes(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client(), &self.ns, &sandbox_resource())
+    }
+
+    async fn create_sandbox(&self, name: &str) -> String {
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "metadata": {"name": name},
+            "spec": {"podTemplate": {"spec": {"containers": [{"name": "agent", "image": "base:24.04"}]}}}
+        }))
+        .expect("sandbox json");
+        self.sandboxes()
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect("create Sandbox")
+            .metadata
+            .uid
+            .expect("uid")
+    }
+
+    /// A Pod as the agent-sandbox controller makes it, bound here.
+    fn pod(
+        &self,
+        name: &str,
+        owner_uid: Option<&str>,
+        annotations: Value,
+        restart_never: bool,
+    ) -> Pod {
+        let mut ann = json!({
+            "sandbox.cocoonstack.io/runtime": "sandboxd",
+            "sandbox.cocoonstack.io/template": "base:24.04",
+        });
+        if let (Some(a), Some(extra)) = (ann.as_object_mut(), annotations.as_object()) {
+            for (k, v) in extra {
+                a.insert(k.clone(), v.clone());
+            }
+        }
+        let owners = owner_uid
+            .map(|uid| {
+                json!([{"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox", "name": name,
+                        "uid": uid, "controller": true, "blockOwnerDeletion": true}])
+            })
+            .unwrap_or(json!([]));
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": ann, "ownerReferences": owners},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": self.vk.node},
+                "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists", "effect": "NoSchedule"}],
+                "restartPolicy": if restart_never { "Never" } else { "Always" },
+                "containers": [{"name": "agent", "image": "base:24.04"}]
+            }
+        }))
+        .expect("pod json")
+    }
+
+    async fn create_pod(&self, pod: &Pod) -> Pod {
+        self.pods()
+            .create(&PostParams::default(), pod)
+            .await
+            .expect("create Pod")
+    }
+
+    fn claims_for(&self, claim_ref: &str) -> usize {
+        self.sim
+            .sim()
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == "/v1/claim" && r.body.contains(claim_ref))
+            .count()
+    }
+
+    fn releases(&self) -> Vec<sandboxd_sim::RequestRecord> {
+        self.sim
+            .sim()
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.ends_with("/release"))
+            .collect()
+    }
+
+    async fn wait_phase(&self, name: &str, phase: &str, timeout: Duration) -> Pod {
+        let pods = self.pods();
+        wait_for(&format!("Pod {name} phase {phase}"), timeout, || async {
+            let p = pods.get(name).await.map_err(|e| e.to_string())?;
+            let st = p.status.clone().unwrap_or_default();
+            if st.phase.as_deref() == Some(phase) {
+                Ok(p)
+            } else {
+                Err(format!(
+                    "phase {:?} reason {:?} message {:?}; vk-sandbox log:\n{}",
+                    st.phase,
+                    st.reason,
+                    st.message,
+                    tail(&self.vk.logs(), 20)
+                ))
+            }
+        })
+        .await
+    }
+
+    async fn wait_gone(&self, name: &str, uid: &str) {
+        let pods = self.pods();
+        wait_for(
+            &format!("Pod {name} ({uid}) gone"),
+            Duration::from_secs(30),
+            || async {
+                match pods.get_opt(name).await.map_err(|e| e.to_string())? {
+                    Some(p) if p.metadata.uid.as_deref() == Some(uid) => Err(format!(
+                        "still there (deletionTimestamp {:?}); vk-sandbox log:\n{}",
+                        p.metadata.deletion_timestamp,
+                        tail(&self.vk.logs(), 20)
+                    )),
+                    _ => Ok(()),
+                }
+            },
+        )
+        .await
+    }
+
+    fn state_text(&self) -> String {
+        let mut s = std::fs::read_to_string(&self.vk.state_path).unwrap_or_default();
+        let journal = PathBuf::from(format!("{}.journal", self.vk.state_path.display()));
+        s.push_str(&std::fs::read_to_string(journal).unwrap_or_default());
+        s
+    }
+
+    async fn finish(self) {
+        self.cluster.drop_namespace(&self.ns).await;
+        self.vk.delete_node(&self.cluster.client).await;
+    }
+}
+
+fn claim_id(p: &Pod) -> String {
+    p.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("sandbox.cocoonstack.io/claim-id"))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Tests 19, 27, 28: claim → Running; label change makes no call; Pod
+/// deleted while the owner lives → preserved → same-name Pod adopts.
+#[tokio::test(flavor = "multi_thread")]
+async fn claim_run_preserve_and_adopt() {
+    let Some(env) = setup("vk-pods", &[]).await else {
+        return;
+    };
+    let owner = env.create_sandbox("sb1").await;
+    let created = env
+        .create_pod(&env.pod("sb1", Some(&owner), json!({}), false))
+        .await;
+    let ns = env.ns.clone();
+    let running = env
+        .wait_phase("sb1", "Running", Duration::from_secs(30))
+        .await;
+    let id = claim_id(&running);
+    assert!(id.starts_with("sb_"), "claim-id annotation: {id:?}");
+    let st = running.status.clone().expect("status");
+    assert_eq!(st.pod_ip.as_deref(), Some("10.0.0.5"));
+    assert_eq!(st.host_ip.as_deref(), Some("10.0.0.5"));
+    let cs = st.container_statuses.expect("container statuses");
+    assert_eq!(cs.len(), 1);
+    assert!(cs[0].ready);
+    assert_eq!(cs[0].image_id, format!("sandboxd://{id}"));
+    let conds = st.conditions.expect("conditions");
+    assert!(
+        conds
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    );
+    // The claim request, exactly once, with the contract's fields.
+    let claims: Vec<_> = env
+        .sim
+        .sim()
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/claim")
+        .collect();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    let body: Value = serde_json::from_str(&claims[0].body).expect("claim body");
+    assert_eq!(body["template"], "base:24.04");
+    assert_eq!(body["ttl_seconds"], 86400);
+    assert_eq!(body["claim_ref"], format!("{ns}/sb1"));
+    assert_eq!(
+        claims[0].authorization.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    // Durable, and the token never reaches the Pod.
+    assert!(env.state_text().contains(&id), "claims file lacks {id}");
+    let token = env
+        .sim
+        .sim()
+        .claims()
+        .into_iter()
+        .find(|c| c.id == id)
+        .expect("sim claim")
+        .token;
+    let pod_json = serde_json::to_string(&running).expect("json");
+    assert!(
+        !pod_json.contains(&token),
+        "release token leaked onto the Pod"
+    );
+
+    // Test 27: a label change makes no sandboxd call.
+    let before = env.sim.sim().requests().len();
+    env.pods()
+        .patch(
+            "sb1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .expect("label");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        env.sim.sim().requests().len(),
+        before,
+        "a label change called sandboxd"
+    );
+
+    // Test 28: delete the Pod while the Sandbox lives: preserved.
+    env.pods()
+        .delete("sb1", &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    env.wait_gone("sb1", created.metadata.uid.as_deref().unwrap_or_default())
+        .await;
+    assert!(
+        env.releases().is_empty(),
+        "released while the owner lives: {:?}",
+        env.releases()
+    );
+    assert!(
+        env.state_text().contains(&id),
+        "claim dropped on Pod deletion"
+    );
+    // The controller recreates the Pod: it adopts the same sandbox.
+    env.create_pod(&env.pod("sb1", Some(&owner), json!({}), false))
+        .await;
+    let again = env
+        .wait_phase("sb1", "Running", Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        claim_id(&again),
+        id,
+        "the new Pod did not adopt the preserved sandbox"
+    );
+    assert_eq!(
+        env.claims_for(&format!("{ns}/sb1")),
+        1,
+        "a second claim was made"
+    );
+    assert_eq!(
+        again.status.and_then(|s| s.start_time),
+        running.status.and_then(|s| s.start_time),
+        "startTime must be the original claim time"
+    );
+    env.finish().await;
+}
+
+/// Tests 29, 32: release when the owner is gone, or when there is none.
+#[tokio::test(flavor = "multi_thread")]
+async fn release_when_owner_gone_or_absent() {
+    let Some(env) = setup("vk-release", &[]).await else {
+        return;
+    };
+    let owner = env.create_sandbox("sb2").await;
+    let p = env
+        .create_pod(&env.pod("sb2", Some(&owner), json!({}), false))
+        .await;
+    let bare = env
+        .create_pod(&env.pod("bare", None, json!({}), false))
+        .await;
+    let running = env
+        .wait_phase("sb2", "Running", Duration::from_secs(30))
+        .await;
+    let bare_running = env
+        .wait_phase("bare", "Running", Duration::from_secs(30))
+        .await;
+    let id = claim_id(&running);
+    let bare_id = claim_id(&bare_running);
+    let token = |id: &str| {
+        env.sim
+            .sim()
+            .claims()
+            .into_iter()
+            .find(|c| c.id == id)
+            .expect("sim claim")
+            .token
+    };
+    let (tok, bare_tok) = (token(&id), token(&bare_id));
+
+    // Owner deleted first (orphan the Pod so GC does not race the test),
+    // then the Pod.
+    env.sandboxes()
+        .delete(
+            "sb2",
+            &DeleteParams {
+                propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("delete sandbox");
+    wait_for(
+        "the Sandbox to be gone",
+        Duration::from_secs(30),
+        || async {
+            match env
+                .sandboxes()
+                .get_opt("sb2")
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                None => Ok(()),
+                Some(_) => Err("still there".into()),
+            }
+        },
+    )
+    .await;
+    env.pods()
+        .delete("sb2", &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    env.pods()
+        .delete("bare", &DeleteParams::default())
+        .await
+        .expect("delete bare pod");
+    env.wait_gone("sb2", p.metadata.uid.as_deref().unwrap_or_default())
+        .await;
+    env.wait_gone("bare", bare.metadata.uid.as_deref().unwrap_or_default())
+        .await;
+    let releases = env.releases();
+    let find = |id: &str| {
+        releases
+            .iter()
+            .find(|r| r.path == format!("/v1/sandboxes/{id}/release"))
+            .cloned()
+    };
+    let r = find(&id).expect("release for the owner-gone Pod");
+    assert_eq!(
+        r.authorization.as_deref(),
+        Some(format!("Bearer {tok}").as_str())
+    );
+    let r = find(&bare_id).expect("release for the bare Pod");
+    assert_eq!(
+        r.authorization.as_deref(),
+        Some(format!("Bearer {bare_tok}").as_str())
+    );
+    assert!(
+        env.sim
+            .sim()
+            .claims()
+            .iter()
+            .all(|c| c.id != id && c.id != bare_id)
+    );
+    wait_for(
+        "the released claims to leave the state file",
+        Duration::from_secs(10),
+        || async {
+            let s = env.state_text();
+            // The journal keeps history; compact state is checked after restart elsewhere.
+            if std::fs::read_to_string(&env.vk.state_path)
+                .unwrap_or_default()
+                .contains(&id)
+                && !s.contains("remove")
+            {
+                Err("claim still recorded".to_string())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
+    env.finish().await;
+}
+
+/// Tests 20, 21, 22, 24: refusals before any claim; Never → Failed.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_contract_is_reported_without_claiming() {
+    let Some(env) = setup("vk-contract", &[]).await else {
+        return;
+    };
+    env.create_pod(&env.pod(
+        "other-runtime",
+        None,
+        json!({"sandbox.cocoonstack.io/runtime": "vk-cocoon"}),
+        false,
+    ))
+    .await;
+    env.create_pod(&env.pod(
+        "no-template",
+        None,
+        json!({"sandbox.cocoonstack.io/template": ""}),
+        false,
+    ))
+    .await;
+    env.create_pod(&env.pod(
+        "bad-ttl",
+        None,
+        json!({"sandbox.cocoonstack.io/ttl-seconds": "-1"}),
+        false,
+    ))
+    .await;
+    env.create_pod(&env.pod(
+        "never",
+        None,
+        json!({"sandbox.cocoonstack.io/ttl-seconds": "abc"}),
+        true,
+    ))
+    .await;
+    for name in ["other-runtime", "no-template", "bad-ttl"] {
+        let p = env
+            .wait_phase(name, "Pending", Duration::from_secs(30))
+            .await;
+        wait_for(
+            &format!("{name} to report ProviderFailed"),
+            Duration::from_secs(30),
+            || async {
+                let p = env.pods().get(name).await.map_err(|e| e.to_string())?;
+                match p.status.and_then(|s| s.reason) {
+                    Some(r) if r == "ProviderFailed" => Ok(()),
+                    other => Err(format!("reason {other:?}")),
+                }
+            },
+        )
+        .await;
+        drop(p);
+    }
+    let never = env
+        .wait_phase("never", "Failed", Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        never.status.and_then(|s| s.reason).as_deref(),
+        Some("ProviderFailed")
+    );
+    assert!(
+        env.sim
+            .sim()
+            .requests()
+            .iter()
+            .all(|r| r.path != "/v1/claim"),
+        "a claim was sent for an invalid Pod"
+    );
+    env.finish().await;
+}
+
+/// Test 23: 429 then success; the Pod waits with NoWarmCapacity.
+#[tokio::test(flavor = "multi_thread")]
+async fn capacity_miss_is_retried_until_running() {
+    let Some(env) = setup("vk-capacity", &[]).await else {
+        return;
+    };
+    let fault: sandboxd_sim::Fault = serde_json::from_value(json!({
+        "endpoint": "claim", "kind": "status", "status": 429, "times": 3,
+        "error": "node claim quota reached: 12 live claims, cap 12"
+    }))
+    .expect("fault");
+    env.sim.sim().arm_fault(fault).expect("arm");
+    env.create_pod(&env.pod("waits", None, json!({}), false))
+        .await;
+    wait_for(
+        "NoWarmCapacity to be reported",
+        Duration::from_secs(30),
+        || async {
+            let p = env.pods().get("waits").await.map_err(|e| e.to_string())?;
+            match p.status.and_then(|s| s.reason) {
+                Some(r) if r == "NoWarmCapacity" => Ok(()),
+                other => Err(format!("reason {other:?}")),
+            }
+        },
+    )
+    .await;
+    let p = env
+        .wait_phase("waits", "Running", Duration::from_secs(60))
+        .await;
+    assert!(!claim_id(&p).is_empty());
+    let n = env.claims_for(&format!("{}/waits", env.ns));
+    assert!(
+        n >= 4,
+        "expected 3 refused claims then a granted one, saw {n}"
+    );
+    assert_eq!(
+        env.sim.sim().claims().len(),
+        1,
+        "exactly one sandbox is held"
+    );
+    env.finish().await;
+}
+
+/// Test 37: a restart adopts the persisted claim (after verification).
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_adopts_persisted_claims() {
+    let Some(mut env) = setup("vk-restart", &[]).await else {
+        return;
+    };
+    let owner = env.create_sandbox("sb3").await;
+    env.create_pod(&env.pod("sb3", Some(&owner), json!({}), false))
+        .await;
+    let running = env
+        .wait_phase("sb3", "Running", Duration::from_secs(30))
+        .await;
+    let id = claim_id(&running);
+    env.vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+    let st = env
+        .vk
+        .process
+        .wait_exit(Duration::from_secs(10))
+        .expect("exit after SIGTERM");
+    assert!(st.success());
+    // After a clean shutdown the state file is a plain Go claims.json.
+    let text = std::fs::read_to_string(&env.vk.state_path).expect("state file");
+    let parsed: Value = serde_json::from_str(&text).expect("claims.json is JSON");
+    assert_eq!(parsed["claims"][format!("{}/sb3", env.ns)]["id"], id);
+    env.vk.restart(&[
+        &format!("--sandboxd-url={}", env.sim.base_url()),
+        &format!(
+            "--sandboxd-token-file={}",
+            env.vk.dir.join("token").display()
+        ),
+    ]);
+    env.vk
+        .wait_ready(&env.cluster.client, Duration::from_secs(30))
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let p = env
+        .wait_phase("sb3", "Running", Duration::from_secs(30))
+        .await;
+    assert_eq!(claim_id(&p), id);
+    assert_eq!(
+        env.claims_for(&format!("{}/sb3", env.ns)),
+        1,
+        "restart claimed again"
+    );
+    assert!(env.releases().is_empty());
+    env.finish().await;
+}
