@@ -35,6 +35,7 @@ struct Env {
     sim: SimHandle,
     vk: VkUnderTest,
     ns: String,
+    token_file: PathBuf,
 }
 
 async fn install_crd(cluster: &TestCluster) {
@@ -86,6 +87,7 @@ async fn setup(prefix: &str, extra: &[&str]) -> Option<Env> {
         sim,
         vk,
         ns,
+        token_file,
     })
 }
 
@@ -223,6 +225,29 @@ impl Env {
         let journal = PathBuf::from(format!("{}.journal", self.vk.state_path.display()));
         s.push_str(&std::fs::read_to_string(journal).unwrap_or_default());
         s
+    }
+
+    /// Waits until the restarted process has registered again (its log
+    /// says "virtual node ready" a second time) and is still running.
+    async fn wait_restarted(&mut self) {
+        let vk = &mut self.vk;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if vk.logs().matches("virtual node ready").count() >= 2 {
+                break;
+            }
+            if let Some(st) = vk.process.wait_exit(Duration::from_millis(200)) {
+                panic!(
+                    "restarted vk-sandbox exited ({st:?}):\n{}",
+                    tail(&vk.logs(), 30)
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "restart not ready:\n{}",
+                tail(&vk.logs(), 30)
+            );
+        }
     }
 
     async fn finish(self) {
@@ -616,15 +641,22 @@ async fn restart_adopts_persisted_claims() {
     assert_eq!(parsed["claims"][format!("{}/sb3", env.ns)]["id"], id);
     env.vk.restart(&[
         &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!(
-            "--sandboxd-token-file={}",
-            env.vk.dir.join("token").display()
-        ),
+        &format!("--sandboxd-token-file={}", env.token_file.display()),
     ]);
-    env.vk
-        .wait_ready(&env.cluster.client, Duration::from_secs(30))
-        .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    env.wait_restarted().await;
+    wait_for(
+        "an Adopted event after the restart",
+        Duration::from_secs(30),
+        || async {
+            let reasons = event_reasons(&events(&env).await, "sb3");
+            if reasons.iter().any(|r| r == "Adopted") {
+                Ok(())
+            } else {
+                Err(format!("events: {reasons:?}"))
+            }
+        },
+    )
+    .await;
     let p = env
         .wait_phase("sb3", "Running", Duration::from_secs(30))
         .await;
@@ -635,5 +667,253 @@ async fn restart_adopts_persisted_claims() {
         "restart claimed again"
     );
     assert!(env.releases().is_empty());
+    env.finish().await;
+}
+
+fn event_reasons(events: &[k8s_openapi::api::events::v1::Event], pod: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod))
+        .filter_map(|e| e.reason.clone())
+        .collect()
+}
+
+async fn events(env: &Env) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client(), &env.ns);
+    api.list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+/// Tests 35, 36: a failing release keeps the claim and the Pod
+/// Terminating until sandboxd recovers; a Pod that never got a claim goes
+/// at once without a sandboxd call.
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_release_is_retried_and_unclaimed_pods_go_at_once() {
+    let Some(env) = setup("vk-relfail", &[]).await else {
+        return;
+    };
+    let p = env
+        .create_pod(&env.pod("bare", None, json!({}), false))
+        .await;
+    let running = env
+        .wait_phase("bare", "Running", Duration::from_secs(30))
+        .await;
+    let id = claim_id(&running);
+    let fault: sandboxd_sim::Fault = serde_json::from_value(json!({
+        "endpoint": "release", "kind": "release_fail_keep"
+    }))
+    .expect("fault");
+    env.sim.sim().arm_fault(fault).expect("arm");
+    env.pods()
+        .delete("bare", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for(
+        "a ProviderDeleteFailed event",
+        Duration::from_secs(30),
+        || async {
+            let reasons = event_reasons(&events(&env).await, "bare");
+            if reasons.iter().any(|r| r == "ProviderDeleteFailed") {
+                Ok(())
+            } else {
+                Err(format!("events so far: {reasons:?}"))
+            }
+        },
+    )
+    .await;
+    let still = env
+        .pods()
+        .get("bare")
+        .await
+        .expect("the Pod stays while release fails");
+    assert!(still.metadata.deletion_timestamp.is_some());
+    assert!(
+        env.sim.sim().claims().iter().any(|c| c.id == id),
+        "sandbox gone despite the 500"
+    );
+    assert!(
+        env.state_text().contains(&id),
+        "claim dropped although release failed"
+    );
+    env.sim.sim().clear_faults();
+    env.wait_gone("bare", p.metadata.uid.as_deref().unwrap_or_default())
+        .await;
+    assert!(
+        env.sim.sim().claims().iter().all(|c| c.id != id),
+        "not released after recovery"
+    );
+
+    // Test 36.
+    let before = env.sim.sim().requests().len();
+    let pending = env
+        .create_pod(&env.pod(
+            "pending",
+            None,
+            json!({"sandbox.cocoonstack.io/template": ""}),
+            false,
+        ))
+        .await;
+    env.wait_phase("pending", "Pending", Duration::from_secs(30))
+        .await;
+    env.pods()
+        .delete("pending", &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.wait_gone(
+        "pending",
+        pending.metadata.uid.as_deref().unwrap_or_default(),
+    )
+    .await;
+    let calls: Vec<_> = env.sim.sim().requests().into_iter().skip(before).collect();
+    assert!(
+        calls.is_empty(),
+        "sandboxd was called for a Pod that never had a claim: {calls:?}"
+    );
+    env.finish().await;
+}
+
+/// Test 26: 32 Pods at once; every claim recorded.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_creates_all_recorded() {
+    let Some(mut env) = setup("vk-burst", &[]).await else {
+        return;
+    };
+    env.sim
+        .sim()
+        .set_pool(sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=40").expect("pool"))
+        .expect("pool");
+    let names: Vec<String> = (0..32).map(|i| format!("p{i}")).collect();
+    let creates = names.iter().map(|n| {
+        let pod = env.pod(n, None, json!({}), false);
+        let pods = env.pods();
+        async move {
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .expect("create")
+        }
+    });
+    futures::future::join_all(creates).await;
+    for n in &names {
+        env.wait_phase(n, "Running", Duration::from_secs(60)).await;
+    }
+    env.vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        env.vk
+            .process
+            .wait_exit(Duration::from_secs(10))
+            .is_some_and(|s| s.success())
+    );
+    let text = std::fs::read_to_string(&env.vk.state_path).expect("claims.json");
+    let parsed: Value = serde_json::from_str(&text).expect("JSON");
+    let rows = parsed["claims"].as_object().map(|m| m.len()).unwrap_or(0);
+    assert_eq!(rows, 32, "claims.json after the burst: {text}");
+    assert_eq!(env.sim.sim().claims().len(), 32);
+    env.finish().await;
+}
+
+/// Test 38: a persisted claim sandboxd no longer lists is dropped at
+/// restart and the Pod gets a fresh claim.
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_drops_claims_sandboxd_forgot() {
+    let Some(mut env) = setup("vk-forgot", &[]).await else {
+        return;
+    };
+    env.create_pod(&env.pod("p", None, json!({}), false)).await;
+    let first = claim_id(
+        &env.wait_phase("p", "Running", Duration::from_secs(30))
+            .await,
+    );
+    env.vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        env.vk
+            .process
+            .wait_exit(Duration::from_secs(10))
+            .is_some_and(|s| s.success())
+    );
+    env.sim
+        .sim()
+        .restart(std::slice::from_ref(&first))
+        .expect("sim restart dropping the row");
+    env.vk.restart(&[
+        &format!("--sandboxd-url={}", env.sim.base_url()),
+        &format!("--sandboxd-token-file={}", env.token_file.display()),
+    ]);
+    env.wait_restarted().await;
+    let pods = env.pods();
+    wait_for(
+        "a fresh claim for the Pod",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get("p").await.map_err(|e| e.to_string())?;
+            let id = claim_id(&p);
+            let running = p.status.and_then(|s| s.phase).as_deref() == Some("Running");
+            if running && !id.is_empty() && id != first {
+                Ok(())
+            } else {
+                Err(format!(
+                    "claim {id:?} running {running}; log:\n{}",
+                    tail(&env.vk.logs(), 15)
+                ))
+            }
+        },
+    )
+    .await;
+    env.finish().await;
+}
+
+/// Tests 41, 42: the lease watch marks a Pod Failed only once sandboxd no
+/// longer lists its sandbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn lease_expiry_confirmed_by_sandboxd() {
+    let Some(env) = setup("vk-lease", &[]).await else {
+        return;
+    };
+    // sandboxd's clock two hours behind: a 10-minute lease is already past
+    // by wall-clock time, but sandboxd still lists it (test 42).
+    let past = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(2);
+    env.sim.sim().patch_clock(
+        serde_json::from_value(json!({"set": past.to_string(), "frozen": true})).expect("clock"),
+    );
+    env.create_pod(&env.pod(
+        "p",
+        None,
+        json!({"sandbox.cocoonstack.io/ttl-seconds": "600"}),
+        false,
+    ))
+    .await;
+    let running = env
+        .wait_phase("p", "Running", Duration::from_secs(30))
+        .await;
+    let id = claim_id(&running);
+    // One lease tick (30 s) with the sandbox still listed: still Running.
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let p = env.pods().get("p").await.expect("pod");
+    assert_eq!(
+        p.status.and_then(|s| s.phase).as_deref(),
+        Some("Running"),
+        "Failed while still listed"
+    );
+    // sandboxd reaps it: the next tick marks the Pod Failed.
+    env.sim
+        .sim()
+        .patch_clock(serde_json::from_value(json!({"advance_seconds": 7200})).expect("clock"));
+    env.sim.sim().reap();
+    let failed = env.wait_phase("p", "Failed", Duration::from_secs(45)).await;
+    let st = failed.status.expect("status");
+    assert_eq!(st.reason.as_deref(), Some("SandboxLeaseExpired"));
+    let cs = st.container_statuses.expect("container statuses");
+    let term = cs[0]
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .expect("terminated");
+    assert_eq!(term.exit_code, 1);
+    assert_eq!(term.reason.as_deref(), Some("SandboxLeaseExpired"));
+    assert!(
+        env.state_text().contains(&id),
+        "the lease watch must not drop the claim"
+    );
     env.finish().await;
 }
