@@ -114,7 +114,7 @@ stop_services() {
   done
 }
 
-cluster_ready() { "$here/cluster.sh" status 2>/dev/null | grep -q 'apiserver: ready'; }
+cluster_ready() { "$here/cluster.sh" status 2>/dev/null | grep 'apiserver: ready' >/dev/null; }  # no -q: pipefail + SIGPIPE
 
 cmd_up() {
   command -v cargo >/dev/null || die "cargo is needed (https://rustup.rs), or run make deps"
@@ -124,6 +124,7 @@ cmd_up() {
 
   if alive vk-sandbox && alive sandbox-controller && alive sandboxd-sim && cluster_ready; then
     say "the demo is already running (make demo-down stops it)"
+    kc -n "$ns" get sandboxes,pods -o wide 2>/dev/null || true
     summary
     return 0
   fi
@@ -219,29 +220,31 @@ cmd_up() {
 }
 
 summary() {
-  local k sim_url
-  k="$(k8s_bin)/kubectl --kubeconfig $(admin_kubeconfig)"
+  local sim_url
   sim_url=$(cat "$dir/sandboxd.url" 2>/dev/null || echo http://127.0.0.1:7777)
   cat <<EOF
 
 The demo is running. Admin kubeconfig: $(admin_kubeconfig)
-  export KUBECONFIG=$(admin_kubeconfig)
-  alias kubectl=$(k8s_bin)/kubectl
-vk-sandbox runs as the ServiceAccount of manifests/rbac.yaml ($dir/vk-sandbox.kubeconfig).
+(vk-sandbox itself runs as the ServiceAccount of manifests/rbac.yaml: $dir/vk-sandbox.kubeconfig)
 Logs and PIDs: $dir/{vk-sandbox,sandbox-controller,sandboxd-sim}.{log,pid}
 
-Try:
-  $k get node $node -o wide
-  $k -n $ns get sandboxes,pods -o wide
-  # delete the Pod: the controller re-creates it and vk-sandbox adopts the same claim (no new VM)
-  $k -n $ns delete pod $sandbox && $k -n $ns get pod $sandbox -w
-  $k -n $ns get pod $sandbox -o jsonpath='{.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}'
-  # the simulator's claims, and the claim/release requests it received
-  $bindir/sandboxd-sim ctl --url $sim_url claims
-  $bindir/sandboxd-sim ctl --url $sim_url requests --path /v1/
+In your shell:
+  export KUBECONFIG=$(admin_kubeconfig)
+  alias kubectl=$(k8s_bin)/kubectl
+  alias sandboxd-sim=$bindir/sandboxd-sim; export SANDBOXD_SIM_URL=$sim_url
+
+Then try:
+  kubectl get node $node -o wide
+  kubectl -n $ns get sandboxes,pods -o wide
+  # delete the Pod: the controller re-creates it, vk-sandbox adopts the same claim (no new VM)
+  kubectl -n $ns delete pod $sandbox; kubectl -n $ns get pod $sandbox -w
+  kubectl -n $ns get pod $sandbox -o jsonpath='{.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}{"\n"}'
+  sandboxd-sim ctl claims                      # live claims (one, whatever you delete)
+  sandboxd-sim ctl requests --path /v1/        # claim / release requests sandboxd received
   # delete the Sandbox: the Pod is garbage-collected and vk-sandbox releases the VM
-  $k -n $ns delete sandbox $sandbox && $k -n $ns get pods -w
-  $bindir/sandboxd-sim ctl --url $sim_url requests --path /v1/sandboxes/
+  kubectl -n $ns delete sandbox $sandbox; kubectl -n $ns get pods -w
+  sandboxd-sim ctl requests --path /v1/sandboxes/
+  # again: kubectl -n $ns apply -f manifests/examples/sandbox.yaml
 
 Stop everything: make demo-down
 EOF
