@@ -93,6 +93,7 @@ pod_bound() { [[ "$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.spec.nodeName}
 pod_running() { [[ "$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.status.phase}')" == Running ]]; }
 sandbox_ready() { [[ "$(jp -n "$ns" get sandbox "$sandbox" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
 sim_up() { curl -fsS --max-time 1 -H "Authorization: Bearer $(cat "$dir/sandboxd.token")" "$(cat "$dir/sandboxd.url")/v1/info"; }
+ns_gone() { ! kc get namespace "$ns" >/dev/null 2>&1; }
 pod_gone() { ! kc -n "$ns" get pod "$sandbox" >/dev/null 2>&1; }
 crd_established() { [[ "$(jp get crd sandboxes.agents.x-k8s.io -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}')" == True ]]; }
 
@@ -168,9 +169,15 @@ cmd_up() {
   kc apply --server-side --force-conflicts -f "$crd" >/dev/null
   wait_until "the Sandbox CRD to be Established" 30 "" crd_established
 
-  say "starting the Sandbox controller stand-in (e2e/sandbox-controller)"
+  # Scoped to the demo namespace: tests sharing this cluster run their own.
+  if [[ "$(jp get namespace "$ns" -o 'jsonpath={.status.phase}')" == Terminating ]]; then
+    say "waiting for the namespace $ns of an earlier run to finish terminating"
+    wait_until "namespace $ns gone" 60 "" ns_gone
+  fi
+  kc get namespace "$ns" >/dev/null 2>&1 || kc create namespace "$ns" >/dev/null
+  say "starting the Sandbox controller stand-in (e2e/sandbox-controller) for namespace $ns"
   start sandbox-controller env RUST_LOG="${RUST_LOG:-info}" "$bindir/sandbox-controller" \
-    --kubeconfig "$(admin_kubeconfig)"
+    --kubeconfig "$(admin_kubeconfig)" --namespace "$ns"
 
   # vk-sandbox runs as the ServiceAccount of manifests/rbac.yaml.
   "$here/cluster.sh" sa-kubeconfig "$dir/vk-sandbox.kubeconfig" >/dev/null
@@ -189,7 +196,6 @@ cmd_up() {
   say "node $node is Ready"
   alive sandbox-controller || { log_tail sandbox-controller; die "sandbox-controller exited"; }
 
-  kc get namespace "$ns" >/dev/null 2>&1 || kc create namespace "$ns" >/dev/null
   say "creating Sandbox $ns/$sandbox ($(realpath --relative-to="$root" "$example"))"
   kc -n "$ns" apply -f "$example" >/dev/null
   say "waiting for the controller to create Pod $ns/$sandbox and the scheduler to bind it"
@@ -245,6 +251,7 @@ Then try:
   kubectl -n $ns delete sandbox $sandbox; kubectl -n $ns get pods -w
   sandboxd-sim ctl requests --path /v1/sandboxes/
   # again: kubectl -n $ns apply -f manifests/examples/sandbox.yaml
+  # (the controller stand-in watches namespace $ns only)
 
 Stop everything: make demo-down
 EOF
@@ -261,6 +268,8 @@ cmd_down() {
   stop_services
   if [[ "${VK_DEMO_KEEP_CLUSTER:-0}" == 1 ]]; then
     if cluster_ready; then
+      # Nothing completes the deletion of Pods left on the stopped node.
+      kc -n "$ns" delete pods --all --grace-period=0 --force >/dev/null 2>&1 || true
       kc delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
       kc delete node "$node" >/dev/null 2>&1 || true
     fi
