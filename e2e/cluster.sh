@@ -19,6 +19,10 @@
 #   VK_NODE_MONITOR_GRACE  node lifecycle grace period (default 20s)
 #   VK_EVICTION_TOLERATION_SECONDS  default not-ready/unreachable toleration
 #                       the apiserver adds to Pods (default 30)
+#
+# The node lifecycle controller stops evicting in a "disrupted" zone; tests
+# leave dead virtual nodes behind, so partial disruption is turned off
+# (--unhealthy-zone-threshold 1) and only "no node Ready" pauses evictions.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -225,6 +229,7 @@ cmd_up() {
     --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
     --controllers '*' \
     --node-monitor-period 2s --node-monitor-grace-period "$grace" \
+    --unhealthy-zone-threshold 1 \
     --concurrent-gc-syncs 5
   wait_for kube-scheduler 30 curl -fsSk --max-time 1 "https://127.0.0.1:$sched_port/healthz"
   wait_for kube-controller-manager 30 curl -fsSk --max-time 1 "https://127.0.0.1:$kcm_port/healthz"
