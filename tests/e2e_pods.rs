@@ -917,3 +917,128 @@ async fn lease_expiry_confirmed_by_sandboxd() {
     );
     env.finish().await;
 }
+
+/// Decisions D7: a claim whose reply was lost is returned (node token) before
+/// the Pod is claimed for again; nothing else is touched.
+#[tokio::test(flavor = "multi_thread")]
+async fn lost_claim_reply_is_returned_before_claiming_again() {
+    let Some(env) = setup("vk-lost", &[]).await else {
+        return;
+    };
+    let fault: sandboxd_sim::Fault =
+        serde_json::from_value(json!({"endpoint": "claim", "kind": "drop_after", "times": 1}))
+            .expect("fault");
+    env.sim.sim().arm_fault(fault).expect("arm");
+    env.create_pod(&env.pod("p", None, json!({}), false)).await;
+    let running = env
+        .wait_phase("p", "Running", Duration::from_secs(60))
+        .await;
+    let id = claim_id(&running);
+    let key = format!("{}/p", env.ns);
+    let live: Vec<_> = env.sim.sim().claims_by_ref(&key);
+    assert_eq!(live.len(), 1, "exactly one sandbox for the Pod: {live:?}");
+    assert_eq!(live[0].id, id);
+    let releases = env.releases();
+    assert_eq!(
+        releases.len(),
+        1,
+        "the stray was returned once: {releases:?}"
+    );
+    assert_ne!(releases[0].path, format!("/v1/sandboxes/{id}/release"));
+    assert_eq!(
+        releases[0].authorization.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str()),
+        "strays are returned with the node token"
+    );
+    env.finish().await;
+}
+
+/// kill -9 in the middle of a burst of 50 creates: after the restart every
+/// Pod runs, every live sandbox is held by exactly one Pod, and the only
+/// releases are strays returned with the node token.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill9_mid_burst_loses_and_leaks_nothing() {
+    let Some(mut env) = setup("vk-kill9", &[]).await else {
+        return;
+    };
+    env.sim
+        .sim()
+        .set_pool(sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=60").expect("pool"))
+        .expect("pool");
+    // Slow claims widen the window in which a claim is granted but not yet
+    // recorded.
+    let slow: sandboxd_sim::Fault =
+        serde_json::from_value(json!({"endpoint": "claim", "kind": "slow", "ms": 150}))
+            .expect("fault");
+    env.sim.sim().arm_fault(slow).expect("arm");
+    let mut owners = Vec::new();
+    for i in 0..50 {
+        owners.push(env.create_sandbox(&format!("b{i}")).await);
+    }
+    let creates = (0..50).map(|i| {
+        let pod = env.pod(&format!("b{i}"), Some(&owners[i]), json!({}), false);
+        let pods = env.pods();
+        async move {
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .expect("create")
+        }
+    });
+    futures::future::join_all(creates).await;
+    // Kill once some claims are granted and others are in flight.
+    wait_for("a few claims granted", Duration::from_secs(60), || async {
+        let n = env.sim.sim().claims().len();
+        if n >= 5 {
+            Ok(())
+        } else {
+            Err(format!("{n} granted"))
+        }
+    })
+    .await;
+    env.vk.process.signal(nix::sys::signal::Signal::SIGKILL);
+    env.vk.process.wait_exit(Duration::from_secs(5));
+    env.sim.sim().clear_faults();
+    env.vk.restart(&[
+        &format!("--sandboxd-url={}", env.sim.base_url()),
+        &format!("--sandboxd-token-file={}", env.token_file.display()),
+    ]);
+    env.wait_restarted().await;
+    let mut held = std::collections::HashSet::new();
+    for i in 0..50 {
+        let p = env
+            .wait_phase(&format!("b{i}"), "Running", Duration::from_secs(120))
+            .await;
+        assert!(held.insert(claim_id(&p)), "two Pods share a sandbox");
+    }
+    let live: std::collections::HashSet<String> =
+        env.sim.sim().claims().into_iter().map(|c| c.id).collect();
+    assert_eq!(
+        live, held,
+        "live sandboxes and Pods' claims differ (leak or loss)"
+    );
+    eprintln!(
+        "kill9: {} Pods running on {} sandboxes; {} strays returned; {} claim requests",
+        held.len(),
+        live.len(),
+        env.releases().len(),
+        env.sim
+            .sim()
+            .requests()
+            .iter()
+            .filter(|r| r.path == "/v1/claim")
+            .count()
+    );
+    for r in env.releases() {
+        assert_eq!(
+            r.authorization.as_deref(),
+            Some(format!("Bearer {TOKEN}").as_str()),
+            "a release other than a stray return: {r:?}"
+        );
+        let id = r
+            .path
+            .trim_start_matches("/v1/sandboxes/")
+            .trim_end_matches("/release");
+        assert!(!held.contains(id), "a held sandbox was released: {id}");
+    }
+    env.finish().await;
+}
