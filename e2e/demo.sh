@@ -10,7 +10,8 @@
 #   e2e/demo.sh status   what runs, and where its logs are
 #
 # Binaries are debug builds (target/debug: shared with `make test`, so usually
-# already built); VK_DEMO_PROFILE=release builds and uses release ones.
+# already built); VK_DEMO_PROFILE=release builds and uses release ones;
+# VK_DEMO_NO_BUILD=1 uses the binaries already there.
 # Everything the demo writes (PIDs, logs, tokens, kubeconfigs, state) is in
 # .cache/demo/ (VK_DEMO_DIR). VK_DEMO_KEEP_CLUSTER=1 makes `down` leave the
 # control plane running.
@@ -133,10 +134,18 @@ cmd_up() {
 
   local flags=()
   [[ "$profile" == release ]] && flags=(--release)
-  say "building vk-sandbox, sandboxd-sim and sandbox-controller ($profile; cargo rebuilds only what changed)"
-  (cd "$root" && cargo build "${flags[@]}" -p vk-sandbox --bin vk-sandbox \
-      -p sandboxd-sim --bin sandboxd-sim -p sandbox-controller --bin sandbox-controller) \
-    || die "cargo build failed"
+  if [[ "${VK_DEMO_NO_BUILD:-0}" == 1 ]]; then
+    local b
+    for b in vk-sandbox sandboxd-sim sandbox-controller; do
+      [[ -x "$bindir/$b" ]] || die "VK_DEMO_NO_BUILD=1 but $bindir/$b is missing"
+    done
+    say "using the binaries in $bindir as they are (VK_DEMO_NO_BUILD=1)"
+  else
+    say "building vk-sandbox, sandboxd-sim and sandbox-controller ($profile; cargo rebuilds only what changed)"
+    (cd "$root" && cargo build "${flags[@]}" -p vk-sandbox --bin vk-sandbox \
+        -p sandboxd-sim --bin sandboxd-sim -p sandbox-controller --bin sandbox-controller) \
+      || die "cargo build failed"
+  fi
 
   local fresh_cluster=false
   cluster_ready || fresh_cluster=true
