@@ -24,14 +24,17 @@
 //!
 //! ```text
 //! <payload length, decimal> <first 16 hex digits of SHA-256(payload)> <payload>\n
-//! payload = {"ops":[{"op":"put","key":"ns/a","claim":{<row as in the snapshot>}},
-//!                   {"op":"del","key":"ns/b"}]}
+//! payload = {"base":"<16 hex>","ops":[{"op":"put","key":"ns/a","claim":{<row as in the snapshot>}},
+//!                                     {"op":"del","key":"ns/b"}]}
 //! ```
 //!
 //! A `put` sets the key's row, a `del` removes it; each record carries the
-//! key's whole durable state, so replaying the journal over any snapshot
-//! taken since the journal was started gives the same table (the last record
-//! of a key wins, keys the journal never names keep their snapshot row).
+//! key's whole durable state (the last record of a key wins, keys the
+//! journal never names keep their snapshot row). The first frame of a
+//! journal carries `base`, [`snapshot_base`] of the snapshot it continues: a
+//! journal is only ever replayed over that exact snapshot, so a snapshot
+//! replaced behind the store's back (restored from a backup, or written by
+//! the Go original after a rollback) is never mixed with stale records.
 //!
 //! Frames are written one at a time and the next frame is only written after
 //! the previous one was `fdatasync`ed, so only the last frame of a journal
@@ -245,7 +248,15 @@ enum OpOut<'a> {
 
 #[derive(Serialize)]
 struct FrameOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    base: Option<&'a str>,
     ops: Vec<OpOut<'a>>,
+}
+
+/// Identity of snapshot bytes (first 16 hex digits of their SHA-256): the
+/// `base` a journal names.
+pub fn snapshot_base(snapshot: &[u8]) -> String {
+    checksum(snapshot)
 }
 
 fn checksum(payload: &[u8]) -> String {
@@ -257,9 +268,11 @@ fn checksum(payload: &[u8]) -> String {
     hex
 }
 
-/// Encode one journal frame (one line, newline-terminated).
-pub fn encode_frame(ops: &[JournalOp]) -> Vec<u8> {
+/// Encode one journal frame (one line, newline-terminated). The first
+/// frame of a journal passes the `base` it continues.
+pub fn encode_frame(ops: &[JournalOp], base: Option<&str>) -> Vec<u8> {
     let frame = FrameOut {
+        base,
         ops: ops
             .iter()
             .map(|op| match op {
@@ -282,6 +295,9 @@ pub fn encode_frame(ops: &[JournalOp]) -> Vec<u8> {
 /// A decoded journal.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Journal {
+    /// The snapshot this journal continues (from its first frame); `None`
+    /// when it has no complete frame.
+    pub base: Option<String>,
     /// Records of every complete frame, in order.
     pub ops: Vec<JournalOp>,
     /// Complete frames read.
@@ -329,9 +345,17 @@ fn parse_line(line: &[u8], terminated: bool) -> Result<&[u8], BadLine> {
     Ok(payload)
 }
 
-fn decode_payload(payload: &[u8], now: Timestamp) -> Result<Vec<JournalOp>, String> {
+/// The frame's `base` (if any) and records.
+type Frame = (Option<String>, Vec<JournalOp>);
+
+fn decode_payload(payload: &[u8], now: Timestamp) -> Result<Frame, String> {
     let value: Value =
         serde_json::from_slice(payload).map_err(|e| format!("payload is not JSON: {e}"))?;
+    let base = match value.get("base") {
+        None => None,
+        Some(Value::String(b)) => Some(b.clone()),
+        Some(_) => return Err("\"base\" is not a string".into()),
+    };
     let ops = value
         .get("ops")
         .and_then(Value::as_array)
@@ -353,7 +377,8 @@ fn decode_payload(payload: &[u8], now: Timestamp) -> Result<Vec<JournalOp>, Stri
                 other => Err(format!("unknown record type {other:?}")),
             }
         })
-        .collect()
+        .collect::<Result<Vec<_>, String>>()
+        .map(|ops| (base, ops))
 }
 
 /// Decode a journal. See the module documentation for what is tolerated.
@@ -370,8 +395,13 @@ pub fn decode_journal(bytes: &[u8], now: Timestamp) -> Result<Journal, String> {
         let last = next.is_empty();
         match parse_line(line, terminated) {
             Ok(payload) => {
-                let ops =
+                let (base, ops) =
                     decode_payload(payload, now).map_err(|e| format!("line {line_no}: {e}"))?;
+                if journal.frames == 0 {
+                    journal.base = Some(base.ok_or_else(|| {
+                        format!("line {line_no}: the first frame names no base snapshot")
+                    })?);
+                }
                 journal.ops.extend(ops);
                 journal.frames += 1;
             }
@@ -521,7 +551,7 @@ mod tests {
     }
 
     fn frame(ops: &[JournalOp]) -> Vec<u8> {
-        encode_frame(ops)
+        encode_frame(ops, Some("0123456789abcdef"))
     }
 
     #[test]
@@ -542,6 +572,7 @@ mod tests {
         let j = decode_journal(&bytes, now()).expect("journal");
         assert_eq!(j.frames, 2);
         assert_eq!(j.torn_tail_bytes, 0);
+        assert_eq!(j.base.as_deref(), Some("0123456789abcdef"));
         let mut table = BTreeMap::from([("ns/c".to_string(), claim("sb_3"))]);
         replay(&mut table, j.ops);
         assert_eq!(
@@ -599,6 +630,10 @@ mod tests {
         empty.push(b'\n');
         empty.extend_from_slice(&b);
         assert!(decode_journal(&empty, now()).is_err());
+        // A journal whose first frame names no base.
+        let unbased = encode_frame(&[JournalOp::Del { key: "a".into() }], None);
+        let err = decode_journal(&unbased, now()).expect_err("no base");
+        assert!(err.contains("base"), "{err}");
         // A well-framed payload that is not a journal record.
         let payload = br#"{"ops":[{"op":"zap","key":"k"}]}"#;
         let mut odd = format!("{} {} ", payload.len(), checksum(payload)).into_bytes();

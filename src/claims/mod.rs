@@ -6,8 +6,11 @@
 //!   ([`format`]), so the Go file loads as is and, after [`ClaimsStore::compact`]
 //!   (clean shutdown), the file is a valid Go `claims.json` again;
 //! - `<state-path>.journal`: an append-only journal of changes since the
-//!   snapshot, one checksummed line per group commit;
-//! - `<state-path>.tmp`: the next snapshot while it is being written.
+//!   snapshot, one checksummed line per group commit, naming the snapshot it
+//!   continues (a journal is never replayed over another snapshot; one that
+//!   does not match refuses start-up);
+//! - `<state-path>.tmp`, `<state-path>.journal.old`: transient, while a
+//!   rewrite replaces the snapshot (see `writer::Writer::rewrite`).
 //!
 //! Files are created 0600, the directory 0700. Persisting one change costs
 //! one journal append and one `fdatasync`, shared by every change queued at

@@ -370,10 +370,13 @@ async fn torn_last_journal_line_is_ignored() {
     store.commit("ns/b", claim("sb_2")).await.expect("commit");
     drop(store);
     // A third frame cut short by a crash.
-    let frame = format::encode_frame(&[format::JournalOp::Put {
-        key: "ns/c".into(),
-        claim: claim("sb_3"),
-    }]);
+    let frame = format::encode_frame(
+        &[format::JournalOp::Put {
+            key: "ns/c".into(),
+            claim: claim("sb_3"),
+        }],
+        None,
+    );
     let mut bytes = fs::read(journal_of(&path)).expect("journal");
     bytes.extend_from_slice(&frame[..frame.len() / 2]);
     fs::write(journal_of(&path), &bytes).expect("write");
@@ -413,6 +416,68 @@ async fn corrupt_middle_journal_line_is_refused() {
     );
     assert_eq!(fs::read(journal_of(&path)).expect("journal"), bytes);
     assert_eq!(fs::read(&path).expect("snapshot"), snapshot);
+}
+
+fn journal_old_of(path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.journal.old", path.display()))
+}
+
+#[tokio::test]
+async fn a_journal_is_only_replayed_over_the_snapshot_it_continues() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.json");
+    let store = ClaimsStore::open(&path).await.expect("open");
+    store.commit("ns/a", claim("sb_1")).await.expect("commit");
+    drop(store);
+    // A crash, then the Go original ran (rollback) and rewrote the file.
+    fs::write(&path, GO_FULL).expect("go writes");
+    let journal = fs::read(journal_of(&path)).expect("journal");
+    let err = ClaimsStore::open(&path)
+        .await
+        .expect_err("foreign snapshot");
+    let msg = err.to_string();
+    assert!(matches!(err, Error::State { .. }), "{msg}");
+    assert!(
+        msg.contains(&journal_of(&path).display().to_string()) && msg.contains("does not continue"),
+        "{msg}"
+    );
+    assert_eq!(fs::read(&path).expect("read"), GO_FULL.as_bytes());
+    assert_eq!(fs::read(journal_of(&path)).expect("read"), journal);
+}
+
+#[tokio::test]
+async fn interrupted_rewrites_recover() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.json");
+    let store = ClaimsStore::open(&path).await.expect("open");
+    store.commit("ns/a", claim("sb_1")).await.expect("commit");
+    store.commit("ns/b", claim("sb_2")).await.expect("commit");
+    drop(store);
+
+    // Crash after step 2 (journal moved aside, old snapshot still in place):
+    // the old journal continues the snapshot and is replayed.
+    fs::rename(journal_of(&path), journal_old_of(&path)).expect("mv");
+    let store = ClaimsStore::open(&path).await.expect("reopen");
+    assert_eq!(rows(&store).len(), 2);
+    assert!(!journal_old_of(&path).exists(), "start-up write retired it");
+
+    // Crash after step 3 (new snapshot in place, old journal not yet
+    // unlinked): the old journal is skipped, so a removal folded into the
+    // new snapshot stays removed.
+    // (A prefix of the journal stands in for it, so that replaying it by
+    // mistake would visibly resurrect ns/c.)
+    store.commit("ns/c", claim("sb_3")).await.expect("commit");
+    let stale = fs::read(journal_of(&path)).expect("journal");
+    assert!(store.remove("ns/c", "sb_3").await.expect("remove"));
+    store.commit("ns/d", claim("sb_4")).await.expect("commit");
+    store.compact().await.expect("compact");
+    drop(store);
+    fs::write(journal_old_of(&path), &stale).expect("stale journal");
+    let store = ClaimsStore::open(&path).await.expect("reopen");
+    assert_eq!(
+        rows(&store).keys().cloned().collect::<Vec<_>>(),
+        vec!["ns/a", "ns/b", "ns/d"]
+    );
 }
 
 #[tokio::test]

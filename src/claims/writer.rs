@@ -7,8 +7,7 @@
 //! drains everything else queued and reads the current rows of the keys
 //! named. A batch is persisted either by appending one journal frame and
 //! `fdatasync`ing it, or, when a rewrite is due, by writing a new snapshot
-//! (`<path>.tmp`, `fsync`, rename, `fsync` directory) and unlinking the
-//! journal (`fsync` directory again). Only then are the batch's tentative
+//! (see [`Writer::rewrite`] for the crash-safe order). Only then are the batch's tentative
 //! rows marked settled and the waiters answered: concurrent commits share
 //! one write and one sync (group commit), and the cost of a batch does not
 //! depend on the size of the table.
@@ -78,6 +77,8 @@ pub(super) fn lock(table: &Mutex<Table>) -> MutexGuard<'_, Table> {
 pub(super) struct Paths {
     pub snapshot: PathBuf,
     pub journal: PathBuf,
+    /// The journal while a rewrite replaces the snapshot it continues.
+    pub journal_old: PathBuf,
     pub tmp: PathBuf,
     pub dir: PathBuf,
 }
@@ -96,6 +97,7 @@ impl Paths {
         Paths {
             snapshot: snapshot.to_path_buf(),
             journal: with_suffix(".journal"),
+            journal_old: with_suffix(".journal.old"),
             tmp: with_suffix(".tmp"),
             dir,
         }
@@ -145,10 +147,28 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
     }
 }
 
-/// Read the snapshot and replay the journal. Touches nothing on disk.
+fn decode_journal_file(path: &Path, bytes: &[u8], now: Timestamp) -> Result<format::Journal> {
+    let j = format::decode_journal(bytes, now).map_err(|problem| Error::State {
+        path: path.to_path_buf(),
+        problem: format!("{problem}; {FIX}"),
+    })?;
+    if j.torn_tail_bytes > 0 {
+        warn!(
+            journal = %path.display(),
+            bytes = j.torn_tail_bytes,
+            "claims journal ends in an incomplete record (a write cut short by a crash, \
+             never acknowledged); ignoring it"
+        );
+    }
+    Ok(j)
+}
+
+/// Read the snapshot and replay the journal(s) that continue it. Touches
+/// nothing on disk. The snapshot is returned with its `base`.
 pub(super) fn load(paths: &Paths, now: Timestamp) -> Result<BTreeMap<String, Claim>> {
     let snapshot = read_optional(&paths.snapshot)?;
     let journal = read_optional(&paths.journal)?;
+    let journal_old = read_optional(&paths.journal_old)?;
     let mut rows = match &snapshot {
         Some(bytes) => format::decode_snapshot(bytes, now).map_err(|problem| Error::State {
             path: paths.snapshot.clone(),
@@ -156,22 +176,42 @@ pub(super) fn load(paths: &Paths, now: Timestamp) -> Result<BTreeMap<String, Cla
         })?,
         None => BTreeMap::new(),
     };
+    let base = snapshot.as_deref().map(format::snapshot_base);
     let from_snapshot = rows.len();
     let mut frames = 0;
-    if let Some(bytes) = &journal {
-        let j = format::decode_journal(bytes, now).map_err(|problem| Error::State {
-            path: paths.journal.clone(),
-            problem: format!("{problem}; {FIX}"),
-        })?;
-        if j.torn_tail_bytes > 0 {
-            warn!(
-                journal = %paths.journal.display(),
-                bytes = j.torn_tail_bytes,
-                "claims journal ends in an incomplete record (a write cut short by a crash, \
-                 never acknowledged); ignoring it"
+    // A rewrite moves the journal to `.journal.old` before renaming the new
+    // snapshot into place. If the crash came before that rename, the old
+    // journal still continues this snapshot and is replayed; after it, the
+    // snapshot already holds everything the old journal did (the writer's
+    // memory is a superset of what it journaled) and it is skipped.
+    if let Some(bytes) = &journal_old {
+        let j = decode_journal_file(&paths.journal_old, bytes, now)?;
+        if j.base.is_some() && j.base == base {
+            frames += j.frames;
+            format::replay(&mut rows, j.ops);
+        } else {
+            info!(
+                journal = %paths.journal_old.display(),
+                "skipping a journal already folded into the snapshot (a rewrite was interrupted)"
             );
         }
-        frames = j.frames;
+    }
+    if let Some(bytes) = &journal {
+        let j = decode_journal_file(&paths.journal, bytes, now)?;
+        if j.base.is_some() && j.base != base {
+            return Err(Error::State {
+                path: paths.journal.clone(),
+                problem: format!(
+                    "does not continue {}: that file was replaced since the journal was \
+                     started (restored from a backup, edited, or written by another program \
+                     such as the Go vk-sandbox after a rollback). The journal may hold release \
+                     credentials the snapshot lacks: merge them by hand, or move the journal \
+                     aside if the snapshot is authoritative, then restart",
+                    paths.snapshot.display()
+                ),
+            });
+        }
+        frames += j.frames;
         format::replay(&mut rows, j.ops);
     }
     info!(
@@ -214,6 +254,8 @@ pub(super) struct Writer {
     snapshot_id: Option<FileId>,
     journal_bytes: u64,
     snapshot_bytes: u64,
+    /// [`format::snapshot_base`] of the snapshot this writer last wrote.
+    snapshot_base: String,
     /// The next batch must rewrite the snapshot.
     need_rewrite: bool,
 }
@@ -240,6 +282,7 @@ impl Writer {
             snapshot_id: None,
             journal_bytes: 0,
             snapshot_bytes: 0,
+            snapshot_base: String::new(),
             need_rewrite: true,
         }
     }
@@ -353,7 +396,7 @@ impl Writer {
         };
 
         let outcome = match &plan {
-            Plan::Append(ops) => self.append(&format::encode_frame(ops)),
+            Plan::Append(ops) => self.append(ops),
             Plan::Rewrite(rows) => self.rewrite(rows),
         };
         self.counters.batches.fetch_add(1, Ordering::Relaxed);
@@ -422,8 +465,15 @@ impl Writer {
         }
     }
 
-    fn append(&mut self, frame: &[u8]) -> Outcome {
+    fn append(&mut self, ops: &[JournalOp]) -> Outcome {
         let journal_path = &self.paths.journal;
+        // A new journal names the snapshot it continues in its first frame.
+        let frame = format::encode_frame(
+            ops,
+            self.journal
+                .is_none()
+                .then_some(self.snapshot_base.as_str()),
+        );
         if self.journal.is_none() {
             let file = OpenOptions::new()
                 .append(true)
@@ -443,7 +493,7 @@ impl Writer {
         let Some((file, _)) = self.journal.as_mut() else {
             return Err(format!("{} is not open", journal_path.display()));
         };
-        file.write_all(frame)
+        file.write_all(&frame)
             .map_err(|e| format!("write {}: {e}", journal_path.display()))?;
         file.sync_data()
             .map_err(|e| format!("fdatasync {}: {e}", journal_path.display()))?;
@@ -457,6 +507,15 @@ impl Writer {
         Ok(())
     }
 
+    /// Write `rows` as the new snapshot and retire the journal. Order, each
+    /// step durable before the next:
+    /// 1. `<path>.tmp` written (0600) and `fsync`ed;
+    /// 2. `<path>.journal` renamed to `<path>.journal.old`, directory `fsync`ed
+    ///    (a crash here: old snapshot + the journal continuing it);
+    /// 3. `<path>.tmp` renamed over `<path>`, directory `fsync`ed (a crash
+    ///    here: the new snapshot, which holds everything the old journal did;
+    ///    the old journal no longer matches it and is skipped);
+    /// 4. `<path>.journal.old` unlinked, directory `fsync`ed.
     fn rewrite(&mut self, rows: &BTreeMap<String, Claim>) -> Outcome {
         self.journal = None;
         self.ensure_dir()?;
@@ -464,6 +523,7 @@ impl Writer {
         let Paths {
             snapshot,
             journal,
+            journal_old,
             tmp,
             dir,
         } = &self.paths;
@@ -483,20 +543,30 @@ impl Writer {
         file.sync_all()
             .map_err(|e| format!("fsync {}: {e}", tmp.display()))?;
         drop(file);
-        fs::rename(tmp, snapshot)
-            .map_err(|e| format!("rename {} to {}: {e}", tmp.display(), snapshot.display()))?;
-        // The new snapshot must be durable before the journal goes: the
-        // journal holds rows the old snapshot lacks.
-        sync_dir(dir)?;
-        match fs::remove_file(journal) {
+        match fs::rename(journal, journal_old) {
             Ok(()) => sync_dir(dir)?,
             Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("remove {}: {e}", journal.display())),
+            Err(e) => {
+                return Err(format!(
+                    "rename {} to {}: {e}",
+                    journal.display(),
+                    journal_old.display()
+                ));
+            }
+        }
+        fs::rename(tmp, snapshot)
+            .map_err(|e| format!("rename {} to {}: {e}", tmp.display(), snapshot.display()))?;
+        sync_dir(dir)?;
+        match fs::remove_file(journal_old) {
+            Ok(()) => sync_dir(dir)?,
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("remove {}: {e}", journal_old.display())),
         }
         let meta = fs::symlink_metadata(snapshot)
             .map_err(|e| format!("stat {}: {e}", snapshot.display()))?;
         self.snapshot_id = Some(file_id(&meta));
         self.snapshot_bytes = bytes.len() as u64;
+        self.snapshot_base = format::snapshot_base(&bytes);
         self.journal_bytes = 0;
         self.counters.journal_bytes.store(0, Ordering::Relaxed);
         self.counters.rewrites.fetch_add(1, Ordering::Relaxed);
