@@ -3,7 +3,7 @@
 //!
 //! # Files
 //! - `--state-path`: a snapshot in the Go original's `claims.json` format
-//!   ([`format`]), so the Go file loads as is and, after [`ClaimsStore::compact`]
+//!   ([`format`](mod@format)), so the Go file loads as is and, after [`ClaimsStore::compact`]
 //!   (clean shutdown), the file is a valid Go `claims.json` again;
 //! - `<state-path>.journal`: an append-only journal of changes since the
 //!   snapshot, one checksummed line per group commit, naming the snapshot it
@@ -17,7 +17,7 @@
 //! the time (group commit), whatever the size of the table; the snapshot is
 //! rewritten at start-up, at clean shutdown, and when the journal grows past
 //! [`StoreOptions`]' threshold (amortised: at least `compact_ratio` times the
-//! snapshot's bytes of journal between two rewrites). See [`writer`] for the
+//! snapshot's bytes of journal between two rewrites). See `writer.rs` for the
 //! write path.
 //!
 //! # States
