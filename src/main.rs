@@ -149,11 +149,10 @@ async fn run(cfg: Config) -> Result<()> {
 
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn({
-        let ctx = Arc::new(Context::new(
-            client.clone(),
-            Arc::clone(&provider),
-            &cfg.node_name,
-        ));
+        let ctx = Arc::new(
+            Context::new(client.clone(), Arc::clone(&provider), &cfg.node_name)
+                .with_metrics(Arc::clone(&metrics)),
+        );
         let fut = controller::run(pod_controller, ctx, stop_rx.clone());
         async move {
             fut.await;

@@ -37,6 +37,16 @@ pub struct Metrics {
     /// `vk_sandbox_lease_last_success_timestamp_seconds`: Unix time of the
     /// last successful Lease renewal.
     pub lease_last_success: Gauge,
+    /// `vk_sandbox_reconcile_runs_total{controller}`.
+    pub reconcile_runs: IntCounterVec,
+    /// `vk_sandbox_reconcile_failures_total{controller,error}`: failures by
+    /// error kind (`Error::metric_label`).
+    pub reconcile_failures: IntCounterVec,
+    /// `vk_sandbox_reconcile_duration_seconds{controller}`.
+    pub reconcile_duration: prometheus::HistogramVec,
+    /// `vk_sandbox_claim_duration_seconds`: from the reconcile that first
+    /// sees a Pod to its Running status written (claims and adoptions).
+    pub claim_duration: prometheus::Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -129,7 +139,49 @@ impl Metrics {
             .map_err(metric_error)?,
         )?;
 
+        let reconcile_runs = counter_vec(
+            &registry,
+            "vk_sandbox_reconcile_runs_total",
+            "Reconcile runs by controller.",
+            &["controller"],
+        )?;
+        let reconcile_failures = counter_vec(
+            &registry,
+            "vk_sandbox_reconcile_failures_total",
+            "Failed reconciles by controller and error kind.",
+            &["controller", "error"],
+        )?;
+        let reconcile_duration = register(
+            &registry,
+            prometheus::HistogramVec::new(
+                prometheus::HistogramOpts::new(
+                    "vk_sandbox_reconcile_duration_seconds",
+                    "Reconcile duration by controller.",
+                )
+                .buckets(vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ]),
+                &["controller"],
+            )
+            .map_err(metric_error)?,
+        )?;
+        let claim_duration = register(
+            &registry,
+            prometheus::Histogram::with_opts(
+                prometheus::HistogramOpts::new(
+                    "vk_sandbox_claim_duration_seconds",
+                    "From a sandbox Pod's reconcile to its Running status written (claim or adoption).",
+                )
+                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0]),
+            )
+            .map_err(metric_error)?,
+        )?;
+
         Ok(Arc::new(Metrics {
+            reconcile_runs,
+            reconcile_failures,
+            reconcile_duration,
+            claim_duration,
             registry,
             build_info,
             kubelet_requests,

@@ -220,6 +220,18 @@ impl Env {
         .await
     }
 
+    async fn metrics(&self) -> String {
+        reqwest::get(format!(
+            "http://127.0.0.1:{}/metrics",
+            self.vk.process.admin_port
+        ))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics body")
+    }
+
     fn state_text(&self) -> String {
         let mut s = std::fs::read_to_string(&self.vk.state_path).unwrap_or_default();
         let journal = PathBuf::from(format!("{}.journal", self.vk.state_path.display()));
@@ -328,6 +340,11 @@ async fn claim_run_preserve_and_adopt() {
         "release token leaked onto the Pod"
     );
 
+    let m = env.metrics().await;
+    assert!(
+        m.lines().any(|l| l.starts_with("vk_sandbox_claim_duration_seconds_count") && !l.ends_with(" 0")),
+        "claim latency not observed:\n{m}"
+    );
     // Test 27: a label change makes no sandboxd call.
     let before = env.sim.sim().requests().len();
     env.pods()
@@ -557,6 +574,13 @@ async fn bad_contract_is_reported_without_claiming() {
     let never = env
         .wait_phase("never", "Failed", Duration::from_secs(30))
         .await;
+    let m = env.metrics().await;
+    assert!(
+        m.lines().any(|l| l.starts_with(
+            "vk_sandbox_reconcile_failures_total{controller=\"pods\",error=\"pod_create\"}"
+        )),
+        "failures by kind not counted:\n{m}"
+    );
     assert_eq!(
         never.status.and_then(|s| s.reason).as_deref(),
         Some("ProviderFailed")

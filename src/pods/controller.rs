@@ -35,6 +35,7 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub node: String,
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
     failures: Mutex<HashMap<ObjectRef<Pod>, u32>>,
 }
 
@@ -52,8 +53,14 @@ impl Context {
             client,
             recorder,
             node: node.to_string(),
+            metrics: None,
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Context {
+        self.metrics = Some(metrics);
+        self
     }
 
     async fn event(&self, pod: &Pod, type_: EventType, reason: &str, note: String) {
@@ -195,6 +202,7 @@ async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
 }
 
 async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
+    let started = std::time::Instant::now();
     match ctx.provider.create(&pod).await {
         Ok(created) => {
             let (reason, note, patch) = match created {
@@ -208,6 +216,9 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                 ),
             };
             publish(&ctx.client, &pod, &patch).await?;
+            if let Some(m) = &ctx.metrics {
+                m.claim_duration.observe(started.elapsed().as_secs_f64());
+            }
             ctx.event(&pod, EventType::Normal, reason, note).await;
             Ok(Action::requeue(RESYNC))
         }
@@ -238,7 +249,14 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     let k = key(&pod);
     let span = info_span!("reconcile", node = %ctx.node, pod = %k);
     async move {
+        let timer = ctx.metrics.as_ref().map(|m| {
+            m.reconcile_runs.with_label_values(&["pods"]).inc();
+            m.reconcile_duration
+                .with_label_values(&["pods"])
+                .start_timer()
+        });
         let result = reconcile_inner(pod.clone(), &ctx).await;
+        drop(timer);
         if result.is_ok() {
             ctx.succeeded(&pod);
         }
@@ -278,6 +296,11 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
 }
 
 pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
+    if let Some(m) = &ctx.metrics {
+        m.reconcile_failures
+            .with_label_values(&["pods", error.metric_label()])
+            .inc();
+    }
     let wait = ctx.backoff(&pod);
     warn!(pod = %key(&pod), error = %error, retry_in = ?wait, "reconcile failed");
     Action::requeue(wait)
