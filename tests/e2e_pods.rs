@@ -1066,3 +1066,105 @@ async fn kill9_mid_burst_loses_and_leaks_nothing() {
     }
     env.finish().await;
 }
+
+/// Tests 30, 31: an owner held by a finalizer (deletionTimestamp set) is
+/// tearing down → release; an owner the shipped RBAC may not read (403) →
+/// preserve.
+#[tokio::test(flavor = "multi_thread")]
+async fn owner_in_teardown_releases_unreadable_owner_preserves() {
+    let Some(env) = setup("vk-owner", &[]).await else {
+        return;
+    };
+    // An owner held by a finalizer.
+    let held: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+        "metadata": {"name": "held", "finalizers": ["e2e.vk-sandbox.dev/hold"]},
+        "spec": {"podTemplate": {"spec": {"containers": [{"name": "agent", "image": "base:24.04"}]}}}
+    }))
+    .expect("sandbox");
+    let held_uid = env
+        .sandboxes()
+        .create(&PostParams::default(), &held)
+        .await
+        .expect("create")
+        .metadata
+        .uid
+        .expect("uid");
+    let p1 = env
+        .create_pod(&env.pod("held", Some(&held_uid), json!({}), false))
+        .await;
+    // An owner the shipped RBAC may not read (403): the namespace's default
+    // ServiceAccount (it exists, so the garbage collector leaves the Pod).
+    let sa_uid =
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(env.client(), &env.ns)
+            .get("default")
+            .await
+            .expect("default ServiceAccount")
+            .metadata
+            .uid
+            .expect("uid");
+    let mut p2 = env.pod("rs-owned", None, json!({}), false);
+    p2.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ServiceAccount", "name": "default",
+            "uid": sa_uid, "controller": true
+        }))
+        .expect("owner ref"),
+    ]);
+    let p2 = env.create_pod(&p2).await;
+    let id1 = claim_id(
+        &env.wait_phase("held", "Running", Duration::from_secs(30))
+            .await,
+    );
+    let id2 = claim_id(
+        &env.wait_phase("rs-owned", "Running", Duration::from_secs(30))
+            .await,
+    );
+
+    env.sandboxes()
+        .delete(
+            "held",
+            &DeleteParams {
+                propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("delete held Sandbox");
+    env.pods()
+        .delete("held", &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.pods()
+        .delete("rs-owned", &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.wait_gone("held", p1.metadata.uid.as_deref().unwrap_or_default())
+        .await;
+    env.wait_gone("rs-owned", p2.metadata.uid.as_deref().unwrap_or_default())
+        .await;
+    let released: Vec<String> = env.releases().into_iter().map(|r| r.path).collect();
+    assert!(
+        released.contains(&format!("/v1/sandboxes/{id1}/release")),
+        "owner in teardown: no release ({released:?})"
+    );
+    assert!(
+        !released.contains(&format!("/v1/sandboxes/{id2}/release")),
+        "released although the owner could not be read"
+    );
+    assert!(env.sim.sim().claims().iter().any(|c| c.id == id2));
+    assert!(
+        env.state_text().contains(&id2),
+        "claim dropped on a failed owner lookup"
+    );
+    // Let the held Sandbox go.
+    let _ = env
+        .sandboxes()
+        .patch(
+            "held",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await;
+    env.finish().await;
+}
