@@ -887,7 +887,7 @@ async fn restart_drops_claims_sandboxd_forgot() {
     env.finish().await;
 }
 
-/// Tests 41, 42: the lease watch marks a Pod Failed only once sandboxd no
+/// Tests 41, 42, 43: the lease watch marks a Pod Failed only once sandboxd no
 /// longer lists its sandbox.
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_expiry_confirmed_by_sandboxd() {
@@ -924,6 +924,19 @@ async fn lease_expiry_confirmed_by_sandboxd() {
         .sim()
         .patch_clock(serde_json::from_value(json!({"advance_seconds": 7200})).expect("clock"));
     env.sim.sim().reap();
+    // Test 43: while sandboxd cannot be listed, a tick publishes nothing.
+    let list_down: sandboxd_sim::Fault =
+        serde_json::from_value(json!({"endpoint": "list", "kind": "status", "status": 503}))
+            .expect("fault");
+    env.sim.sim().arm_fault(list_down).expect("arm");
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let p = env.pods().get("p").await.expect("pod");
+    assert_eq!(
+        p.status.and_then(|s| s.phase).as_deref(),
+        Some("Running"),
+        "Failed published on a failed listing"
+    );
+    env.sim.sim().clear_faults();
     let failed = env.wait_phase("p", "Failed", Duration::from_secs(45)).await;
     let st = failed.status.expect("status");
     assert_eq!(st.reason.as_deref(), Some("SandboxLeaseExpired"));
