@@ -100,9 +100,10 @@ ensure_pki() {
 
 b64() { base64 -w0 < "$1"; }
 
-# write_kubeconfig OUT USER CERT KEY
-write_kubeconfig() {
-  local out=$1 user=$2 cert=$3 key=$4
+# kubeconfig_file OUT USER CREDENTIAL-LINES: a kubeconfig for this
+# cluster; the user's credentials come as already-indented YAML lines.
+kubeconfig_file() {
+  local out=$1 user=$2 creds=$3
   umask 077
   cat > "$out" <<EOF
 apiVersion: v1
@@ -115,13 +116,18 @@ clusters:
 users:
 - name: $user
   user:
-    client-certificate-data: $(b64 "$cert")
-    client-key-data: $(b64 "$key")
+$creds
 contexts:
 - name: local
   context: {cluster: local, user: $user}
 current-context: local
 EOF
+}
+
+# write_kubeconfig OUT USER CERT KEY: client-certificate credentials.
+write_kubeconfig() {
+  kubeconfig_file "$1" "$2" "    client-certificate-data: $(b64 "$3")
+    client-key-data: $(b64 "$4")"
 }
 
 # ---------------------------------------------------------------- processes
@@ -290,24 +296,7 @@ cmd_sa_kubeconfig() {
   kubectl apply --server-side -f "$root/manifests/rbac.yaml" >/dev/null
   local token
   token=$(kubectl -n "$ns" create token "$sa" --duration 48h)
-  umask 077
-  cat > "$out" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: local
-  cluster:
-    server: https://127.0.0.1:$api_port
-    certificate-authority-data: $(b64 "$pki/ca.crt")
-users:
-- name: $ns-$sa
-  user:
-    token: $token
-contexts:
-- name: local
-  context: {cluster: local, user: $ns-$sa}
-current-context: local
-EOF
+  kubeconfig_file "$out" "$ns-$sa" "    token: $token"
   echo "$out"
 }
 
