@@ -256,3 +256,44 @@ fn nonroot_needs_a_writable_state_dir() {
     assert!(!text.contains("invalid configuration"), "{text}");
     assert!(!text.trim().is_empty(), "it went on and said so");
 }
+
+// Acceptance test 5: a malformed state file stops start-up and is left
+// byte for byte as it was.
+#[test]
+fn malformed_state_file_is_refused_and_kept() {
+    let dir = tempdir();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).expect("mkdir");
+    let file = state.join("claims.json");
+    let garbage = b"{\"claims\": {\"ns/p\": {\"id\": \"sb_1\", \"token\": ";
+    std::fs::write(&file, garbage).expect("write");
+    let (out, text) = run(command(dir.path(), &[]));
+    assert!(
+        !out.status.success(),
+        "started on a malformed state file: {text}"
+    );
+    assert!(
+        text.contains("claims.json"),
+        "the message should name the file: {text}"
+    );
+    assert_eq!(
+        std::fs::read(&file).expect("read"),
+        garbage,
+        "the state file was modified"
+    );
+}
+
+// Acceptance test 6: with no state file, start-up writes `{"claims":{}}`
+// (0600) in a newly created 0700 directory — before anything else can fail.
+#[test]
+fn missing_state_file_is_created_empty_and_private() {
+    let dir = tempdir();
+    let file = dir.path().join("state/claims.json");
+    // The dead kubeconfig makes start-up fail after the claims store opened.
+    let (_out, text) = run(command(dir.path(), &[]));
+    let content = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(content, "{\"claims\":{}}");
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&file), 0o600);
+    assert_eq!(mode(&dir.path().join("state")), 0o700);
+}
