@@ -332,21 +332,27 @@ async fn sweep_vanished(ctx: &Context, store: &Store<Pod>) {
     }
 }
 
+/// Claims the lease watch must confirm with sandboxd: settled, with a
+/// known deadline at or before `now`, for a key with a tracked Pod. A claim
+/// without a deadline never expires.
+pub fn expiry_candidates(
+    all: Vec<(String, crate::claims::Claim, ClaimState)>,
+    now: jiff::Timestamp,
+    tracked: impl Fn(&str) -> bool,
+) -> Vec<(String, crate::claims::Claim, ClaimState)> {
+    all.into_iter()
+        .filter(|(k, c, s)| {
+            *s == ClaimState::Settled && c.deadline.is_some_and(|d| d <= now) && tracked(k)
+        })
+        .collect()
+}
+
 /// Lease expiry (behaviour.md §3.7): settled claims past their deadline
 /// are confirmed against sandboxd before their Pod is marked Failed.
 async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>) {
-    let now = jiff::Timestamp::now();
-    let candidates: Vec<_> = ctx
-        .provider
-        .claims
-        .all()
-        .into_iter()
-        .filter(|(k, c, s)| {
-            *s == ClaimState::Settled
-                && c.deadline.is_some_and(|d| d <= now)
-                && ctx.provider.tracked(k).is_some()
-        })
-        .collect();
+    let candidates = expiry_candidates(ctx.provider.claims.all(), jiff::Timestamp::now(), |k| {
+        ctx.provider.tracked(k).is_some()
+    });
     if candidates.is_empty() {
         return;
     }
@@ -483,4 +489,60 @@ pub async fn run(
             futures::future::ready(())
         });
     tokio::join!(main, side);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claims::Claim;
+
+    fn claim(deadline: Option<&str>) -> Claim {
+        Claim {
+            id: "sb_1".into(),
+            token: "t".into(),
+            address: String::new(),
+            pod_uid: "u".into(),
+            claimed_at: "2026-01-01T00:00:00Z".parse().expect("ts"),
+            deadline: deadline.map(|d| d.parse().expect("ts")),
+        }
+    }
+
+    #[test]
+    fn expiry_candidates_need_a_past_deadline_a_settled_row_and_a_tracked_pod() {
+        let now: jiff::Timestamp = "2026-06-01T00:00:00Z".parse().expect("ts");
+        let rows = vec![
+            ("a/none".to_string(), claim(None), ClaimState::Settled),
+            (
+                "a/past".to_string(),
+                claim(Some("2026-05-01T00:00:00Z")),
+                ClaimState::Settled,
+            ),
+            (
+                "a/now".to_string(),
+                claim(Some("2026-06-01T00:00:00Z")),
+                ClaimState::Settled,
+            ),
+            (
+                "a/future".to_string(),
+                claim(Some("2026-07-01T00:00:00Z")),
+                ClaimState::Settled,
+            ),
+            (
+                "a/quarantined".to_string(),
+                claim(Some("2026-05-01T00:00:00Z")),
+                ClaimState::Quarantined,
+            ),
+            (
+                "a/untracked".to_string(),
+                claim(Some("2026-05-01T00:00:00Z")),
+                ClaimState::Settled,
+            ),
+        ];
+        let keys: Vec<String> = expiry_candidates(rows, now, |k| k != "a/untracked")
+            .into_iter()
+            .map(|(k, _, _)| k)
+            .collect();
+        // Test 44: no deadline, never a candidate.
+        assert_eq!(keys, vec!["a/past".to_string(), "a/now".to_string()]);
+    }
 }

@@ -388,3 +388,81 @@ impl Provider {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A kube client whose requests go nowhere: these paths must not call
+    /// the apiserver at all (a call would hang and time the test out).
+    fn silent_client() -> Client {
+        let (mock, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        std::mem::forget(_handle);
+        Client::new(mock, "default")
+    }
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": uid, "annotations": {
+                "sandbox.cocoonstack.io/template": "base:24.04"}},
+            "spec": {"containers": [{"name": "a", "image": "base:24.04"}]},
+        }))
+        .expect("pod")
+    }
+
+    /// Test 34: a delete or update for an older generation of a tracked key
+    /// is ignored: no release, the claim and the tracked Pod stay.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn stale_uid_is_ignored() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+            pools: vec![
+                sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool"),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("sim");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let claims = Arc::new(
+            ClaimsStore::open(&dir.path().join("claims.json"))
+                .await
+                .expect("store"),
+        );
+        let sandboxd = SandboxdClient::builder(sim.base_url())
+            .build()
+            .expect("client");
+        let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
+
+        let created = provider.create(&pod("u2")).await.expect("create");
+        let Created::Claimed { id, .. } = created else {
+            panic!("expected a fresh claim, got {created:?}");
+        };
+        let deleted = tokio::time::timeout(Duration::from_secs(5), provider.delete(&pod("u1")))
+            .await
+            .expect("a stale delete must not call out")
+            .expect("delete");
+        assert_eq!(deleted, Deleted::Stale);
+        provider.update_tracked(&pod("u1"));
+        assert_eq!(
+            provider
+                .tracked("ns/p")
+                .and_then(|p| p.metadata.uid)
+                .as_deref(),
+            Some("u2"),
+            "an update for an old generation replaced the tracked Pod"
+        );
+        assert_eq!(claims.get("ns/p").map(|(c, _)| c.id), Some(id));
+        assert!(
+            sim.sim()
+                .requests()
+                .iter()
+                .all(|r| !r.path.ends_with("/release")),
+            "a stale delete released the sandbox"
+        );
+    }
+}
