@@ -1181,3 +1181,50 @@ async fn owner_in_teardown_releases_unreadable_owner_preserves() {
         .await;
     env.finish().await;
 }
+
+/// Test 25 with D7: sandboxd does not answer within the client's 10 s; the
+/// create fails (outcome unknown), the sandbox sandboxd made meanwhile is
+/// returned, and the retry runs the Pod on exactly one sandbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn unanswered_claim_times_out_and_its_sandbox_is_returned() {
+    let Some(env) = setup("vk-slow", &[]).await else {
+        return;
+    };
+    let slow: sandboxd_sim::Fault = serde_json::from_value(
+        json!({"endpoint": "claim", "kind": "slow", "ms": 14000, "times": 1}),
+    )
+    .expect("fault");
+    env.sim.sim().arm_fault(slow).expect("arm");
+    let started = std::time::Instant::now();
+    env.create_pod(&env.pod("p", None, json!({}), false)).await;
+    let running = env
+        .wait_phase("p", "Running", Duration::from_secs(60))
+        .await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(10) && took < Duration::from_secs(25),
+        "the first claim should fail at the client's 10 s timeout; Running after {took:?}"
+    );
+    let failures: Vec<String> = events(&env)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ProviderFailed"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        failures
+            .iter()
+            .any(|n| n.contains("timed out") && n.contains("outcome unknown")),
+        "no ProviderFailed event for the timed-out claim: {failures:?}"
+    );
+    let id = claim_id(&running);
+    let live = env.sim.sim().claims_by_ref(&format!("{}/p", env.ns));
+    assert_eq!(live.len(), 1, "one sandbox for the Pod: {live:?}");
+    assert_eq!(live[0].id, id);
+    assert_eq!(
+        env.releases().len(),
+        1,
+        "the timed-out claim's sandbox was returned once"
+    );
+    env.finish().await;
+}
