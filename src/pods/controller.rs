@@ -157,11 +157,6 @@ fn never_restarts(pod: &Pod) -> bool {
 }
 
 async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
-    if !has_running_container(&pod) {
-        // Never ran (or already terminated): nothing of ours is live in it.
-        force_delete(&ctx.client, &pod).await?;
-        return Ok(Action::await_change());
-    }
     match ctx.provider.delete(&pod).await {
         Ok(outcome) => {
             match &outcome {
@@ -266,33 +261,81 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     .await
 }
 
+/// What one reconcile does, decided from the observed Pod and the
+/// provider's tracked generation for its key. Pure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// A different generation is tracked under this key: it is gone, so
+    /// run provider Delete for it first (decisions.md D3).
+    pub retire_tracked: bool,
+    pub step: Step,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Deleting, and a container may be running: authorize, then release
+    /// or preserve, then delete the object (grace 0, UID precondition).
+    DeleteAfterProvider,
+    /// Deleting, and nothing ran (Pending) or all terminated: delete the
+    /// object now.
+    DeleteNow,
+    /// Failed or Succeeded: never touched again.
+    Leave,
+    /// Ours already: keep the tracked copy and re-publish on drift.
+    Republish,
+    /// Claim or adopt.
+    Create,
+}
+
+pub fn plan(pod: &Pod, tracked_uid: Option<Option<&str>>) -> Plan {
+    let uid = pod.metadata.uid.as_deref();
+    let retire_tracked = tracked_uid.is_some_and(|t| t != uid);
+    let still_tracked = tracked_uid.is_some() && !retire_tracked;
+    let step = if pod.metadata.deletion_timestamp.is_some() {
+        if has_running_container(pod) {
+            Step::DeleteAfterProvider
+        } else {
+            Step::DeleteNow
+        }
+    } else if terminal(pod) {
+        Step::Leave
+    } else if still_tracked {
+        Step::Republish
+    } else {
+        Step::Create
+    };
+    Plan {
+        retire_tracked,
+        step,
+    }
+}
+
 async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
     let k = key(&pod);
-    // A new Pod generation under a tracked key: the old one is gone first
-    // (decisions.md D3), then this one is created.
-    if let Some(old) = ctx.provider.tracked(&k)
-        && old.metadata.uid != pod.metadata.uid
+    let tracked = ctx.provider.tracked(&k);
+    let plan = plan(&pod, tracked.as_ref().map(|t| t.metadata.uid.as_deref()));
+    if plan.retire_tracked
+        && let Some(old) = tracked
     {
         info!(old_uid = ?old.metadata.uid, "Pod replaced under the same name");
-        if let Err(e) = ctx.provider.delete(&old).await {
-            return Err(Error::Sandboxd(e));
+        ctx.provider.delete(&old).await.map_err(Error::Sandboxd)?;
+    }
+    match plan.step {
+        Step::DeleteNow => {
+            force_delete(&ctx.client, &pod).await?;
+            Ok(Action::await_change())
         }
-    }
-    if pod.metadata.deletion_timestamp.is_some() {
-        return delete_pod(pod, ctx).await;
-    }
-    if terminal(&pod) {
-        return Ok(Action::await_change());
-    }
-    if ctx.provider.tracked(&k).is_some() {
-        // Already ours: keep the tracked copy current, re-publish on drift.
-        ctx.provider.update_tracked(&pod);
-        if let Some((_, patch)) = ctx.provider.running_status(&pod) {
-            publish(&ctx.client, &pod, &patch).await?;
+        Step::DeleteAfterProvider => delete_pod(pod, ctx).await,
+        Step::Leave => Ok(Action::await_change()),
+        Step::Republish => {
+            ctx.provider.update_tracked(&pod);
+            if let Some((_, patch)) = ctx.provider.running_status(&pod) {
+                publish(&ctx.client, &pod, &patch).await?;
+            }
+            Ok(Action::requeue(RESYNC))
         }
-        return Ok(Action::requeue(RESYNC));
+        Step::Create => create_pod(pod, ctx).await,
     }
-    create_pod(pod, ctx).await
 }
 
 pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
@@ -504,6 +547,99 @@ mod tests {
             pod_uid: "u".into(),
             claimed_at: "2026-01-01T00:00:00Z".parse().expect("ts"),
             deadline: deadline.map(|d| d.parse().expect("ts")),
+        }
+    }
+
+    fn pod(uid: &str, deleting: bool, phase: Option<&str>, running: bool) -> Pod {
+        let mut v = serde_json::json!({"metadata": {"name": "p", "namespace": "ns", "uid": uid}});
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+        }
+        let mut status = serde_json::json!({});
+        if let Some(p) = phase {
+            status["phase"] = p.into();
+        }
+        if running {
+            status["containerStatuses"] = serde_json::json!([{"name": "a", "ready": true,
+                "restartCount": 0, "image": "x", "imageID": "sandboxd://sb",
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]);
+        }
+        v["status"] = status;
+        serde_json::from_value(v).expect("pod")
+    }
+
+    #[test]
+    fn plan_table() {
+        use Step::*;
+        let cases = [
+            // (pod, tracked uid, retire old, step)
+            (pod("u", false, None, false), None, false, Create),
+            (
+                pod("u", false, Some("Pending"), false),
+                Some(Some("u")),
+                false,
+                Republish,
+            ),
+            (
+                pod("u", false, Some("Running"), true),
+                Some(Some("u")),
+                false,
+                Republish,
+            ),
+            (
+                pod("u2", false, None, false),
+                Some(Some("u1")),
+                true,
+                Create,
+            ),
+            (
+                pod("u", true, Some("Running"), true),
+                Some(Some("u")),
+                false,
+                DeleteAfterProvider,
+            ),
+            // After a restart nothing is tracked: still authorized release/preserve.
+            (
+                pod("u", true, Some("Running"), true),
+                None,
+                false,
+                DeleteAfterProvider,
+            ),
+            (
+                pod("u", true, Some("Pending"), false),
+                None,
+                false,
+                DeleteNow,
+            ),
+            (
+                pod("u2", true, None, false),
+                Some(Some("u1")),
+                true,
+                DeleteNow,
+            ),
+            (
+                pod("u", false, Some("Failed"), false),
+                Some(Some("u")),
+                false,
+                Leave,
+            ),
+            (
+                pod("u", false, Some("Succeeded"), false),
+                None,
+                false,
+                Leave,
+            ),
+        ];
+        for (i, (p, tracked, retire, step)) in cases.into_iter().enumerate() {
+            let got = plan(&p, tracked);
+            assert_eq!(
+                got,
+                Plan {
+                    retire_tracked: retire,
+                    step
+                },
+                "case {i}"
+            );
         }
     }
 
