@@ -220,6 +220,23 @@ impl Env {
         .await
     }
 
+    /// Waits until the Pod's status reason is `reason`.
+    async fn wait_reason(&self, name: &str, reason: &str) {
+        let pods = self.pods();
+        wait_for(
+            &format!("{name} to report {reason}"),
+            Duration::from_secs(30),
+            || async {
+                let p = pods.get(name).await.map_err(|e| e.to_string())?;
+                match p.status.and_then(|s| s.reason) {
+                    Some(r) if r == reason => Ok(()),
+                    other => Err(format!("reason {other:?}")),
+                }
+            },
+        )
+        .await;
+    }
+
     async fn metrics(&self) -> String {
         reqwest::get(format!(
             "http://127.0.0.1:{}/metrics",
@@ -525,51 +542,35 @@ async fn bad_contract_is_reported_without_claiming() {
     let Some(env) = setup("vk-contract", &[]).await else {
         return;
     };
-    env.create_pod(&env.pod(
-        "other-runtime",
-        None,
-        json!({"sandbox.cocoonstack.io/runtime": "vk-cocoon"}),
-        false,
-    ))
-    .await;
-    env.create_pod(&env.pod(
-        "no-template",
-        None,
-        json!({"sandbox.cocoonstack.io/template": ""}),
-        false,
-    ))
-    .await;
-    env.create_pod(&env.pod(
-        "bad-ttl",
-        None,
-        json!({"sandbox.cocoonstack.io/ttl-seconds": "-1"}),
-        false,
-    ))
-    .await;
-    env.create_pod(&env.pod(
-        "never",
-        None,
-        json!({"sandbox.cocoonstack.io/ttl-seconds": "abc"}),
-        true,
-    ))
-    .await;
-    for name in ["other-runtime", "no-template", "bad-ttl"] {
-        let p = env
-            .wait_phase(name, "Pending", Duration::from_secs(30))
+    for (name, annotations, never) in [
+        (
+            "other-runtime",
+            json!({"sandbox.cocoonstack.io/runtime": "vk-cocoon"}),
+            false,
+        ),
+        (
+            "no-template",
+            json!({"sandbox.cocoonstack.io/template": ""}),
+            false,
+        ),
+        (
+            "bad-ttl",
+            json!({"sandbox.cocoonstack.io/ttl-seconds": "-1"}),
+            false,
+        ),
+        (
+            "never",
+            json!({"sandbox.cocoonstack.io/ttl-seconds": "abc"}),
+            true,
+        ),
+    ] {
+        env.create_pod(&env.pod(name, None, annotations, never))
             .await;
-        wait_for(
-            &format!("{name} to report ProviderFailed"),
-            Duration::from_secs(30),
-            || async {
-                let p = env.pods().get(name).await.map_err(|e| e.to_string())?;
-                match p.status.and_then(|s| s.reason) {
-                    Some(r) if r == "ProviderFailed" => Ok(()),
-                    other => Err(format!("reason {other:?}")),
-                }
-            },
-        )
-        .await;
-        drop(p);
+    }
+    for name in ["other-runtime", "no-template", "bad-ttl"] {
+        env.wait_phase(name, "Pending", Duration::from_secs(30))
+            .await;
+        env.wait_reason(name, "ProviderFailed").await;
     }
     let never = env
         .wait_phase("never", "Failed", Duration::from_secs(30))
@@ -610,18 +611,7 @@ async fn capacity_miss_is_retried_until_running() {
     env.sim.sim().arm_fault(fault).expect("arm");
     env.create_pod(&env.pod("waits", None, json!({}), false))
         .await;
-    wait_for(
-        "NoWarmCapacity to be reported",
-        Duration::from_secs(30),
-        || async {
-            let p = env.pods().get("waits").await.map_err(|e| e.to_string())?;
-            match p.status.and_then(|s| s.reason) {
-                Some(r) if r == "NoWarmCapacity" => Ok(()),
-                other => Err(format!("reason {other:?}")),
-            }
-        },
-    )
-    .await;
+    env.wait_reason("waits", "NoWarmCapacity").await;
     let p = env
         .wait_phase("waits", "Running", Duration::from_secs(60))
         .await;
