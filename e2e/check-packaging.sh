@@ -1,0 +1,343 @@
+#!/usr/bin/env bash
+# Checks what ships beside the binary (run by e2e/run-tests.sh, so by
+# `make test`; `make check-packaging` runs it alone):
+#
+#   manifests  every YAML under manifests/ (recursively) passes
+#              `kubectl apply --dry-run=server --validate=strict` on the
+#              cluster of VK_TEST_KUBECONFIG, after the CRDs in crds/ are
+#              applied and the namespace sandbox-system created for real.
+#              Objects whose kind the cluster does not serve (a CRD that is
+#              not installed, e.g. PodMonitor) are skipped with a note.
+#   systemd    packaging/vk-sandbox.service passes `systemd-analyze verify`
+#              with no warning (a copy whose ExecStart names a built
+#              binary); packaging/env.example only sets variables that
+#              `vk-sandbox --help` lists (plus RUST_LOG) and every one the
+#              installation document requires.
+#   static     the static musl binary (the one the Dockerfile copies) is
+#              statically linked and prints --version; run as UID/GID 65532
+#              (setpriv, needs root) it writes its claims file into a
+#              directory 65532 owns, and refuses to start, naming the
+#              state path, when the directory is not writable (also with
+#              the default /var/lib/vk-sandbox/claims.json, as in the
+#              distroless image).
+#   scripts    every e2e/ shell script passes `bash -n` and, when installed,
+#              `shellcheck -S warning`.
+#
+# Usage: e2e/check-packaging.sh [manifests|systemd|static|scripts ...]
+#        (default: all). Environment:
+#   VK_TEST_KUBECONFIG  kubeconfig of the cluster for `manifests` (required)
+#   VK_K8S_BIN_DIR      where kubectl is (default: e2e/cluster.sh bin)
+#   VK_STATIC_BIN       the static binary for `static` (default: build it
+#                       with `make GOOS=linux GOARCH=amd64 build`, which is
+#                       a no-op when up to date)
+#   VK_HOST_BIN         a binary for `systemd` (default target/debug/vk-sandbox,
+#                       built if missing)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+cd "$root"
+
+log() { echo "packaging: $*"; }
+fail() { echo "packaging: FAIL: $*" >&2; failures=$((failures + 1)); }
+die() { echo "packaging: error: $*" >&2; exit 1; }
+
+failures=0
+work=$(mktemp -d /tmp/vk-packaging.XXXXXX)
+chmod 0755 "$work"
+trap 'rm -rf "$work"' EXIT
+
+# ------------------------------------------------------------- manifests
+# Splits a multi-document YAML file into $2/doc-N.yaml (documents with no
+# top-level kind, e.g. comment-only ones, are dropped).
+split_docs() {
+  local file=$1 out=$2
+  awk -v out="$out" '
+    function next_doc() { n++; f = sprintf("%s/doc-%03d.yaml", out, n) }
+    BEGIN { n = 0; next_doc() }
+    /^---/ { next_doc(); next }
+    { print > f }
+  ' "$file"
+  local d
+  for d in "$out"/doc-*.yaml; do
+    [[ -e "$d" ]] || continue
+    grep -qE '^kind:' "$d" || rm -f "$d"
+  done
+}
+
+top_field() { sed -nE "s/^$1:[[:space:]]*\"?([^\"#[:space:]]+)\"?.*/\\1/p" "$2" | head -1; }
+
+# metadata.namespace of a document ("" when absent).
+doc_namespace() {
+  awk '
+    /^metadata:/ { in_meta = 1; next }
+    /^[^[:space:]#]/ { in_meta = 0 }
+    in_meta && /^  namespace:/ { sub(/^  namespace:[[:space:]]*/, ""); gsub(/["\047]/, ""); sub(/[[:space:]#].*/, ""); print; exit }
+  ' "$1"
+}
+
+check_manifests() {
+  local kubeconfig=${VK_TEST_KUBECONFIG:-}
+  [[ -n "$kubeconfig" ]] || die "manifests: VK_TEST_KUBECONFIG is not set (run \`make test\`, or export the kubeconfig \`e2e/cluster.sh up\` prints)"
+  [[ -r "$kubeconfig" ]] || die "manifests: cannot read VK_TEST_KUBECONFIG=$kubeconfig"
+  local bindir=${VK_K8S_BIN_DIR:-$("$here/cluster.sh" bin)}
+  [[ -x "$bindir/kubectl" ]] || die "manifests: no kubectl in $bindir (run \`make deps\`)"
+  k() { "$bindir/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+  log "manifests: applying crds/ and namespace sandbox-system (for real)"
+  k apply --server-side --force-conflicts --field-manager=vk-sandbox-packaging-check -f crds/ >/dev/null
+  k wait --for=condition=Established --timeout=60s -f crds/ >/dev/null
+  local scratch=vk-packaging-check
+  for ns in sandbox-system "$scratch"; do
+    k create namespace "$ns" --dry-run=client -o yaml | k apply -f - >/dev/null
+  done
+
+  # "apiVersion kind" of everything the cluster serves (KIND is the last
+  # column, APIVERSION the third from last; SHORTNAMES may be empty).
+  local served
+  served=$(k api-resources --no-headers | awk '{print $(NF-2), $NF}')
+
+  local files=() file
+  while IFS= read -r -d '' file; do files+=("$file"); done \
+    < <(find manifests -type f \( -name '*.yaml' -o -name '*.yml' \) -print0 | sort -z)
+  ((${#files[@]})) || die "manifests: no YAML under manifests/"
+
+  local applied=0 skipped=0 i=0 doc api kind name ns out
+  for file in "${files[@]}"; do
+    i=$((i + 1))
+    mkdir -p "$work/m$i"
+    split_docs "$file" "$work/m$i"
+    for doc in "$work/m$i"/doc-*.yaml; do
+      [[ -e "$doc" ]] || continue
+      api=$(top_field apiVersion "$doc"); kind=$(top_field kind "$doc")
+      name=$(awk '/^metadata:/{m=1;next} /^[^[:space:]#]/{m=0} m&&/^  name:/{print $2; exit}' "$doc")
+      if [[ -z "$api" || -z "$kind" ]]; then
+        fail "$file: a document without apiVersion/kind"; continue
+      fi
+      if ! grep -qxF "$api $kind" <<<"$served"; then
+        log "manifests: note: skipped $file $kind/$name: the cluster does not serve $kind in $api (its CRD is not installed here)"
+        skipped=$((skipped + 1)); continue
+      fi
+      ns=$(doc_namespace "$doc")
+      local nsflag=()
+      [[ -n "$ns" ]] || nsflag=(-n "$scratch")
+      if out=$(k apply --dry-run=server --validate=strict "${nsflag[@]}" -f "$doc" 2>&1); then
+        log "manifests: ok $file: $out"
+        applied=$((applied + 1))
+      else
+        fail "$file $kind/$name: server-side dry-run: $out"
+      fi
+    done
+  done
+  log "manifests: $applied object(s) accepted by server-side dry-run, $skipped skipped"
+  ((applied > 0)) || fail "manifests: nothing was validated"
+}
+
+# -------------------------------------------------------------- systemd
+host_bin() {
+  local bin=${VK_HOST_BIN:-$root/target/debug/vk-sandbox}
+  if [[ ! -x "$bin" ]]; then
+    log "building $bin"
+    cargo build --bin vk-sandbox >&2
+  fi
+  echo "$bin"
+}
+
+check_systemd() {
+  command -v systemd-analyze >/dev/null || die "systemd: systemd-analyze not found (Debian package systemd; \`make deps\` installs it)"
+  local unit=packaging/vk-sandbox.service env=packaging/env.example bin
+  [[ -f "$unit" ]] || die "systemd: $unit is missing"
+  [[ -f "$env" ]] || die "systemd: $env is missing"
+  bin=$(host_bin)
+
+  grep -qE '^ExecStart=/usr/local/bin/vk-sandbox($|[[:space:]])' "$unit" \
+    || fail "$unit: ExecStart must run /usr/local/bin/vk-sandbox (the installed path)"
+  local want
+  for want in 'After=.*sandboxd\.service' 'Wants=.*sandboxd\.service' \
+    'AssertPathExists=/etc/cocoon/kubeconfig' 'AssertPathExists=/etc/vk-sandbox/env' \
+    'EnvironmentFile=/etc/vk-sandbox/env' 'Environment=KUBECONFIG=/etc/cocoon/kubeconfig' \
+    'WorkingDirectory=/var/lib/vk-sandbox' 'Restart=always' 'RestartSec=5s' 'LimitNOFILE=' \
+    'Environment=VK_TLS_CERT=' 'Environment=VK_TLS_KEY='; do
+    grep -qE "^$want" "$unit" || fail "$unit: no line matching ^$want"
+  done
+
+  # verify needs ExecStart to exist: check a copy that runs the built binary.
+  mkdir -p "$work/unit"
+  sed "s#^ExecStart=/usr/local/bin/vk-sandbox#ExecStart=$bin#" "$unit" > "$work/unit/vk-sandbox.service"
+  local out rc=0
+  out=$(systemd-analyze verify "$work/unit/vk-sandbox.service" 2>&1) || rc=$?
+  # verify exits 0 on keys it ignores ("Unknown key", "Failed to parse"):
+  # any output at all is a failure.
+  if ((rc != 0)) || [[ -n "$out" ]]; then
+    fail "$unit: systemd-analyze verify (rc=$rc): $out"
+  else
+    log "systemd: systemd-analyze verify $unit: clean"
+  fi
+
+  # env.example: KEY=value lines only, keys the binary knows.
+  local known line key
+  known=$("$bin" --help | grep -oE 'env: [A-Z0-9_]+' | awk '{print $2}' | sort -u)
+  known+=$'\nRUST_LOG'
+  while IFS= read -r line; do
+    line=${line#\#}
+    [[ "$line" =~ ^([A-Z][A-Z0-9_]*)= ]] || continue
+    key=${BASH_REMATCH[1]}
+    grep -qxF "$key" <<<"$known" || fail "$env: $key is not a variable vk-sandbox reads (see vk-sandbox --help)"
+  done < "$env"
+  while IFS= read -r line; do
+    [[ -z "$line" || "$line" == \#* ]] && continue
+    [[ "$line" =~ ^[A-Z][A-Z0-9_]*=.*$ ]] || fail "$env: not a KEY=value line: $line"
+  done < "$env"
+  for key in VK_NODE_NAME VK_NODE_IP VK_LISTEN_ADDR SANDBOXD_URL SANDBOXD_TOKEN_FILE VK_STATE_PATH; do
+    grep -qE "^$key=" "$env" || fail "$env: $key is not set (the installation document lists it)"
+  done
+  log "systemd: $env: variables checked against vk-sandbox --help"
+}
+
+# --------------------------------------------------------------- static
+free_port() {
+  local p
+  for _ in $(seq 1 50); do
+    p=$((20000 + RANDOM % 20000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+  done
+  die "no free port found"
+}
+
+check_static() {
+  local bin=${VK_STATIC_BIN:-}
+  if [[ -z "$bin" ]]; then
+    log "static: make GOOS=linux GOARCH=amd64 build (a no-op when up to date)"
+    make --no-print-directory GOOS=linux GOARCH=amd64 build >&2
+    bin=$root/vk-sandbox-linux-amd64
+  fi
+  [[ -x "$bin" ]] || die "static: $bin is not an executable"
+  local desc
+  desc=$(file -b "$bin")
+  if [[ "$desc" == *"statically linked"* || "$desc" == *"static-pie linked"* ]]; then
+    log "static: file: $desc"
+  else
+    fail "static: $bin is not statically linked: $desc"
+  fi
+  local ldd_out
+  ldd_out=$(ldd "$bin" 2>&1 || true)
+  if [[ "$ldd_out" == *"not a dynamic executable"* || "$ldd_out" == *"statically linked"* ]]; then
+    log "static: ldd: $(echo "$ldd_out" | head -1 | sed 's/^[[:space:]]*//')"
+  else
+    fail "static: ldd lists shared libraries for $bin: $ldd_out"
+  fi
+  local version
+  version=$("$bin" --version) || fail "static: $bin --version failed"
+  [[ "$version" =~ ^vk-sandbox\ .+\ \(rev=[^\ ]+\ built=[^\ ]+\)$ ]] \
+    || fail "static: unexpected --version output: $version"
+  log "static: --version: $version"
+
+  if [[ $(id -u) -ne 0 ]]; then
+    log "static: SKIP the UID 65532 checks: they need root for setpriv (running as UID $(id -u))"
+    return
+  fi
+  command -v setpriv >/dev/null || die "static: setpriv not found (Debian package util-linux)"
+
+  # The image's user; a copy of the binary it can execute, an unreachable
+  # apiserver (so nothing touches a real cluster), free ports.
+  local d=$work/uid
+  mkdir -p "$d/writable" "$d/readonly"
+  chmod 0755 "$d" "$d/readonly"
+  chown 65532:65532 "$d/writable"
+  chmod 0700 "$d/writable"
+  cp "$bin" "$d/vk-sandbox"
+  chmod 0755 "$d/vk-sandbox"
+  cat > "$d/kubeconfig" <<'EOF'
+apiVersion: v1
+kind: Config
+clusters:
+- name: unreachable
+  cluster: {server: "https://127.0.0.1:1"}
+contexts:
+- name: unreachable
+  context: {cluster: unreachable, user: nobody}
+users:
+- name: nobody
+  user: {token: not-a-token}
+current-context: unreachable
+EOF
+  chmod 0644 "$d/kubeconfig"
+  as_65532() {
+    # $1 = VK_STATE_PATH ("" = the default); output in $d/out, status returned.
+    local state=$1
+    (cd "$d" && env -i PATH=/usr/bin:/bin HOME="$d" KUBECONFIG="$d/kubeconfig" \
+      VK_STATE_PATH="$state" VK_NODE_NAME=vk-packaging-uid-check \
+      VK_LISTEN_ADDR="127.0.0.1:$(free_port)" VK_ADMIN_ADDR="127.0.0.1:$(free_port)" \
+      SANDBOXD_URL=http://127.0.0.1:1 VK_LOG_FORMAT=text NO_COLOR=1 \
+      timeout 30 setpriv --reuid 65532 --regid 65532 --clear-groups ./vk-sandbox) >"$d/out" 2>&1
+  }
+
+  local rc=0
+  as_65532 "$d/writable/claims.json" || rc=$?
+  local owner
+  owner=$(stat -c '%u:%g %a' "$d/writable/claims.json" 2>/dev/null || true)
+  if grep -q 'not writable' "$d/out"; then
+    fail "static: as UID 65532 with a writable state dir it refused the state path: $(tail -3 "$d/out")"
+  elif [[ "$owner" != "65532:65532 600" ]]; then
+    fail "static: as UID 65532 with a writable state dir no claims file was written (owner/mode '$owner', rc=$rc): $(tail -3 "$d/out")"
+  else
+    log "static: UID 65532, writable state dir: claims.json written ($owner), then stopped at the unreachable apiserver as expected (rc=$rc)"
+  fi
+
+  rc=0
+  as_65532 "$d/readonly/claims.json" || rc=$?
+  if ((rc != 0)) && grep -q 'claims state is not writable' "$d/out" && grep -q "$d/readonly" "$d/out"; then
+    log "static: UID 65532, root-owned 0755 state dir: refused (rc=$rc): $(grep -m1 '^vk-sandbox:' "$d/out")"
+  else
+    fail "static: UID 65532, unwritable state dir: expected a refusal naming the state path, got rc=$rc: $(tail -3 "$d/out")"
+  fi
+  [[ ! -e "$d/readonly/claims.json" ]] || fail "static: a claims file appeared in the unwritable dir"
+
+  if [[ -e /var/lib/vk-sandbox ]]; then
+    log "static: note: /var/lib/vk-sandbox exists on this machine; the default-path refusal is not checked"
+  else
+    rc=0
+    as_65532 "" || rc=$?
+    if ((rc != 0)) && grep -q 'claims state is not writable: mkdir state dir /var/lib/vk-sandbox' "$d/out"; then
+      log "static: UID 65532, default state path (the distroless case): refused (rc=$rc)"
+    else
+      fail "static: UID 65532 with the default state path: expected 'mkdir state dir /var/lib/vk-sandbox' refusal, got rc=$rc: $(tail -3 "$d/out")"
+    fi
+  fi
+}
+
+# -------------------------------------------------------------- scripts
+check_scripts() {
+  local f n=0
+  while IFS= read -r -d '' f; do
+    bash -n "$f" || fail "$f: bash -n"
+    n=$((n + 1))
+  done < <(find e2e -name '*.sh' -not -path '*/target/*' -print0)
+  log "scripts: bash -n on $n script(s)"
+  if command -v shellcheck >/dev/null; then
+    local out
+    if out=$(find e2e -name '*.sh' -not -path '*/target/*' -print0 | xargs -0 shellcheck -S warning 2>&1); then
+      log "scripts: shellcheck -S warning: clean"
+    else
+      fail "scripts: shellcheck -S warning: $out"
+    fi
+  else
+    log "scripts: note: shellcheck not installed (Debian package shellcheck; \`make deps\` installs it), skipped"
+  fi
+}
+
+sections=("$@")
+((${#sections[@]})) || sections=(scripts systemd manifests static)
+for s in "${sections[@]}"; do
+  case "$s" in
+    manifests) check_manifests ;;
+    systemd) check_systemd ;;
+    static) check_static ;;
+    scripts) check_scripts ;;
+    *) die "unknown section '$s' (manifests, systemd, static, scripts)" ;;
+  esac
+done
+if ((failures)); then
+  echo "packaging: $failures check(s) failed" >&2
+  exit 1
+fi
+log "all checks passed (${sections[*]})"
