@@ -16,9 +16,9 @@
 //!    fix.
 //!
 //! The flags live in [`RunArgs`], flattened into the top-level command (no
-//! subcommand = run). A later subcommand such as `preflight` can take the
-//! same flags as `Preflight(RunArgs)` in a `#[command(subcommand)]` enum on
-//! [`Cli`].
+//! subcommand = run). `vk-sandbox preflight [flags]` ([`Command::Preflight`])
+//! takes the same flags and environment and checks them against the world
+//! instead of running (see [`crate::preflight`]).
 //!
 //! `KUBECONFIG` is deliberately not a clap env var: credentials come from
 //! kube's default order (in-cluster, then `--kubeconfig`, then
@@ -69,11 +69,27 @@ pub mod defaults {
 #[command(
     name = "vk-sandbox",
     version = crate::build_info::VERSION_LINE,
-    max_term_width = 100
+    max_term_width = 100,
+    args_conflicts_with_subcommands = true,
+    disable_help_subcommand = true
 )]
 pub struct Cli {
+    /// `None`: run the virtual node with the flags in `run`.
+    #[command(subcommand)]
+    pub command: Option<Command>,
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+/// Subcommands; without one, `vk-sandbox [flags]` runs the daemon.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Check, without changing anything, that this configuration can start:
+    /// apiserver and credentials, RBAC, the NodeInventory CRD, sandboxd and
+    /// its warm pools, the state path, the listen ports and the node name.
+    /// Takes the same flags and environment as the run command; exits 1
+    /// when any check fails.
+    Preflight(RunArgs),
 }
 
 /// Every flag of the run command (behaviour.md §1.1 plus D1/D5 additions).
@@ -265,19 +281,22 @@ pub enum LogFormat {
 /// non-empty value from `env` becomes the argument's default, and the
 /// variable's name is appended to the help text.
 pub fn command(env: &dyn Fn(&str) -> Option<String>) -> clap::Command {
-    Cli::command().mut_args(|arg| {
-        let Some(var) = arg.get_env().and_then(|v| v.to_str()).map(str::to_owned) else {
-            return arg;
-        };
-        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
-        let mut arg = arg
-            .env(None::<&'static str>)
-            .help(format!("{help} [env: {var}]"));
-        if let Some(value) = env(&var).filter(|v| !v.is_empty()) {
-            arg = arg.default_value(value);
-        }
-        arg
-    })
+    let with_env = |cmd: clap::Command| {
+        cmd.mut_args(|arg| {
+            let Some(var) = arg.get_env().and_then(|v| v.to_str()).map(str::to_owned) else {
+                return arg;
+            };
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            let mut arg = arg
+                .env(None::<&'static str>)
+                .help(format!("{help} [env: {var}]"));
+            if let Some(value) = env(&var).filter(|v| !v.is_empty()) {
+                arg = arg.default_value(value);
+            }
+            arg
+        })
+    };
+    with_env(Cli::command()).mut_subcommand("preflight", with_env)
 }
 
 /// Parse `args` (argv, including the program name) with environment
@@ -710,6 +729,17 @@ impl Config {
     /// Validate `args`; read the token file; create (0700) and prove
     /// writable the state directory. Touches no cluster.
     pub fn from_args(args: &RunArgs) -> Result<Config> {
+        Self::validate(args, true)
+    }
+
+    /// [`Config::from_args`] without the state directory step: nothing on
+    /// disk is created or probed (`vk-sandbox preflight` checks the state
+    /// path itself, read-only).
+    pub fn from_args_without_state_check(args: &RunArgs) -> Result<Config> {
+        Self::validate(args, false)
+    }
+
+    fn validate(args: &RunArgs, check_state: bool) -> Result<Config> {
         let mut p = Problems::default();
 
         let listen_addr = ListenAddr::parse(&args.listen_addr)
@@ -919,6 +949,8 @@ impl Config {
                 "give a file path such as /var/lib/vk-sandbox/claims.json",
             );
             None
+        } else if !check_state {
+            Some(PathBuf::from(&args.state_path))
         } else if p.0.is_empty() {
             let path = PathBuf::from(&args.state_path);
             match ensure_state_writable(&path) {
@@ -1702,5 +1734,41 @@ mod tests {
         assert!(err.contains("--kube-api-qps"), "{err}");
         let err = parse_from(["vk-sandbox", "--kube-api-burst=x"], &env_of(&[])).unwrap_err();
         assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn preflight_subcommand_takes_the_same_flags_and_env() {
+        let plain = parse(&["--node-name=a"], &[]);
+        assert!(plain.command.is_none());
+        assert_eq!(plain.run.node_name, "a");
+
+        let cli = parse(
+            &["preflight", "--node-name=b", "--publish-inventory"],
+            &[("VK_STATE_PATH", "/s"), ("VK_NODE_NAME", "ignored")],
+        );
+        let Some(Command::Preflight(args)) = cli.command else {
+            panic!("no preflight subcommand: {cli:?}");
+        };
+        assert_eq!(args.node_name, "b");
+        assert_eq!(args.state_path, "/s", "env supplies preflight defaults too");
+        assert!(args.publish_inventory);
+        assert_eq!(args.listen_addr, defaults::LISTEN_ADDR);
+
+        // Flags belong after the subcommand.
+        let err =
+            parse_from(["vk-sandbox", "--node-name=a", "preflight"], &env_of(&[])).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn validation_without_state_check_touches_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("missing/claims.json");
+        let args = parse(&[&format!("--state-path={}", state.display())], &[]).run;
+        let cfg = Config::from_args_without_state_check(&args).unwrap();
+        assert_eq!(cfg.state_path, state);
+        assert!(!dir.path().join("missing").exists());
+        let bad = parse(&["--listen-addr=x"], &[]).run;
+        assert!(Config::from_args_without_state_check(&bad).is_err());
     }
 }

@@ -11,6 +11,7 @@ pub mod kubelet;
 pub mod metrics;
 pub mod node;
 pub mod pods;
+pub mod preflight;
 pub mod sandboxd;
 pub mod telemetry;
 

@@ -24,6 +24,9 @@ use vk_sandbox::{Error, Result, kube_client, telemetry};
 
 fn main() -> ExitCode {
     let cli = config::parse_process_args();
+    if let Some(config::Command::Preflight(args)) = &cli.command {
+        return vk_sandbox::preflight::main(args);
+    }
     telemetry::init(cli.run.log_format);
     // One TLS crypto provider for kube, reqwest and the servers (D1).
     if rustls::crypto::ring::default_provider()

@@ -1,0 +1,643 @@
+//! Pure evaluation of what [`super::probe`] observed into checklist lines.
+
+use std::io::ErrorKind;
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::Node;
+
+use super::CheckResult;
+use crate::config::ListenAddr;
+use crate::node::register::adoptable;
+use crate::sandboxd::{NodeInfo, PoolInfo, SandboxdError};
+
+/// A failed apiserver request, reduced to what the checks distinguish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    /// The apiserver answered with an error status.
+    Status { code: u16, message: String },
+    /// No answer within the check's timeout.
+    Timeout,
+    /// Connection, TLS or decoding failure.
+    Other(String),
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiError::Status { code, message } => write!(f, "HTTP {code}: {message}"),
+            ApiError::Timeout => write!(f, "no answer within {:?}", super::CHECK_TIMEOUT),
+            ApiError::Other(e) => f.write_str(e),
+        }
+    }
+}
+
+impl From<kube::Error> for ApiError {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) => ApiError::Status {
+                code: s.code,
+                message: s.message,
+            },
+            other => ApiError::Other(other.to_string()),
+        }
+    }
+}
+
+/// The apiserver line: reachable (`GET /version`) and the credentials
+/// accepted (a SelfSubjectReview names the user).
+/// `source`: where the credentials came from, for messages.
+pub fn apiserver(
+    server: &str,
+    source: &str,
+    version: &Result<String, ApiError>,
+    whoami: &Result<String, ApiError>,
+) -> CheckResult {
+    let name = "apiserver";
+    let version = match version {
+        Ok(v) => v,
+        Err(e) => {
+            return CheckResult::fail(
+                name,
+                format!("cannot reach the apiserver at {server}: {e}"),
+                format!(
+                    "check the server address in {source} and that this host can reach it \
+                     (firewall, proxy, DNS)"
+                ),
+            );
+        }
+    };
+    match whoami {
+        Ok(user) => CheckResult::ok(
+            name,
+            format!("{server} ({version}), authenticated as {user} (credentials: {source})"),
+        ),
+        Err(ApiError::Status { code: 401, .. }) => CheckResult::fail(
+            name,
+            format!("{server} ({version}) rejected the credentials from {source} (HTTP 401)"),
+            format!(
+                "renew the token or client certificate in {source}, or point --kubeconfig at \
+                 valid credentials"
+            ),
+        ),
+        // A cluster older than 1.28 serves no SelfSubjectReview; the RBAC
+        // check's reviews still prove the credentials.
+        Err(ApiError::Status { code: 404, .. }) => CheckResult::ok(
+            name,
+            format!(
+                "{server} ({version}) reachable (credentials: {source}; this apiserver does \
+                 not serve SelfSubjectReview, so the identity is not shown)"
+            ),
+        ),
+        Err(e) => CheckResult::fail(
+            name,
+            format!("{server} ({version}): the authenticated request failed: {e}"),
+            format!("check the credentials in {source} and the apiserver's health"),
+        ),
+    }
+}
+
+/// The NodeInventory CRD line. `served`: the versions in which the
+/// apiserver serves `nodeinventories` in `group` (empty: not installed).
+pub fn inventory_crd(
+    publish: bool,
+    group: &str,
+    served: &Result<Vec<String>, ApiError>,
+) -> CheckResult {
+    let name = "NodeInventory CRD";
+    let crd = format!("nodeinventories.{group}");
+    if !publish {
+        return CheckResult::ok(name, "not needed (--publish-inventory is off)");
+    }
+    match served {
+        Ok(versions) if versions.is_empty() => CheckResult::fail(
+            name,
+            format!("{crd} is not installed (the apiserver serves no nodeinventories in {group})"),
+            "install the CRD (sandbox-operator's chart, or this repository's crds/ for the \
+             group), set --inventory-group (env VK_INVENTORY_GROUP) to the group your operator \
+             serves, or drop --publish-inventory",
+        ),
+        Ok(versions) if versions.iter().any(|v| v == "v1beta1") => {
+            CheckResult::ok(name, format!("{crd} served ({})", versions.join(", ")))
+        }
+        Ok(versions) => CheckResult::fail(
+            name,
+            format!(
+                "{crd} is served only as {}; vk-sandbox writes v1beta1",
+                versions.join(", ")
+            ),
+            "install a CRD version that serves v1beta1",
+        ),
+        Err(e) => CheckResult::fail(
+            name,
+            format!("cannot look {crd} up through API discovery: {e}"),
+            "check the apiserver connection",
+        ),
+    }
+}
+
+/// The node name line: no Node yet, a virtual one (adopted), or a physical
+/// one (refused at start-up, decisions.md D1).
+pub fn node_name(name: &str, existing: &Result<Option<Node>, ApiError>) -> CheckResult {
+    let check = "node name";
+    match existing {
+        Ok(None) => CheckResult::ok(
+            check,
+            format!("no Node named {name} yet; it will be registered"),
+        ),
+        Ok(Some(node)) if adoptable(node) => CheckResult::ok(
+            check,
+            format!("Node {name} exists and is a virtual kubelet; it will be adopted"),
+        ),
+        Ok(Some(_)) => CheckResult::fail(
+            check,
+            format!(
+                "Node {name} exists and is not a virtual kubelet (no label \
+                 type=virtual-kubelet); it is probably the physical node, and vk-sandbox \
+                 refuses to take it over"
+            ),
+            format!(
+                "give the virtual node its own name with --node-name (env VK_NODE_NAME), \
+                 e.g. {name}-sandboxd"
+            ),
+        ),
+        Err(e) => CheckResult::fail(
+            check,
+            format!("cannot read Node {name}: {e}"),
+            "the identity needs get on nodes (manifests/rbac.yaml)",
+        ),
+    }
+}
+
+/// A failed sandboxd call, reduced to what the checks distinguish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxdProblem {
+    /// sandboxd (or something in front of it) answered with this status;
+    /// `json` when the body was sandboxd's JSON error.
+    Status {
+        status: u16,
+        message: String,
+        json: bool,
+    },
+    /// Connection refused, reset, timed out.
+    Unreachable(String),
+    /// A reply that is not sandboxd's (decode error, bad URL).
+    Unexpected(String),
+}
+
+impl From<&SandboxdError> for SandboxdProblem {
+    fn from(e: &SandboxdError) -> Self {
+        match e {
+            SandboxdError::Http {
+                status, message, ..
+            } => SandboxdProblem::Status {
+                status: *status,
+                message: message.clone(),
+                json: !message.is_empty(),
+            },
+            SandboxdError::Transport { .. } => SandboxdProblem::Unreachable(e.to_string()),
+            other => SandboxdProblem::Unexpected(other.to_string()),
+        }
+    }
+}
+
+/// The sandboxd line and the warm pools line from `GET /v1/info`.
+/// `token_file`: the configured `--sandboxd-token-file`, if a token was read.
+pub fn sandboxd(
+    url: &str,
+    token_file: Option<&Path>,
+    info: &Result<NodeInfo, SandboxdProblem>,
+) -> Vec<CheckResult> {
+    let name = "sandboxd";
+    let info = match info {
+        Ok(info) => info,
+        Err(problem) => {
+            return vec![
+                sandboxd_failure(url, token_file, problem),
+                CheckResult::not_checked("warm pools", "sandboxd did not answer /v1/info"),
+            ];
+        }
+    };
+    let token = match token_file {
+        Some(path) => format!("token from {} accepted", path.display()),
+        None => "no token configured and none required".to_string(),
+    };
+    let line = if info.draining {
+        CheckResult::warn(
+            name,
+            format!("{url} answered /v1/info ({token}), but sandboxd is draining"),
+            Some("new claims are refused while sandboxd drains; undrain it".into()),
+        )
+    } else {
+        CheckResult::ok(
+            name,
+            format!(
+                "{url} answered /v1/info ({token}); {} claimed",
+                info.claimed
+            ),
+        )
+    };
+    vec![line, pools(&info.pools)]
+}
+
+fn sandboxd_failure(
+    url: &str,
+    token_file: Option<&Path>,
+    problem: &SandboxdProblem,
+) -> CheckResult {
+    let name = "sandboxd";
+    let set_token = match token_file {
+        Some(path) => format!(
+            "put sandboxd's node (root) API token in {} (--sandboxd-token-file, env \
+             SANDBOXD_TOKEN_FILE)",
+            path.display()
+        ),
+        None => "sandboxd requires a token: point --sandboxd-token-file (env \
+                 SANDBOXD_TOKEN_FILE) at a file holding its node (root) API token"
+            .to_string(),
+    };
+    let with = |message: &str| {
+        if message.is_empty() {
+            String::new()
+        } else {
+            format!(": {message}")
+        }
+    };
+    match problem {
+        SandboxdProblem::Status {
+            status: 401,
+            message,
+            ..
+        } => CheckResult::fail(
+            name,
+            format!("{url} rejected the token (HTTP 401{})", with(message)),
+            set_token,
+        ),
+        SandboxdProblem::Status {
+            status: 403,
+            message,
+            ..
+        } => CheckResult::fail(
+            name,
+            format!(
+                "{url} refused /v1/info (HTTP 403{}): the token is not the node (root) token",
+                with(message)
+            ),
+            format!("{set_token}; a tenant token cannot list or release"),
+        ),
+        SandboxdProblem::Status {
+            status,
+            message,
+            json: false,
+        } => CheckResult::fail(
+            name,
+            format!(
+                "{url}/v1/info answered HTTP {status}{} without sandboxd's JSON error",
+                with(message)
+            ),
+            "point --sandboxd-url (env SANDBOXD_URL) at sandboxd's API base URL, e.g. \
+             http://127.0.0.1:7777",
+        ),
+        SandboxdProblem::Status {
+            status, message, ..
+        } => CheckResult::fail(
+            name,
+            format!("{url}/v1/info answered HTTP {status}{}", with(message)),
+            "check sandboxd's health (journalctl -u sandboxd)",
+        ),
+        SandboxdProblem::Unreachable(e) => CheckResult::fail(
+            name,
+            format!("cannot reach sandboxd at {url}: {e}"),
+            "start sandboxd (systemctl status sandboxd), or correct --sandboxd-url (env \
+             SANDBOXD_URL)",
+        ),
+        SandboxdProblem::Unexpected(e) => CheckResult::fail(
+            name,
+            format!("{url}/v1/info: {e}"),
+            "point --sandboxd-url (env SANDBOXD_URL) at sandboxd's API base URL",
+        ),
+    }
+}
+
+/// `template (net, size)`, leaving out empty parts.
+pub fn pool_label(pool: &PoolInfo) -> String {
+    let k = &pool.key;
+    let rest: Vec<&str> = [k.net.as_str(), k.size.as_str()]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect();
+    if rest.is_empty() {
+        k.template.clone()
+    } else {
+        format!("{} ({})", k.template, rest.join(", "))
+    }
+}
+
+/// Which pools are warm, `key warm W/T` each.
+pub fn pools(pools: &[PoolInfo]) -> CheckResult {
+    let name = "warm pools";
+    if pools.is_empty() {
+        return CheckResult::warn(
+            name,
+            "sandboxd reports no pools: every Pod will wait with NoWarmCapacity",
+            Some("configure warm pools in sandboxd for the templates your Sandboxes use".into()),
+        );
+    }
+    let list = pools
+        .iter()
+        .map(|p| format!("{} warm {}/{}", pool_label(p), p.warm, p.target))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let warm = pools.iter().filter(|p| p.warm > 0).count();
+    if warm == 0 {
+        CheckResult::warn(
+            name,
+            format!("no pool has a warm VM: {list}"),
+            Some("new Pods wait with NoWarmCapacity until sandboxd refills its pools".into()),
+        )
+    } else {
+        CheckResult::ok(name, format!("{warm} of {} warm: {list}", pools.len()))
+    }
+}
+
+/// Whether two bind addresses would compete for one port.
+pub fn ports_clash(a: &ListenAddr, b: &ListenAddr) -> bool {
+    a.port == b.port && (a.host == b.host || a.host.is_empty() || b.host.is_empty())
+}
+
+/// A listen port line from the outcome of binding it.
+/// `flag`/`env`: e.g. `listen-addr`, `VK_LISTEN_ADDR`.
+pub fn port(
+    name: &str,
+    flag: &str,
+    env: &str,
+    addr: &ListenAddr,
+    bound: &Result<(), (ErrorKind, String)>,
+) -> CheckResult {
+    let other = format!("choose another --{flag} (env {env})");
+    match bound {
+        Ok(()) => CheckResult::ok(name, format!("{addr} is free")),
+        Err((ErrorKind::AddrInUse, _)) => CheckResult::fail(
+            name,
+            format!("{addr} is already in use"),
+            format!(
+                "stop what listens there (ss -ltnp 'sport = :{}') or {other}; the host \
+                 kubelet and vk-cocoon use :10250",
+                addr.port
+            ),
+        ),
+        Err((ErrorKind::PermissionDenied, e)) => CheckResult::fail(
+            name,
+            format!("not permitted to bind {addr}: {e}"),
+            format!("ports below 1024 need root or CAP_NET_BIND_SERVICE; {other} above 1024"),
+        ),
+        Err((ErrorKind::AddrNotAvailable, e)) => CheckResult::fail(
+            name,
+            format!("cannot bind {addr}: {e}"),
+            format!(
+                "use an address of this host, or an empty host (:{}), or {other}",
+                addr.port
+            ),
+        ),
+        Err((_, e)) => CheckResult::fail(name, format!("cannot bind {addr}: {e}"), other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::Status;
+    use std::path::PathBuf;
+
+    #[test]
+    fn apiserver_lines() {
+        let v = Ok("v1.33.4".to_string());
+        let ok = apiserver("https://a:6443", "kubeconfig /k", &v, &Ok("alice".into()));
+        assert_eq!(ok.status, Status::Ok);
+        assert!(ok.detail.contains("authenticated as alice"), "{ok:?}");
+
+        let unreachable = apiserver(
+            "https://a:6443",
+            "kubeconfig /k",
+            &Err(ApiError::Other("connection refused".into())),
+            &Err(ApiError::Timeout),
+        );
+        assert_eq!(unreachable.status, Status::Fail);
+        assert!(unreachable.detail.contains("connection refused"));
+
+        let rejected = apiserver(
+            "https://a:6443",
+            "kubeconfig /k",
+            &v,
+            &Err(ApiError::Status {
+                code: 401,
+                message: "Unauthorized".into(),
+            }),
+        );
+        assert_eq!(rejected.status, Status::Fail);
+        assert!(
+            rejected
+                .fix
+                .as_deref()
+                .is_some_and(|f| f.contains("--kubeconfig"))
+        );
+
+        let old = apiserver(
+            "https://a:6443",
+            "kubeconfig /k",
+            &v,
+            &Err(ApiError::Status {
+                code: 404,
+                message: "not found".into(),
+            }),
+        );
+        assert_eq!(old.status, Status::Ok);
+    }
+
+    #[test]
+    fn crd_lines() {
+        let g = "sandbox.cocoonstack.io";
+        assert_eq!(inventory_crd(false, g, &Ok(vec![])).status, Status::Ok);
+        let missing = inventory_crd(true, g, &Ok(vec![]));
+        assert_eq!(missing.status, Status::Fail);
+        assert!(
+            missing
+                .detail
+                .contains("nodeinventories.sandbox.cocoonstack.io")
+        );
+        assert!(
+            missing
+                .fix
+                .as_deref()
+                .is_some_and(|f| f.contains("--inventory-group"))
+        );
+        assert_eq!(
+            inventory_crd(true, g, &Ok(vec!["v1beta1".into()])).status,
+            Status::Ok
+        );
+        assert_eq!(
+            inventory_crd(true, g, &Ok(vec!["v1".into()])).status,
+            Status::Fail
+        );
+        assert_eq!(
+            inventory_crd(true, g, &Err(ApiError::Timeout)).status,
+            Status::Fail
+        );
+    }
+
+    fn node(labels: serde_json::Value) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n", "labels": labels}
+        }))
+        .expect("node")
+    }
+
+    #[test]
+    fn node_name_lines() {
+        assert_eq!(node_name("n", &Ok(None)).status, Status::Ok);
+        let virt = node_name(
+            "n",
+            &Ok(Some(node(serde_json::json!({"type": "virtual-kubelet"})))),
+        );
+        assert_eq!(virt.status, Status::Ok);
+        assert!(virt.detail.contains("adopted"));
+        let phys = node_name(
+            "n",
+            &Ok(Some(node(
+                serde_json::json!({"kubernetes.io/hostname": "n"}),
+            ))),
+        );
+        assert_eq!(phys.status, Status::Fail);
+        assert!(
+            phys.fix
+                .as_deref()
+                .is_some_and(|f| f.contains("VK_NODE_NAME"))
+        );
+        assert!(
+            phys.fix
+                .as_deref()
+                .is_some_and(|f| f.contains("n-sandboxd"))
+        );
+        let forbidden = node_name(
+            "n",
+            &Err(ApiError::Status {
+                code: 403,
+                message: "forbidden".into(),
+            }),
+        );
+        assert_eq!(forbidden.status, Status::Fail);
+    }
+
+    fn pool(template: &str, warm: u64, target: u64) -> PoolInfo {
+        serde_json::from_value(serde_json::json!({
+            "key": {"template": template, "net": "none", "size": "small"},
+            "warm": warm, "target": target
+        }))
+        .expect("pool info")
+    }
+
+    fn info(pools: Vec<PoolInfo>) -> NodeInfo {
+        NodeInfo {
+            pools,
+            claimed: 1,
+            hibernated: 0,
+            archived: 0,
+            draining: false,
+            peers: vec![],
+        }
+    }
+
+    #[test]
+    fn sandboxd_ok_lists_pools() {
+        let token = PathBuf::from("/etc/vk-sandbox/sandboxd-token");
+        let r = sandboxd(
+            "http://127.0.0.1:7777",
+            Some(&token),
+            &Ok(info(vec![pool("base:24.04", 2, 2), pool("py", 0, 1)])),
+        );
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].status, Status::Ok);
+        assert!(r[0].detail.contains("accepted"));
+        assert_eq!(r[1].status, Status::Ok);
+        assert_eq!(
+            r[1].detail,
+            "1 of 2 warm: base:24.04 (none, small) warm 2/2; py (none, small) warm 0/1"
+        );
+        let cold = sandboxd("u", None, &Ok(info(vec![pool("py", 0, 1)])));
+        assert_eq!(cold[1].status, Status::Warn);
+        let none = sandboxd("u", None, &Ok(info(vec![])));
+        assert_eq!(none[1].status, Status::Warn);
+        let mut draining = info(vec![pool("py", 1, 1)]);
+        draining.draining = true;
+        assert_eq!(sandboxd("u", None, &Ok(draining))[0].status, Status::Warn);
+    }
+
+    #[test]
+    fn sandboxd_failures_name_the_fix() {
+        let token = PathBuf::from("/t");
+        let status = |status, json| SandboxdProblem::Status {
+            status,
+            message: if json {
+                "unauthorized".into()
+            } else {
+                String::new()
+            },
+            json,
+        };
+        let r = sandboxd("u", Some(&token), &Err(status(401, true)));
+        assert_eq!(r[0].status, Status::Fail);
+        assert!(r[0].detail.contains("rejected the token"));
+        assert!(r[0].fix.as_deref().is_some_and(|f| f.contains("/t")));
+        assert_eq!(r[1].status, Status::Warn, "pools not checked");
+        let r = sandboxd("u", None, &Err(status(401, true)));
+        assert!(
+            r[0].fix
+                .as_deref()
+                .is_some_and(|f| f.contains("SANDBOXD_TOKEN_FILE"))
+        );
+        let r = sandboxd("u", Some(&token), &Err(status(403, true)));
+        assert!(r[0].detail.contains("not the node (root) token"));
+        let r = sandboxd("u", None, &Err(status(404, false)));
+        assert!(
+            r[0].fix
+                .as_deref()
+                .is_some_and(|f| f.contains("--sandboxd-url"))
+        );
+        let r = sandboxd(
+            "u",
+            None,
+            &Err(SandboxdProblem::Unreachable("connection refused".into())),
+        );
+        assert!(r[0].detail.contains("cannot reach sandboxd"));
+    }
+
+    #[test]
+    fn port_lines_and_clashes() {
+        let a = ListenAddr::parse("127.0.0.1:10260").expect("addr");
+        assert_eq!(
+            port("kubelet port", "listen-addr", "VK_LISTEN_ADDR", &a, &Ok(())).status,
+            Status::Ok
+        );
+        let used = port(
+            "kubelet port",
+            "listen-addr",
+            "VK_LISTEN_ADDR",
+            &a,
+            &Err((ErrorKind::AddrInUse, "in use".into())),
+        );
+        assert_eq!(used.status, Status::Fail);
+        assert!(used.detail.contains("already in use"));
+        assert!(
+            used.fix
+                .as_deref()
+                .is_some_and(|f| f.contains("VK_LISTEN_ADDR"))
+        );
+        let any = ListenAddr::parse(":10260").expect("addr");
+        let other_port = ListenAddr::parse(":10261").expect("addr");
+        let other_host = ListenAddr::parse("127.0.0.2:10260").expect("addr");
+        assert!(ports_clash(&a, &any));
+        assert!(ports_clash(&a, &a));
+        assert!(!ports_clash(&a, &other_port));
+        assert!(!ports_clash(&a, &other_host));
+    }
+}

@@ -1,0 +1,246 @@
+//! `vk-sandbox preflight`: checks, without changing anything, that a
+//! configuration can start (issue 7 item 7).
+//!
+//! The same flags and environment as the run command are validated first;
+//! then every check runs, each bounded by [`CHECK_TIMEOUT`], and the results
+//! print as a checklist:
+//!
+//! ```text
+//! [ok]   apiserver: https://10.0.0.1:6443 (v1.33.4), authenticated as system:serviceaccount:sandbox-system:vk-sandbox
+//! [FAIL] sandboxd: http://127.0.0.1:7777 rejected the token (HTTP 401)
+//!        fix: put sandboxd's node (root) API token in the file named by --sandboxd-token-file (env SANDBOXD_TOKEN_FILE)
+//! ```
+//!
+//! Exit code 0 when nothing fails (warnings allowed), 1 otherwise.
+//!
+//! Layout: [`evaluate`] and [`rbac`] turn observations into [`CheckResult`]s
+//! as pure functions (unit-tested); [`probe`] makes the observations
+//! (apiserver, sandboxd, ports); [`state`] checks the state path on the local
+//! disk without creating or modifying the state file.
+
+pub mod evaluate;
+pub mod probe;
+pub mod rbac;
+pub mod state;
+
+use std::fmt;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::config::{Config, RunArgs};
+
+/// Upper bound of one check (one request, or one batch of concurrent
+/// requests), so preflight never hangs.
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    /// Startup is not blocked, but something deserves attention.
+    Warn,
+    /// The daemon would refuse to start or could not work.
+    Fail,
+}
+
+impl Status {
+    /// The checklist marker, padded so details line up.
+    pub fn marker(self) -> &'static str {
+        match self {
+            Status::Ok => "[ok]  ",
+            Status::Warn => "[warn]",
+            Status::Fail => "[FAIL]",
+        }
+    }
+}
+
+/// One line of the checklist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckResult {
+    /// Short name of what was checked (`apiserver`, `RBAC`, `sandboxd`, …).
+    pub name: String,
+    pub status: Status,
+    /// One line saying what was found.
+    pub detail: String,
+    /// What to do about it (always set on failures; optional on warnings).
+    pub fix: Option<String>,
+}
+
+impl CheckResult {
+    pub fn ok(name: impl Into<String>, detail: impl Into<String>) -> Self {
+        CheckResult {
+            name: name.into(),
+            status: Status::Ok,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    pub fn warn(name: impl Into<String>, detail: impl Into<String>, fix: Option<String>) -> Self {
+        CheckResult {
+            name: name.into(),
+            status: Status::Warn,
+            detail: detail.into(),
+            fix,
+        }
+    }
+
+    pub fn fail(
+        name: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        CheckResult {
+            name: name.into(),
+            status: Status::Fail,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    /// A check that could not run because an earlier one failed.
+    pub fn not_checked(name: impl Into<String>, why: &str) -> Self {
+        Self::warn(name, format!("not checked: {why}"), None)
+    }
+}
+
+impl fmt::Display for CheckResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.marker(),
+            self.name,
+            one_line(&self.detail)
+        )?;
+        if let Some(fix) = &self.fix {
+            write!(f, "\n       fix: {}", one_line(fix))?;
+        }
+        Ok(())
+    }
+}
+
+/// Newlines (e.g. in a multi-problem configuration error) become `; `, so
+/// every check stays one line.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The checklist, one line per result (fixes indented beneath), and a
+/// summary line.
+pub fn render(results: &[CheckResult]) -> String {
+    let mut out = String::new();
+    for r in results {
+        out.push_str(&r.to_string());
+        out.push('\n');
+    }
+    let count = |s: Status| results.iter().filter(|r| r.status == s).count();
+    let (fails, warns) = (count(Status::Fail), count(Status::Warn));
+    if fails == 0 {
+        out.push_str(&format!(
+            "preflight passed ({} checks, {warns} warnings)\n",
+            results.len()
+        ));
+    } else {
+        out.push_str(&format!(
+            "preflight failed: {fails} of {} checks failed; vk-sandbox would not start or \
+             could not work\n",
+            results.len()
+        ));
+    }
+    out
+}
+
+/// 0 when nothing failed (warnings allowed), 1 otherwise.
+pub fn exit_code(results: &[CheckResult]) -> u8 {
+    u8::from(results.iter().any(|r| r.status == Status::Fail))
+}
+
+/// Validate `args` (without touching the disk), then run every check.
+pub async fn run(args: &RunArgs) -> Vec<CheckResult> {
+    let cfg = match Config::from_args_without_state_check(args) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            return vec![CheckResult::fail(
+                "configuration",
+                e.to_string(),
+                "correct the flags or environment variables named above (vk-sandbox --help \
+                 lists them)",
+            )];
+        }
+    };
+    let mut results = vec![CheckResult::ok(
+        "configuration",
+        format!(
+            "flags and environment valid (node {}, sandboxd {}, state {})",
+            cfg.node_name,
+            cfg.sandboxd.url,
+            cfg.state_path.display()
+        ),
+    )];
+    results.extend(probe::run_all(&cfg).await);
+    results
+}
+
+/// Entry point of the subcommand: prints the checklist on stdout and
+/// returns the exit code. Logs go to stderr only when `RUST_LOG` is set.
+pub fn main(args: &RunArgs) -> ExitCode {
+    if std::env::var_os("RUST_LOG").is_some() {
+        crate::telemetry::init(args.log_format);
+    }
+    // One TLS crypto provider for kube and reqwest (decisions.md D1); an
+    // already installed provider is the same one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("vk-sandbox preflight: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let results = runtime.block_on(run(args));
+    print!("{}", render(&results));
+    // Pending requests cut short by a timeout must not hold the exit.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    ExitCode::from(exit_code(&results))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checklist_lines_and_fix_indentation() {
+        let results = vec![
+            CheckResult::ok("apiserver", "reachable"),
+            CheckResult::warn("warm pools", "none warm", None),
+            CheckResult::fail("sandboxd", "token rejected\n(HTTP 401)", "set the token"),
+        ];
+        let text = render(&results);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "[ok]   apiserver: reachable");
+        assert_eq!(lines[1], "[warn] warm pools: none warm");
+        assert_eq!(lines[2], "[FAIL] sandboxd: token rejected; (HTTP 401)");
+        assert_eq!(lines[3], "       fix: set the token");
+        assert!(lines[4].starts_with("preflight failed: 1 of 3 checks failed"));
+        assert_eq!(exit_code(&results), 1);
+    }
+
+    #[test]
+    fn warnings_do_not_fail() {
+        let results = vec![
+            CheckResult::ok("a", "fine"),
+            CheckResult::not_checked("b", "a failed"),
+        ];
+        assert_eq!(exit_code(&results), 0);
+        assert!(render(&results).ends_with("preflight passed (2 checks, 1 warnings)\n"));
+        assert_eq!(exit_code(&[]), 0);
+    }
+}

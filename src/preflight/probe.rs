@@ -1,0 +1,310 @@
+//! The observations behind each check (apiserver, sandboxd, local disk and
+//! ports), each bounded by [`CHECK_TIMEOUT`]; [`super::evaluate`],
+//! [`super::rbac`] and [`super::state`] turn them into checklist lines.
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::PostParams;
+use kube::{Api, Client};
+
+use super::evaluate::{self, ApiError, SandboxdProblem};
+use super::rbac::{self, Permission};
+use super::{CHECK_TIMEOUT, CheckResult};
+use crate::config::{Config, ListenAddr};
+use crate::kube_client::{self, Source};
+use crate::sandboxd::SandboxdClient;
+
+/// `fut` bounded by [`CHECK_TIMEOUT`].
+async fn bounded<T>(fut: impl Future<Output = Result<T, ApiError>>) -> Result<T, ApiError> {
+    tokio::time::timeout(CHECK_TIMEOUT, fut)
+        .await
+        .unwrap_or(Err(ApiError::Timeout))
+}
+
+/// Every check after the configuration's, in checklist order.
+pub async fn run_all(cfg: &Config) -> Vec<CheckResult> {
+    let (kube, sandboxd, state, ports) = tokio::join!(
+        kube_checks(cfg),
+        sandboxd_checks(cfg),
+        state_checks(cfg),
+        port_checks(&cfg.listen_addr, &cfg.admin_addr),
+    );
+    let mut out = kube;
+    out.extend(sandboxd);
+    out.extend(state);
+    out.extend(ports);
+    out
+}
+
+fn source_text(source: &Source) -> String {
+    match source {
+        Source::InCluster => "the in-cluster service account".into(),
+        Source::Kubeconfig(path) => format!("kubeconfig {}", path.display()),
+    }
+}
+
+const DEPENDENT: [&str; 3] = ["RBAC", "NodeInventory CRD", "node name"];
+
+/// apiserver, RBAC, NodeInventory CRD, node name.
+async fn kube_checks(cfg: &Config) -> Vec<CheckResult> {
+    let skipped = |first: CheckResult| {
+        let mut v = vec![first];
+        v.extend(
+            DEPENDENT
+                .iter()
+                .map(|n| CheckResult::not_checked(*n, "the apiserver check failed")),
+        );
+        v
+    };
+    let loaded = tokio::time::timeout(
+        CHECK_TIMEOUT,
+        kube_client::config(cfg.kube.kubeconfig.clone()),
+    )
+    .await;
+    let (mut config, source) = match loaded {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            return skipped(CheckResult::fail(
+                "apiserver",
+                format!("no usable Kubernetes credentials: {e}"),
+                "run in a cluster with a ServiceAccount, or pass --kubeconfig PATH (else \
+                 $KUBECONFIG or ~/.kube/config is read)",
+            ));
+        }
+        Err(_) => {
+            return skipped(CheckResult::fail(
+                "apiserver",
+                format!("loading the Kubernetes credentials took longer than {CHECK_TIMEOUT:?}"),
+                "check the kubeconfig's exec/auth plugin",
+            ));
+        }
+    };
+    config.connect_timeout = Some(CHECK_TIMEOUT);
+    config.read_timeout = Some(CHECK_TIMEOUT);
+    config.write_timeout = Some(CHECK_TIMEOUT);
+    let server = config.cluster_url.to_string();
+    let server = server.trim_end_matches('/').to_string();
+    let source = source_text(&source);
+    let client = match Client::try_from(config) {
+        Ok(c) => c,
+        Err(e) => {
+            return skipped(CheckResult::fail(
+                "apiserver",
+                format!("cannot build a client from {source}: {e}"),
+                "fix the kubeconfig (server URL, certificates)",
+            ));
+        }
+    };
+
+    let version = bounded(async {
+        client
+            .apiserver_version()
+            .await
+            .map(|v| v.git_version)
+            .map_err(ApiError::from)
+    })
+    .await;
+    let whoami = if version.is_ok() {
+        bounded(whoami(&client)).await
+    } else {
+        Err(ApiError::Other("not asked".into()))
+    };
+    let api_line = evaluate::apiserver(&server, &source, &version, &whoami);
+    if api_line.status == super::Status::Fail {
+        return skipped(api_line);
+    }
+
+    let group = cfg.inventory.group.as_str();
+    let perms = rbac::required(
+        cfg.inventory.publish.then_some(group),
+        cfg.kubelet_auth.enabled,
+    );
+    let (answers, served, node) = tokio::join!(
+        access_reviews(&client, perms),
+        async {
+            if cfg.inventory.publish {
+                bounded(inventory_versions(&client, group)).await
+            } else {
+                Ok(Vec::new())
+            }
+        },
+        bounded(async {
+            Api::<Node>::all(client.clone())
+                .get_opt(&cfg.node_name)
+                .await
+                .map_err(ApiError::from)
+        }),
+    );
+    let mut out = vec![api_line];
+    out.extend(rbac::evaluate(&answers));
+    out.push(evaluate::inventory_crd(
+        cfg.inventory.publish,
+        group,
+        &served,
+    ));
+    out.push(evaluate::node_name(&cfg.node_name, &node));
+    out
+}
+
+/// The user the credentials authenticate as (SelfSubjectReview).
+async fn whoami(client: &Client) -> Result<String, ApiError> {
+    let review: SelfSubjectReview = serde_json::from_value(serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+        "metadata": {}
+    }))
+    .map_err(|e| ApiError::Other(format!("building a SelfSubjectReview: {e}")))?;
+    let answer = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    let user = answer
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .unwrap_or_else(|| "an unnamed user".into());
+    Ok(user)
+}
+
+/// One SelfSubjectAccessReview per permission, concurrently, each bounded.
+async fn access_reviews(
+    client: &Client,
+    perms: Vec<Permission>,
+) -> Vec<(Permission, Result<bool, String>)> {
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let reviews = perms.into_iter().map(|perm| {
+        let api = api.clone();
+        async move {
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(perm.group.clone()),
+                        resource: Some(perm.resource.clone()),
+                        subresource: perm.subresource.clone(),
+                        verb: Some(perm.verb.clone()),
+                        namespace: perm.namespace.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let answer = bounded(async {
+                api.create(&PostParams::default(), &review)
+                    .await
+                    .map_err(ApiError::from)
+            })
+            .await
+            .map(|r| r.status.is_some_and(|s| s.allowed))
+            .map_err(|e| e.to_string());
+            (perm, answer)
+        }
+    });
+    futures::future::join_all(reviews).await
+}
+
+/// The versions in which `group` serves `nodeinventories` (API discovery:
+/// readable by any authenticated user, unlike the CRD object itself).
+async fn inventory_versions(client: &Client, group: &str) -> Result<Vec<String>, ApiError> {
+    let g = match kube::discovery::oneshot::group(client, group).await {
+        Ok(g) => g,
+        Err(kube::Error::Discovery(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let versions: Vec<String> = g.versions().map(str::to_string).collect();
+    Ok(versions
+        .into_iter()
+        .filter(|v| {
+            g.versioned_resources(v)
+                .iter()
+                .any(|(ar, _)| ar.plural == "nodeinventories")
+        })
+        .collect())
+}
+
+/// sandboxd reachable, token accepted, warm pools.
+async fn sandboxd_checks(cfg: &Config) -> Vec<CheckResult> {
+    let url = cfg.sandboxd.url.as_str();
+    let token_file = cfg
+        .sandboxd
+        .token
+        .as_ref()
+        .and(cfg.sandboxd.token_file.as_deref());
+    let client = SandboxdClient::builder(url)
+        .token(cfg.sandboxd.token.as_ref().map(|t| t.expose().to_string()))
+        .timeout(CHECK_TIMEOUT)
+        .build();
+    let info = match client {
+        Ok(client) => {
+            match tokio::time::timeout(CHECK_TIMEOUT + Duration::from_secs(1), client.info()).await
+            {
+                Ok(r) => r.map_err(|e| SandboxdProblem::from(&e)),
+                Err(_) => Err(SandboxdProblem::Unreachable(format!(
+                    "no answer within {CHECK_TIMEOUT:?}"
+                ))),
+            }
+        }
+        Err(e) => Err(SandboxdProblem::Unexpected(e.to_string())),
+    };
+    evaluate::sandboxd(url, token_file, &info)
+}
+
+/// State directory and file, off the async threads and bounded (a hung
+/// network mount must not hang preflight).
+async fn state_checks(cfg: &Config) -> Vec<CheckResult> {
+    let path = cfg.state_path.clone();
+    let shown = path.display().to_string();
+    let task = tokio::task::spawn_blocking(move || super::state::check(&path));
+    match tokio::time::timeout(CHECK_TIMEOUT, task).await {
+        Ok(Ok(results)) => results,
+        Ok(Err(e)) => vec![CheckResult::fail(
+            "state directory",
+            format!("checking {shown} failed: {e}"),
+            "check the state path",
+        )],
+        Err(_) => vec![CheckResult::fail(
+            "state directory",
+            format!("{shown} did not answer within {CHECK_TIMEOUT:?}"),
+            "check the file system holding --state-path (env VK_STATE_PATH)",
+        )],
+    }
+}
+
+async fn bind(addr: &ListenAddr) -> Result<tokio::net::TcpListener, (std::io::ErrorKind, String)> {
+    match tokio::time::timeout(CHECK_TIMEOUT, addr.bind()).await {
+        Ok(r) => r.map_err(|e| (e.kind(), e.to_string())),
+        Err(_) => Err((
+            std::io::ErrorKind::TimedOut,
+            format!("resolving {addr} took longer than {CHECK_TIMEOUT:?}"),
+        )),
+    }
+}
+
+/// Bind the kubelet port, then (still holding it) the admin port, then let
+/// both go.
+async fn port_checks(listen: &ListenAddr, admin: &ListenAddr) -> Vec<CheckResult> {
+    let kubelet = bind(listen).await;
+    let kubelet_line = evaluate::port(
+        "kubelet port",
+        "listen-addr",
+        "VK_LISTEN_ADDR",
+        listen,
+        &kubelet.as_ref().map(|_| ()).map_err(Clone::clone),
+    );
+    let admin_line = if evaluate::ports_clash(listen, admin) {
+        CheckResult::fail(
+            "admin port",
+            format!("{admin} uses the port of --listen-addr ({listen})"),
+            "give --admin-addr (env VK_ADMIN_ADDR) its own port, e.g. :10261",
+        )
+    } else {
+        let bound = bind(admin).await.map(drop);
+        evaluate::port("admin port", "admin-addr", "VK_ADMIN_ADDR", admin, &bound)
+    };
+    drop(kubelet);
+    vec![kubelet_line, admin_line]
+}

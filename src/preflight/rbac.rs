@@ -1,0 +1,440 @@
+//! The permissions vk-sandbox needs, as one table that mirrors the
+//! ClusterRole of `manifests/rbac.yaml` (decisions.md D6; a unit test keeps
+//! the two equal), and the pure evaluation of SelfSubjectAccessReview
+//! answers into checklist lines.
+
+use std::collections::BTreeMap;
+
+use super::CheckResult;
+
+/// Where a permission is needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// A cluster-scoped resource.
+    Cluster,
+    /// A namespaced resource, in every namespace (Pods land anywhere).
+    AllNamespaces,
+    /// A namespaced resource in one namespace.
+    Namespace(&'static str),
+}
+
+/// When a rule applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    Always,
+    /// Only with `--publish-inventory`; the group is `--inventory-group`.
+    PublishInventory,
+    /// Only with `--kubelet-auth` (the default).
+    KubeletAuth,
+}
+
+/// One rule of the ClusterRole.
+#[derive(Debug, Clone, Copy)]
+pub struct Rule {
+    pub groups: &'static [&'static str],
+    /// `resource` or `resource/subresource`, as RBAC writes them.
+    pub resources: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+    pub scope: Scope,
+    pub need: Need,
+    /// What the daemon uses it for.
+    pub why: &'static str,
+}
+
+/// The API groups `manifests/rbac.yaml` grants `nodeinventories` in.
+pub const INVENTORY_GROUPS: &[&str] = &["sandbox.cocoonstack.io", "extensions.agents.x-k8s.io"];
+
+/// Every permission the daemon uses. Keep in step with the ClusterRole in
+/// `manifests/rbac.yaml` (the test `table_matches_manifest` fails otherwise).
+pub const RULES: &[Rule] = &[
+    Rule {
+        groups: &[""],
+        resources: &["nodes"],
+        verbs: &["create", "get", "list", "watch", "update", "patch"],
+        scope: Scope::Cluster,
+        need: Need::Always,
+        why: "register, adopt and label the virtual Node",
+    },
+    Rule {
+        groups: &[""],
+        resources: &["nodes/status"],
+        verbs: &["get", "update", "patch"],
+        scope: Scope::Cluster,
+        need: Need::Always,
+        why: "Node status heartbeats",
+    },
+    Rule {
+        groups: &[""],
+        resources: &["pods"],
+        verbs: &["get", "list", "watch", "delete"],
+        scope: Scope::AllNamespaces,
+        need: Need::Always,
+        why: "watch the node's Pods and complete their termination",
+    },
+    Rule {
+        groups: &[""],
+        resources: &["pods/status"],
+        verbs: &["get", "update", "patch"],
+        scope: Scope::AllNamespaces,
+        need: Need::Always,
+        why: "report Pod status",
+    },
+    Rule {
+        groups: &["", "events.k8s.io"],
+        resources: &["events"],
+        verbs: &["create", "patch", "update"],
+        scope: Scope::AllNamespaces,
+        need: Need::Always,
+        why: "Events on Pods and the Node",
+    },
+    Rule {
+        groups: &[""],
+        resources: &["secrets", "configmaps", "services"],
+        verbs: &["get", "list", "watch"],
+        scope: Scope::AllNamespaces,
+        need: Need::Always,
+        why: "virtual-kubelet essentials; the cluster's client CA ConfigMap",
+    },
+    Rule {
+        groups: &["coordination.k8s.io"],
+        resources: &["leases"],
+        verbs: &["create", "get", "update", "patch"],
+        scope: Scope::Namespace("kube-node-lease"),
+        need: Need::Always,
+        why: "the node Lease",
+    },
+    Rule {
+        groups: &["agents.x-k8s.io"],
+        resources: &["sandboxes"],
+        verbs: &["get"],
+        scope: Scope::AllNamespaces,
+        need: Need::Always,
+        why: "delete authorization reads the Pod's owning Sandbox",
+    },
+    Rule {
+        groups: INVENTORY_GROUPS,
+        resources: &["nodeinventories"],
+        verbs: &["get", "list", "create", "update", "patch"],
+        scope: Scope::Cluster,
+        need: Need::PublishInventory,
+        why: "publish the NodeInventory",
+    },
+    Rule {
+        groups: &["authentication.k8s.io"],
+        resources: &["tokenreviews"],
+        verbs: &["create"],
+        scope: Scope::Cluster,
+        need: Need::KubeletAuth,
+        why: "authenticate kubelet API callers",
+    },
+    Rule {
+        groups: &["authorization.k8s.io"],
+        resources: &["subjectaccessreviews"],
+        verbs: &["create"],
+        scope: Scope::Cluster,
+        need: Need::KubeletAuth,
+        why: "authorize kubelet API callers",
+    },
+];
+
+/// One SelfSubjectAccessReview to make.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Permission {
+    /// `""` for the core group.
+    pub group: String,
+    pub resource: String,
+    pub subresource: Option<String>,
+    pub verb: String,
+    /// `None`: cluster-scoped, or every namespace.
+    pub namespace: Option<String>,
+}
+
+impl Permission {
+    /// `resource[/sub][.group][ in namespace ns]`, for messages.
+    pub fn target(&self) -> String {
+        let mut s = self.resource.clone();
+        if let Some(sub) = &self.subresource {
+            s.push('/');
+            s.push_str(sub);
+        }
+        if !self.group.is_empty() {
+            s.push('.');
+            s.push_str(&self.group);
+        }
+        if let Some(ns) = &self.namespace {
+            s.push_str(&format!(" in namespace {ns}"));
+        }
+        s
+    }
+}
+
+/// The permissions this configuration needs, in table order.
+/// `inventory_group`: `Some(--inventory-group)` when publishing.
+pub fn required(inventory_group: Option<&str>, kubelet_auth: bool) -> Vec<Permission> {
+    let mut out = Vec::new();
+    for rule in RULES {
+        let groups: Vec<&str> = match rule.need {
+            Need::Always => rule.groups.to_vec(),
+            Need::PublishInventory => match inventory_group {
+                Some(g) => vec![g],
+                None => continue,
+            },
+            Need::KubeletAuth if kubelet_auth => rule.groups.to_vec(),
+            Need::KubeletAuth => continue,
+        };
+        let namespace = match rule.scope {
+            Scope::Namespace(ns) => Some(ns.to_string()),
+            Scope::Cluster | Scope::AllNamespaces => None,
+        };
+        for group in groups {
+            for resource in rule.resources {
+                let (resource, subresource) = match resource.split_once('/') {
+                    Some((r, s)) => (r, Some(s.to_string())),
+                    None => (*resource, None),
+                };
+                for verb in rule.verbs {
+                    out.push(Permission {
+                        group: group.to_string(),
+                        resource: resource.to_string(),
+                        subresource: subresource.clone(),
+                        verb: verb.to_string(),
+                        namespace: namespace.clone(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The RBAC lines from the answers (`Ok(allowed)` or the request's error):
+/// one `[ok]` line when everything is granted; otherwise one `[FAIL]` line
+/// per resource with the verbs denied, and one for reviews that failed.
+pub fn evaluate(answers: &[(Permission, Result<bool, String>)]) -> Vec<CheckResult> {
+    // target -> denied verbs, in first-seen order.
+    let mut denied: Vec<(String, Vec<String>, bool)> = Vec::new();
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    for (perm, answer) in answers {
+        match answer {
+            Ok(true) => {}
+            Ok(false) => {
+                let target = perm.target();
+                let extra_group = perm.resource == "nodeinventories"
+                    && !INVENTORY_GROUPS.contains(&perm.group.as_str());
+                match denied.iter_mut().find(|(t, _, _)| *t == target) {
+                    Some((_, verbs, _)) => verbs.push(perm.verb.clone()),
+                    None => denied.push((target, vec![perm.verb.clone()], extra_group)),
+                }
+            }
+            Err(e) => *errors.entry(e.clone()).or_default() += 1,
+        }
+    }
+    let mut out = Vec::new();
+    for (target, verbs, extra_group) in denied {
+        let fix = if extra_group {
+            "manifests/rbac.yaml grants nodeinventories only in sandbox.cocoonstack.io and \
+             extensions.agents.x-k8s.io: add this --inventory-group to that rule's apiGroups \
+             and apply it, or use one of those groups"
+                .to_string()
+        } else {
+            "grant it to the identity vk-sandbox runs as: kubectl apply -f manifests/rbac.yaml \
+             (ClusterRole vk-sandbox, bound to ServiceAccount sandbox-system/vk-sandbox); with \
+             other credentials, bind that ClusterRole to them"
+                .to_string()
+        };
+        out.push(CheckResult::fail(
+            "RBAC",
+            format!("{target}: denied {}", verbs.join(", ")),
+            fix,
+        ));
+    }
+    for (error, count) in errors {
+        out.push(CheckResult::fail(
+            "RBAC",
+            format!("{count} SelfSubjectAccessReview(s) could not be made: {error}"),
+            "check the apiserver connection (any authenticated user may create \
+             SelfSubjectAccessReviews)",
+        ));
+    }
+    if out.is_empty() {
+        out.push(CheckResult::ok(
+            "RBAC",
+            format!(
+                "all {} permissions this configuration needs are granted (manifests/rbac.yaml)",
+                answers.len()
+            ),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::Status;
+    use std::collections::BTreeSet;
+
+    /// `(group, resource, verb)` granted by the ClusterRole of
+    /// manifests/rbac.yaml.
+    fn manifest_grants() -> BTreeSet<(String, String, String)> {
+        use serde::Deserialize;
+        let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/rbac.yaml"));
+        let mut grants = BTreeSet::new();
+        let mut roles = 0;
+        for doc in serde_yaml::Deserializer::from_str(text) {
+            let value = serde_yaml::Value::deserialize(doc).expect("rbac.yaml is YAML");
+            if value["kind"].as_str() != Some("ClusterRole") {
+                continue;
+            }
+            roles += 1;
+            let rules = value["rules"].as_sequence().expect("ClusterRole rules");
+            for rule in rules {
+                let list = |key: &str| -> Vec<String> {
+                    rule[key]
+                        .as_sequence()
+                        .unwrap_or_else(|| panic!("rule without {key}: {rule:?}"))
+                        .iter()
+                        .map(|v| v.as_str().expect("string").to_string())
+                        .collect()
+                };
+                for g in list("apiGroups") {
+                    for r in list("resources") {
+                        for v in list("verbs") {
+                            grants.insert((g.clone(), r.clone(), v));
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(roles, 1, "rbac.yaml holds exactly one ClusterRole");
+        grants
+    }
+
+    fn table_grants() -> BTreeSet<(String, String, String)> {
+        let mut set = BTreeSet::new();
+        for rule in RULES {
+            for g in rule.groups {
+                for r in rule.resources {
+                    for v in rule.verbs {
+                        set.insert((g.to_string(), r.to_string(), v.to_string()));
+                    }
+                }
+            }
+        }
+        set
+    }
+
+    #[test]
+    fn table_matches_manifest() {
+        let manifest = manifest_grants();
+        let table = table_grants();
+        let missing: Vec<_> = table.difference(&manifest).collect();
+        assert!(
+            missing.is_empty(),
+            "permissions preflight checks but manifests/rbac.yaml does not grant: {missing:?}"
+        );
+        let unchecked: Vec<_> = manifest.difference(&table).collect();
+        assert!(
+            unchecked.is_empty(),
+            "permissions manifests/rbac.yaml grants that preflight's table lacks: {unchecked:?}"
+        );
+    }
+
+    #[test]
+    fn required_follows_the_configuration() {
+        let base = required(None, false);
+        assert!(base.iter().all(|p| p.resource != "nodeinventories"));
+        assert!(base.iter().all(|p| p.resource != "tokenreviews"));
+        let status = base
+            .iter()
+            .find(|p| p.resource == "nodes" && p.subresource.as_deref() == Some("status"))
+            .expect("nodes/status");
+        assert_eq!(status.namespace, None);
+        let lease = base
+            .iter()
+            .find(|p| p.resource == "leases")
+            .expect("leases");
+        assert_eq!(lease.namespace.as_deref(), Some("kube-node-lease"));
+        assert_eq!(lease.group, "coordination.k8s.io");
+
+        let full = required(Some("extensions.agents.x-k8s.io"), true);
+        let inv: Vec<_> = full
+            .iter()
+            .filter(|p| p.resource == "nodeinventories")
+            .collect();
+        assert_eq!(inv.len(), 5);
+        assert!(inv.iter().all(|p| p.group == "extensions.agents.x-k8s.io"));
+        assert!(
+            full.iter()
+                .any(|p| p.resource == "subjectaccessreviews" && p.verb == "create")
+        );
+        assert_eq!(full.len(), base.len() + 5 + 2);
+    }
+
+    fn perm(resource: &str, verb: &str) -> Permission {
+        Permission {
+            group: String::new(),
+            resource: resource.into(),
+            subresource: None,
+            verb: verb.into(),
+            namespace: None,
+        }
+    }
+
+    #[test]
+    fn all_granted_is_one_ok_line() {
+        let answers = vec![
+            (perm("pods", "get"), Ok(true)),
+            (perm("pods", "list"), Ok(true)),
+        ];
+        let r = evaluate(&answers);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].status, Status::Ok);
+        assert!(r[0].detail.contains("all 2 permissions"));
+    }
+
+    #[test]
+    fn denials_grouped_per_resource_with_fix() {
+        let mut lease = perm("leases", "create");
+        lease.group = "coordination.k8s.io".into();
+        lease.namespace = Some("kube-node-lease".into());
+        let mut status = perm("nodes", "patch");
+        status.subresource = Some("status".into());
+        let answers = vec![
+            (perm("pods", "get"), Ok(false)),
+            (perm("pods", "delete"), Ok(false)),
+            (perm("nodes", "get"), Ok(true)),
+            (lease, Ok(false)),
+            (status, Ok(false)),
+            (perm("services", "get"), Err("timed out".to_string())),
+        ];
+        let r = evaluate(&answers);
+        assert_eq!(r.len(), 4, "{r:#?}");
+        assert!(r.iter().all(|c| c.status == Status::Fail));
+        assert_eq!(r[0].detail, "pods: denied get, delete");
+        assert!(
+            r[0].fix
+                .as_deref()
+                .is_some_and(|f| f.contains("manifests/rbac.yaml"))
+        );
+        assert_eq!(
+            r[1].detail,
+            "leases.coordination.k8s.io in namespace kube-node-lease: denied create"
+        );
+        assert_eq!(r[2].detail, "nodes/status: denied patch");
+        assert!(r[3].detail.contains("1 SelfSubjectAccessReview(s)"));
+    }
+
+    #[test]
+    fn inventory_group_outside_the_manifest_says_so() {
+        let mut p = perm("nodeinventories", "create");
+        p.group = "inv.example.com".into();
+        let r = evaluate(&[(p, Ok(false))]);
+        assert!(
+            r[0].fix
+                .as_deref()
+                .is_some_and(|f| f.contains("--inventory-group")),
+            "{r:?}"
+        );
+    }
+}
