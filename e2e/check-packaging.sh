@@ -22,8 +22,12 @@
 #              distroless image).
 #   scripts    every e2e/ shell script passes `bash -n` and, when installed,
 #              `shellcheck -S warning`.
+#   image      the Dockerfile's final stage is distroless static nonroot
+#              with the binary as entrypoint, and .dockerignore keeps
+#              target/ and .cache/ out of the context (images cannot be
+#              built here; this catches drift only).
 #
-# Usage: e2e/check-packaging.sh [manifests|systemd|static|scripts ...]
+# Usage: e2e/check-packaging.sh [manifests|systemd|static|scripts|image ...]
 #        (default: all). Environment:
 #   VK_TEST_KUBECONFIG  kubeconfig of the cluster for `manifests` (required)
 #   VK_K8S_BIN_DIR      where kubectl is (default: e2e/cluster.sh bin)
@@ -325,15 +329,34 @@ check_scripts() {
   fi
 }
 
+# --------------------------------------------------------------- image
+check_image() {
+  [[ -f Dockerfile ]] || die "image: no Dockerfile at the repository root"
+  local final
+  final=$(grep -E '^FROM ' Dockerfile | tail -1)
+  [[ "$final" == "FROM gcr.io/distroless/static-debian12:nonroot" ]] \
+    || fail "image: the final stage must be gcr.io/distroless/static-debian12:nonroot, got: $final"
+  grep -qE '^USER 65532(:65532)?$' Dockerfile || fail "image: no USER 65532 in the Dockerfile"
+  grep -qE '^ENTRYPOINT \["/usr/local/bin/vk-sandbox"\]$' Dockerfile \
+    || fail "image: ENTRYPOINT must be [\"/usr/local/bin/vk-sandbox\"]"
+  grep -q 'target-feature=+crt-static' Dockerfile || fail "image: the build stage must link statically (+crt-static)"
+  local p
+  for p in target .cache .git; do
+    grep -qxF "$p" .dockerignore 2>/dev/null || fail "image: .dockerignore must exclude $p"
+  done
+  log "image: Dockerfile and .dockerignore checked (not built: no image builder here)"
+}
+
 sections=("$@")
-((${#sections[@]})) || sections=(scripts systemd manifests static)
+((${#sections[@]})) || sections=(scripts image systemd manifests static)
 for s in "${sections[@]}"; do
   case "$s" in
     manifests) check_manifests ;;
     systemd) check_systemd ;;
     static) check_static ;;
     scripts) check_scripts ;;
-    *) die "unknown section '$s' (manifests, systemd, static, scripts)" ;;
+    image) check_image ;;
+    *) die "unknown section '$s' (manifests, systemd, static, scripts, image)" ;;
   esac
 done
 if ((failures)); then

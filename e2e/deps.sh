@@ -7,6 +7,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 if command -v rustup >/dev/null 2>&1; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || rustup component add rustfmt clippy
+  # The static binary `make test` checks (e2e/check-packaging.sh) and the
+  # Dockerfile ships.
+  rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
+    || rustup target add x86_64-unknown-linux-musl
 fi
 
 # Debian packages: command -> package.
@@ -16,6 +20,9 @@ declare -A pkgs=(
   [promtool]=prometheus
   [systemd-analyze]=systemd
   [setpriv]=util-linux
+  [shellcheck]=shellcheck
+  [file]=file
+  [musl-gcc]=musl-tools
 )
 missing=()
 for cmd in "${!pkgs[@]}"; do

@@ -33,6 +33,9 @@ if $e2e_only; then
   cargo test --workspace --test 'e2e_*' -- --test-threads 4 || status=$?
 else
   cargo test --workspace --no-fail-fast || status=$?
+  # Manifests (server-side dry-run), systemd unit, static binary as UID
+  # 65532, shell scripts.
+  "$here/check-packaging.sh" || status=$?
 fi
 if (( status != 0 )) && [[ -n "${VK_CLUSTER_LOGS:-}" ]]; then
   echo "tests: failed; control plane logs follow (full logs in $VK_CLUSTER_LOGS)"
