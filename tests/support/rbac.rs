@@ -86,16 +86,28 @@ pub async fn service_account_kubeconfig(
         }
     }
     apply_manifest(client, &repo_root().join("manifests/rbac.yaml")).await?;
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NAMESPACE);
+    token_kubeconfig(client, admin, NAMESPACE, SERVICE_ACCOUNT, out).await
+}
+
+/// Writes to `out` a kubeconfig holding a token of the existing
+/// ServiceAccount `namespace/name`. The server and CA come from `admin`.
+pub async fn token_kubeconfig(
+    client: &Client,
+    admin: &Path,
+    namespace: &str,
+    name: &str,
+    out: &Path,
+) -> Result<PathBuf, String> {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let req: TokenRequest = serde_json::from_value(serde_json::json!({
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
         "spec": {"expirationSeconds": 172800}
     }))
     .map_err(|e| e.to_string())?;
     let token = sas
-        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &req)
+        .create_token_request(name, &PostParams::default(), &req)
         .await
-        .map_err(|e| format!("token for {NAMESPACE}/{SERVICE_ACCOUNT}: {e}"))?
+        .map_err(|e| format!("token for {namespace}/{name}: {e}"))?
         .status
         .ok_or("TokenRequest without status")?
         .token;
