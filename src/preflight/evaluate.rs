@@ -53,8 +53,20 @@ pub fn apiserver(
     whoami: &Result<String, ApiError>,
 ) -> CheckResult {
     let name = "apiserver";
+    let rejected = |version: &str| {
+        CheckResult::fail(
+            name,
+            format!("{server}{version} rejected the credentials from {source} (HTTP 401)"),
+            format!(
+                "renew the token or client certificate in {source}, or point --kubeconfig at \
+                 valid credentials"
+            ),
+        )
+    };
     let version = match version {
         Ok(v) => v,
+        // Invalid credentials are refused even where /version is public.
+        Err(ApiError::Status { code: 401, .. }) => return rejected(""),
         Err(e) => {
             return CheckResult::fail(
                 name,
@@ -71,14 +83,7 @@ pub fn apiserver(
             name,
             format!("{server} ({version}), authenticated as {user} (credentials: {source})"),
         ),
-        Err(ApiError::Status { code: 401, .. }) => CheckResult::fail(
-            name,
-            format!("{server} ({version}) rejected the credentials from {source} (HTTP 401)"),
-            format!(
-                "renew the token or client certificate in {source}, or point --kubeconfig at \
-                 valid credentials"
-            ),
-        ),
+        Err(ApiError::Status { code: 401, .. }) => rejected(&format!(" ({version})")),
         // A cluster older than 1.28 serves no SelfSubjectReview; the RBAC
         // check's reviews still prove the credentials.
         Err(ApiError::Status { code: 404, .. }) => CheckResult::ok(
@@ -414,6 +419,18 @@ mod tests {
         let ok = apiserver("https://a:6443", "kubeconfig /k", &v, &Ok("alice".into()));
         assert_eq!(ok.status, Status::Ok);
         assert!(ok.detail.contains("authenticated as alice"), "{ok:?}");
+
+        let rejected_early = apiserver(
+            "https://a:6443",
+            "kubeconfig /k",
+            &Err(ApiError::Status {
+                code: 401,
+                message: "Unauthorized".into(),
+            }),
+            &Err(ApiError::Timeout),
+        );
+        assert_eq!(rejected_early.status, Status::Fail);
+        assert!(rejected_early.detail.contains("rejected the credentials"));
 
         let unreachable = apiserver(
             "https://a:6443",
