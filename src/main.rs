@@ -13,14 +13,15 @@ use tracing::{error, info};
 use vk_sandbox::admin::{self, Health};
 use vk_sandbox::claims::ClaimsStore;
 use vk_sandbox::config::{self, Config};
+use vk_sandbox::inventory::Publisher;
 use vk_sandbox::kubelet::KubeletApi;
 use vk_sandbox::kubelet::PodSource;
-use vk_sandbox::metrics::Metrics;
+use vk_sandbox::metrics::{Metrics, SampledGauge};
 use vk_sandbox::node::{self, NodeSettings};
 use vk_sandbox::pods::controller::{self, Context};
 use vk_sandbox::pods::provider::Provider;
 use vk_sandbox::sandboxd::SandboxdClient;
-use vk_sandbox::{Error, Result, kube_client, telemetry};
+use vk_sandbox::{Error, Result, kube_client, orphan, telemetry};
 
 fn main() -> ExitCode {
     let cli = config::parse_process_args();
@@ -107,10 +108,20 @@ async fn run(cfg: Config) -> Result<()> {
 
     let sandboxd = SandboxdClient::builder(cfg.sandboxd.url.clone())
         .token(cfg.sandboxd.token.as_ref().map(|t| t.expose().to_string()))
+        .observer(Arc::clone(&metrics) as Arc<dyn vk_sandbox::sandboxd::Observer>)
         .build()?;
     // The claims store loads and is written once before the Node exists:
     // an unwritable state path keeps the node out of scheduling.
     let claims = Arc::new(ClaimsStore::open(&cfg.state_path).await?);
+    {
+        let m = Arc::clone(&metrics);
+        claims.on_write(move |elapsed, ok| {
+            m.claims_store_write_duration
+                .with_label_values(&[if ok { "success" } else { "error" }])
+                .observe(elapsed.as_secs_f64());
+        });
+    }
+    register_sampled_gauges(&metrics, &claims)?;
     let provider = Arc::new(Provider::new(
         client.clone(),
         sandboxd.clone(),
@@ -133,6 +144,7 @@ async fn run(cfg: Config) -> Result<()> {
     // The Pod controller's store serves the kubelet API and gates readiness.
     let pod_controller = controller::controller(&client, &cfg.node_name);
     let store = pod_controller.store();
+    register_pod_phase_gauge(&metrics, store.clone())?;
     let pods = Arc::new(NodePods {
         store: store.clone(),
         provider: Arc::clone(&provider),
@@ -211,13 +223,47 @@ async fn run(cfg: Config) -> Result<()> {
                 ready_rx,
                 cfg.node_status_interval,
                 stop_rx.clone(),
-                |_r: &Result<()>| {},
+                {
+                    let m = Arc::clone(&metrics);
+                    move |r: &Result<()>, took| m.reconciled("node", took, r)
+                },
             );
             async move {
                 fut.await;
                 Ok(())
             }
         });
+        if cfg.inventory.publish {
+            let publisher = Publisher::new(
+                client.clone(),
+                &cfg.inventory.group,
+                sandboxd.clone(),
+                Arc::clone(&claims),
+                &cfg.node_name,
+                &cfg.sandboxd.advertise_addr,
+            )
+            .with_metrics(Arc::clone(&metrics));
+            let fut = publisher.run(cfg.inventory.interval, stop_rx.clone());
+            tasks.spawn(async move {
+                fut.await;
+                Ok(())
+            });
+        }
+        {
+            let scanner = orphan::Scanner::new(
+                sandboxd.clone(),
+                Arc::clone(&claims),
+                Some(Arc::clone(&metrics)),
+            );
+            let fut = scanner.run(cfg.orphan_scan_interval, stop_rx.clone());
+            // A disabled scan returns at once; that is not a failed task.
+            let stop = stop_rx.clone();
+            tasks.spawn(async move {
+                fut.await;
+                stopped(stop).await;
+                Ok(())
+            });
+        }
         // The Pod watch has synced (above): the node is ready.
         let _ = ready_tx.send(true);
         info!(node = %cfg.node_name, "virtual node ready");
@@ -255,6 +301,52 @@ async fn run(cfg: Config) -> Result<()> {
     // build); the journal is folded in.
     claims.compact().await?;
     Ok(())
+}
+
+/// Claims by state, read from the store at each scrape.
+fn register_sampled_gauges(metrics: &Metrics, claims: &Arc<ClaimsStore>) -> Result<()> {
+    let claims = Arc::clone(claims);
+    metrics.register_sampled(SampledGauge::new(
+        "vk_sandbox_claims",
+        "Claims held in the claims store, by state (settled, tentative, quarantined).",
+        "state",
+        move || {
+            let c = claims.counts();
+            vec![
+                ("settled".to_string(), c.settled as i64),
+                ("tentative".to_string(), c.tentative as i64),
+                ("quarantined".to_string(), c.quarantined as i64),
+            ]
+        },
+    )?)
+}
+
+/// Pods bound to this node by phase, read from the watch cache at each scrape.
+fn register_pod_phase_gauge(
+    metrics: &Metrics,
+    store: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Pod>,
+) -> Result<()> {
+    metrics.register_sampled(SampledGauge::new(
+        "vk_sandbox_pods",
+        "Pods bound to this node, by phase.",
+        "phase",
+        move || {
+            let mut by_phase: std::collections::BTreeMap<String, i64> =
+                ["Pending", "Running", "Succeeded", "Failed", "Unknown"]
+                    .into_iter()
+                    .map(|p| (p.to_string(), 0))
+                    .collect();
+            for pod in store.state() {
+                let phase = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_else(|| "Pending".to_string());
+                *by_phase.entry(phase).or_default() += 1;
+            }
+            by_phase.into_iter().collect()
+        },
+    )?)
 }
 
 /// `/pods` from the watch cache; `/runningpods/` from the provider.

@@ -12,6 +12,7 @@ use prometheus::core::Collector;
 use prometheus::{Encoder, Gauge, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::error::{Error, Result};
+use crate::sandboxd::{Observer, Op, SandboxdError};
 
 /// Content type of the text exposition format served on `/metrics`.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -47,6 +48,27 @@ pub struct Metrics {
     /// `vk_sandbox_claim_duration_seconds`: from the reconcile that first
     /// sees a Pod to its Running status written (claims and adoptions).
     pub claim_duration: prometheus::Histogram,
+    /// `vk_sandbox_sandboxd_requests_total{endpoint,status}`: sandboxd calls
+    /// by endpoint (`claim`, `release`, `list`, `info`) and outcome: `ok`,
+    /// the HTTP status of a refusal, or the error kind (`timeout`,
+    /// `transport`, `decode`, `capacity_miss`, …).
+    pub sandboxd_requests: IntCounterVec,
+    /// `vk_sandbox_sandboxd_request_duration_seconds{endpoint}`.
+    pub sandboxd_request_duration: prometheus::HistogramVec,
+    /// `vk_sandbox_claims_store_write_duration_seconds{result}`: one batch of
+    /// the claims store (write + fsync of file and directory).
+    pub claims_store_write_duration: prometheus::HistogramVec,
+    /// `vk_sandbox_inventory_applies_total{result}`: NodeInventory applies
+    /// (`success` / `error`).
+    pub inventory_applies: IntCounterVec,
+    /// `vk_sandbox_inventory_skips_total{reason}`: ticks that applied
+    /// nothing: `unchanged`, `list_failed`, `info_failed`.
+    pub inventory_skips: IntCounterVec,
+    /// `vk_sandbox_orphan_audit_sandboxes{verdict}`: sandboxes per verdict of
+    /// the last successful orphan scan (`orphan`, `external`, `stale`).
+    pub orphan_audit: IntGaugeVec,
+    /// `vk_sandbox_orphan_audit_scans_total{result}`: `success` / `skipped`.
+    pub orphan_scans: IntCounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -74,6 +96,21 @@ fn counter_vec(
     labels: &[&str],
 ) -> Result<IntCounterVec> {
     let vec = IntCounterVec::new(Opts::new(name, help), labels).map_err(metric_error)?;
+    register(registry, vec)
+}
+
+fn histogram_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: Vec<f64>,
+) -> Result<prometheus::HistogramVec> {
+    let vec = prometheus::HistogramVec::new(
+        prometheus::HistogramOpts::new(name, help).buckets(buckets),
+        labels,
+    )
+    .map_err(metric_error)?;
     register(registry, vec)
 }
 
@@ -177,7 +214,72 @@ impl Metrics {
             .map_err(metric_error)?,
         )?;
 
+        let sandboxd_requests = counter_vec(
+            &registry,
+            "vk_sandbox_sandboxd_requests_total",
+            "sandboxd API calls by endpoint and outcome (ok, the HTTP status of a refusal, or the error kind).",
+            &["endpoint", "status"],
+        )?;
+        let sandboxd_request_duration = histogram_vec(
+            &registry,
+            "vk_sandbox_sandboxd_request_duration_seconds",
+            "sandboxd API call latency by endpoint.",
+            &["endpoint"],
+            vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0,
+            ],
+        )?;
+        let claims_store_write_duration = histogram_vec(
+            &registry,
+            "vk_sandbox_claims_store_write_duration_seconds",
+            "Claims store batch writes (journal append or snapshot rewrite, fsync included), by result.",
+            &["result"],
+            vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ],
+        )?;
+        let inventory_applies = counter_vec(
+            &registry,
+            "vk_sandbox_inventory_applies_total",
+            "NodeInventory server-side applies by result.",
+            &["result"],
+        )?;
+        let inventory_skips = counter_vec(
+            &registry,
+            "vk_sandbox_inventory_skips_total",
+            "NodeInventory ticks that applied nothing, by reason (unchanged, list_failed, info_failed).",
+            &["reason"],
+        )?;
+        let orphan_audit = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "vk_sandbox_orphan_audit_sandboxes",
+                    "Sandboxes per verdict of the last successful orphan audit scan (report only).",
+                ),
+                &["verdict"],
+            )
+            .map_err(metric_error)?,
+        )?;
+        for verdict in ["orphan", "external", "stale"] {
+            orphan_audit.with_label_values(&[verdict]).set(0);
+        }
+        let orphan_scans = counter_vec(
+            &registry,
+            "vk_sandbox_orphan_audit_scans_total",
+            "Orphan audit scans by result (success, or skipped when sandboxd could not be listed).",
+            &["result"],
+        )?;
+
         Ok(Arc::new(Metrics {
+            sandboxd_requests,
+            sandboxd_request_duration,
+            claims_store_write_duration,
+            inventory_applies,
+            inventory_skips,
+            orphan_audit,
+            orphan_scans,
             reconcile_runs,
             reconcile_failures,
             reconcile_duration,
@@ -210,6 +312,20 @@ impl Metrics {
         }
     }
 
+    /// Record one reconcile of `controller` that is not run by a
+    /// kube-runtime `Controller` (node status, inventory).
+    pub fn reconciled(&self, controller: &str, elapsed: std::time::Duration, result: &Result<()>) {
+        self.reconcile_runs.with_label_values(&[controller]).inc();
+        self.reconcile_duration
+            .with_label_values(&[controller])
+            .observe(elapsed.as_secs_f64());
+        if let Err(e) = result {
+            self.reconcile_failures
+                .with_label_values(&[controller, e.metric_label()])
+                .inc();
+        }
+    }
+
     /// Everything in the text exposition format.
     pub fn encode(&self) -> Result<String> {
         let mut out = Vec::new();
@@ -217,6 +333,99 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut out)
             .map_err(|e| Error::Config(format!("encoding metrics: {e}")))?;
         String::from_utf8(out).map_err(|e| Error::Config(format!("encoding metrics: {e}")))
+    }
+}
+
+/// The `status` label of one sandboxd call.
+fn sandboxd_status(outcome: Result<(), &SandboxdError>) -> String {
+    match outcome {
+        Ok(()) => "ok".to_string(),
+        Err(SandboxdError::Http { status, .. }) => status.to_string(),
+        Err(SandboxdError::CapacityMiss { .. }) => "capacity_miss".to_string(),
+        Err(SandboxdError::Transport { timeout: true, .. }) => "timeout".to_string(),
+        Err(SandboxdError::Transport { .. }) => "transport".to_string(),
+        Err(SandboxdError::Decode { .. }) => "decode".to_string(),
+        Err(e) => e.metric_label().trim_start_matches("sandboxd_").to_string(),
+    }
+}
+
+impl Observer for Metrics {
+    fn observe(&self, op: Op, elapsed: std::time::Duration, outcome: Result<(), &SandboxdError>) {
+        let status = sandboxd_status(outcome);
+        self.sandboxd_requests
+            .with_label_values(&[op.as_str(), status.as_str()])
+            .inc();
+        self.sandboxd_request_duration
+            .with_label_values(&[op.as_str()])
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Gauges read at scrape time from a closure (claims by state, Pods by
+/// phase): no loop keeps them up to date, and they cannot go stale.
+pub struct SampledGauge {
+    desc: prometheus::core::Desc,
+    label: String,
+    sample: Box<dyn Fn() -> Vec<(String, i64)> + Send + Sync>,
+}
+
+impl SampledGauge {
+    /// A gauge family `name` with one label `label`; `sample` returns the
+    /// (label value, value) pairs at each scrape.
+    pub fn new(
+        name: &str,
+        help: &str,
+        label: &str,
+        sample: impl Fn() -> Vec<(String, i64)> + Send + Sync + 'static,
+    ) -> Result<SampledGauge> {
+        let desc = prometheus::core::Desc::new(
+            name.to_string(),
+            help.to_string(),
+            vec![label.to_string()],
+            Default::default(),
+        )
+        .map_err(metric_error)?;
+        Ok(SampledGauge {
+            desc,
+            label: label.to_string(),
+            sample: Box::new(sample),
+        })
+    }
+}
+
+impl Collector for SampledGauge {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let mut family = prometheus::proto::MetricFamily::default();
+        family.set_name(self.desc.fq_name.clone());
+        family.set_help(self.desc.help.clone());
+        family.set_field_type(prometheus::proto::MetricType::GAUGE);
+        let mut samples = (self.sample)();
+        samples.sort();
+        for (value, n) in samples {
+            let mut label = prometheus::proto::LabelPair::default();
+            label.set_name(self.label.clone());
+            label.set_value(value);
+            let mut gauge = prometheus::proto::Gauge::default();
+            gauge.set_value(n as f64);
+            let mut m = prometheus::proto::Metric::default();
+            m.set_label(vec![label]);
+            m.set_gauge(gauge);
+            family.mut_metric().push(m);
+        }
+        vec![family]
+    }
+}
+
+impl Metrics {
+    /// Register a [`SampledGauge`].
+    pub fn register_sampled(&self, gauge: SampledGauge) -> Result<()> {
+        self.registry
+            .register(Box::new(gauge))
+            .map_err(|e| Error::Config(format!("registering a metric: {e}")))
     }
 }
 
@@ -251,6 +460,49 @@ mod tests {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
         assert!(m.lease_last_success.get() > 1.0e9);
+    }
+
+    #[test]
+    fn sandboxd_calls_sampled_gauges_and_reconciles_are_exposed() {
+        let m = Metrics::new().unwrap();
+        let ms = std::time::Duration::from_millis(3);
+        m.observe(Op::Claim, ms, Ok(()));
+        let refused = SandboxdError::Http {
+            op: Op::Release,
+            status: 500,
+            message: String::new(),
+        };
+        m.observe(Op::Release, ms, Err(&refused));
+        m.observe(
+            Op::Claim,
+            ms,
+            Err(&SandboxdError::CapacityMiss {
+                message: String::new(),
+            }),
+        );
+        m.register_sampled(
+            SampledGauge::new("vk_sandbox_test_things", "Things.", "state", || {
+                vec![("b".into(), 2), ("a".into(), 1)]
+            })
+            .unwrap(),
+        )
+        .unwrap();
+        m.reconciled("node", ms, &Ok(()));
+        m.reconciled("inventory", ms, &Err(Error::Config("x".into())));
+        let text = m.encode().unwrap();
+        for needle in [
+            "vk_sandbox_sandboxd_requests_total{endpoint=\"claim\",status=\"ok\"} 1",
+            "vk_sandbox_sandboxd_requests_total{endpoint=\"release\",status=\"500\"} 1",
+            "vk_sandbox_sandboxd_requests_total{endpoint=\"claim\",status=\"capacity_miss\"} 1",
+            "vk_sandbox_sandboxd_request_duration_seconds_count{endpoint=\"claim\"} 2",
+            "# TYPE vk_sandbox_test_things gauge",
+            "vk_sandbox_test_things{state=\"a\"} 1\nvk_sandbox_test_things{state=\"b\"} 2",
+            "vk_sandbox_reconcile_runs_total{controller=\"node\"} 1",
+            "vk_sandbox_reconcile_failures_total{controller=\"inventory\",error=\"config\"} 1",
+            "vk_sandbox_orphan_audit_sandboxes{verdict=\"orphan\"} 0",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
     }
 
     #[test]

@@ -317,6 +317,12 @@ impl ClaimsStore {
     }
 
     /// Writer counters.
+    /// Observe every batch write: `f(duration, ok)` runs on the writer
+    /// thread after each write + fsync. Only the first observer set counts.
+    pub fn on_write(&self, f: impl Fn(std::time::Duration, bool) + Send + Sync + 'static) {
+        let _ = self.inner.counters.on_write.set(Box::new(f));
+    }
+
     pub fn stats(&self) -> StoreStats {
         self.inner.counters.snapshot()
     }

@@ -113,7 +113,12 @@ pub(super) struct Counters {
     pub rewrites: AtomicU64,
     pub failures: AtomicU64,
     pub journal_bytes: AtomicU64,
+    /// Called with each batch's write time (fsync included) and success.
+    pub on_write: std::sync::OnceLock<WriteObserver>,
 }
+
+/// See [`super::ClaimsStore::on_write`].
+pub type WriteObserver = Box<dyn Fn(std::time::Duration, bool) + Send + Sync>;
 
 impl Counters {
     pub fn snapshot(&self) -> StoreStats {
@@ -395,10 +400,14 @@ impl Writer {
             }
         };
 
+        let started = std::time::Instant::now();
         let outcome = match &plan {
             Plan::Append(ops) => self.append(ops),
             Plan::Rewrite(rows) => self.rewrite(rows),
         };
+        if let Some(observe) = self.counters.on_write.get() {
+            observe(started.elapsed(), outcome.is_ok());
+        }
         self.counters.batches.fetch_add(1, Ordering::Relaxed);
         self.counters
             .requests

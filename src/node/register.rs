@@ -146,23 +146,25 @@ pub async fn run_status_loop(
     mut ready: watch::Receiver<bool>,
     interval: Duration,
     mut shutdown: watch::Receiver<bool>,
-    on_result: impl Fn(&Result<()>) + Send,
+    on_result: impl Fn(&Result<()>, Duration) + Send,
 ) {
     let nodes: Api<Node> = Api::all(client);
     let mut backoff = Duration::from_millis(200);
     loop {
         let is_ready = *ready.borrow_and_update();
+        let started = std::time::Instant::now();
         let result = apply_status(&nodes, &s, is_ready, Some(&observed)).await;
+        let took = started.elapsed();
         let wait = match result {
             Ok(n) => {
                 observed = n;
                 backoff = Duration::from_millis(200);
-                on_result(&Ok(()));
+                on_result(&Ok(()), took);
                 interval
             }
             Err(e) => {
                 warn!(error = %e, "node status update failed; retrying");
-                on_result(&Err(e));
+                on_result(&Err(e), took);
                 backoff = (backoff * 2).min(Duration::from_secs(7));
                 backoff
             }

@@ -146,7 +146,8 @@ pub enum ReleaseOutcome {
     AlreadyGone,
 }
 
-/// A pool key (sandboxd.md §2.1). `engine`, sent by some builds, is ignored.
+/// A pool key (sandboxd.md §2.1). `engine` is sent by some builds only;
+/// it is carried onto the NodeInventory and otherwise ignored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PoolKey {
     #[serde(default)]
@@ -155,6 +156,9 @@ pub struct PoolKey {
     pub net: String,
     #[serde(default)]
     pub size: String,
+    /// Empty when absent.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub engine: String,
 }
 
 /// Derived state of a listed sandbox (sandboxd has no `phase` field).

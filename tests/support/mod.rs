@@ -155,6 +155,15 @@ where
     }
 }
 
+/// The value of one series (`name{labels}` exactly as exposed, or a bare
+/// name) in Prometheus text output; `None` when absent.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok()).flatten()
+    })
+}
+
 pub mod process;
 pub mod rbac;
 pub mod vk;

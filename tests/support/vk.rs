@@ -53,10 +53,25 @@ impl VkUnderTest {
     /// Starts vk-sandbox for a fresh node `<prefix>-<random>` with the
     /// shipped RBAC, node IP 127.0.0.1, a private state path, plus `extra`.
     pub async fn start(cluster: &TestCluster, prefix: &str, extra: &[&str]) -> VkUnderTest {
+        Self::start_with_state(cluster, prefix, extra, None).await
+    }
+
+    /// [`VkUnderTest::start`] with the state file (a Go `claims.json`)
+    /// written first.
+    pub async fn start_with_state(
+        cluster: &TestCluster,
+        prefix: &str,
+        extra: &[&str],
+        state: Option<&str>,
+    ) -> VkUnderTest {
         let node = format!("{prefix}-{}", super::suffix());
         let kubeconfig = sa_kubeconfig(cluster).await;
         let dir = test_dir(&node);
         let state_path = dir.join("state").join("claims.json");
+        if let Some(state) = state {
+            std::fs::create_dir_all(dir.join("state")).expect("create the state dir");
+            std::fs::write(&state_path, state).expect("seed the state file");
+        }
         let process = Self::spawn(&dir, &node, &kubeconfig, &state_path, extra, None);
         VkUnderTest {
             node,
@@ -109,6 +124,15 @@ impl VkUnderTest {
 
     pub fn logs(&self) -> String {
         self.process.logs()
+    }
+
+    /// The admin port's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.process.admin_port);
+        match reqwest::get(&url).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(e) => panic!("GET {url}: {e}\n{}", tail(&self.logs(), 30)),
+        }
     }
 
     /// Waits until the Node reports Ready=True.

@@ -1,0 +1,275 @@
+//! The desired NodeInventory, built from sandboxd's listing and info plus
+//! this node's claims (behaviour.md §6.1, decisions.md D2). Pure.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::claims::Claim;
+use crate::sandboxd::{NodeInfo, SandboxRow, SandboxState};
+
+use super::types::{InventoryEntry, InventoryPool, NodeInventory};
+
+/// The object to apply for `node`. Entries come from the listing (not the
+/// claims table); `addr` is filled from a claim of this node with the same
+/// sandboxd id, in any state. Entries are sorted by name, pools by key.
+pub fn desired(
+    node: &str,
+    address: &str,
+    listing: &[SandboxRow],
+    info: &NodeInfo,
+    claims: &[Claim],
+) -> NodeInventory {
+    let addr_by_id: HashMap<&str, &str> = claims
+        .iter()
+        .map(|c| (c.id.as_str(), c.address.as_str()))
+        .collect();
+    let mut entries: Vec<InventoryEntry> = listing
+        .iter()
+        .map(|row| {
+            let name = if row.claim_ref.is_empty() {
+                row.id.clone()
+            } else {
+                row.claim_ref.clone()
+            };
+            let phase = match row.state() {
+                SandboxState::Running => "Running",
+                SandboxState::Hibernated => "Hibernated",
+                SandboxState::Archived => "Archived",
+            };
+            InventoryEntry {
+                claim_ref: name.clone(),
+                name,
+                phase: phase.to_string(),
+                id: row.id.clone(),
+                addr: addr_by_id
+                    .get(row.id.as_str())
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+                deadline: row.deadline.expires_at().map(|t| t.to_string()),
+            }
+        })
+        .collect();
+    // Equal names (two rows with one claim_ref) would make the map-list
+    // apply fail; the id breaks ties so the order is stable, and
+    // `dedupe_names` keeps the first.
+    entries.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.id.cmp(&b.id)));
+    entries.dedup_by(|later, first| later.name == first.name);
+
+    let mut pools: Vec<InventoryPool> = info
+        .pools
+        .iter()
+        .map(|p| InventoryPool {
+            template: p.key.template.clone(),
+            warm: i64::try_from(p.warm).unwrap_or(i64::MAX),
+            target: i64::try_from(p.target).unwrap_or(i64::MAX),
+            net: p.key.net.clone(),
+            size: p.key.size.clone(),
+            engine: p.key.engine.clone(),
+        })
+        .collect();
+    pools.sort_by(|a, b| {
+        (&a.template, &a.net, &a.size, &a.engine).cmp(&(&b.template, &b.net, &b.size, &b.engine))
+    });
+    pools.dedup_by(|later, first| {
+        (&later.template, &later.net, &later.size, &later.engine)
+            == (&first.template, &first.net, &first.size, &first.engine)
+    });
+
+    NodeInventory {
+        metadata: Default::default(),
+        node: node.to_string(),
+        address: address.to_string(),
+        entries,
+        pools,
+    }
+}
+
+/// Why a tick applies or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyDecision {
+    /// Nothing applied yet in this process.
+    First,
+    /// The desired object differs from the last one applied.
+    Changed,
+    /// Unchanged, but the last apply is older than the resync period.
+    Resync,
+    /// Unchanged and recent: nothing to do.
+    Unchanged,
+}
+
+impl ApplyDecision {
+    pub fn applies(self) -> bool {
+        self != ApplyDecision::Unchanged
+    }
+}
+
+/// The last successful apply.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    pub object: NodeInventory,
+    pub at: Instant,
+}
+
+/// Decide whether `want` must be applied, given the last successful apply.
+pub fn decide(
+    last: Option<&Applied>,
+    want: &NodeInventory,
+    now: Instant,
+    resync: Duration,
+) -> ApplyDecision {
+    match last {
+        None => ApplyDecision::First,
+        Some(l) if l.object != *want => ApplyDecision::Changed,
+        Some(l) if now.saturating_duration_since(l.at) >= resync => ApplyDecision::Resync,
+        Some(_) => ApplyDecision::Unchanged,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandboxd::{Deadline, PoolInfo, PoolKey};
+
+    fn row(id: &str, claim_ref: &str) -> SandboxRow {
+        SandboxRow {
+            id: id.into(),
+            key: PoolKey::default(),
+            deadline: Deadline::Never,
+            hibernated: false,
+            archived: false,
+            claim_ref: claim_ref.into(),
+        }
+    }
+
+    fn claim(id: &str, address: &str) -> Claim {
+        Claim {
+            id: id.into(),
+            token: "tok".into(),
+            address: address.into(),
+            pod_uid: "uid".into(),
+            claimed_at: jiff::Timestamp::UNIX_EPOCH,
+            deadline: None,
+        }
+    }
+
+    fn info(pools: Vec<PoolInfo>) -> NodeInfo {
+        serde_json::from_value(serde_json::json!({"pools": []}))
+            .map(|mut i: NodeInfo| {
+                i.pools = pools;
+                i
+            })
+            .unwrap()
+    }
+
+    fn pool(template: &str, net: &str, engine: &str, warm: u64) -> PoolInfo {
+        PoolInfo {
+            key: PoolKey {
+                template: template.into(),
+                net: net.into(),
+                size: "small".into(),
+                engine: engine.into(),
+            },
+            warm,
+            refilling: 0,
+            target: 4,
+            golden: true,
+        }
+    }
+
+    #[test]
+    fn acceptance_47_entries_and_pool() {
+        let mut hib = row("sb_b", "");
+        hib.hibernated = true;
+        let listing = vec![hib, row("sb_a", "ns1/a")];
+        let inv = desired(
+            "vk-1",
+            "127.0.0.1:7777",
+            &listing,
+            &info(vec![pool("base:24.04", "none", "", 3)]),
+            &[claim("sb_a", "10.0.0.5")],
+        );
+        let v = serde_json::to_value(&inv).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "metadata": {},
+                "node": "vk-1",
+                "address": "127.0.0.1:7777",
+                "entries": [
+                    {"name": "ns1/a", "phase": "Running", "id": "sb_a", "claimRef": "ns1/a", "addr": "10.0.0.5"},
+                    {"name": "sb_b", "phase": "Hibernated", "id": "sb_b", "claimRef": "sb_b"},
+                ],
+                "pools": [{"template": "base:24.04", "warm": 3, "target": 4, "net": "none", "size": "small"}],
+            })
+        );
+    }
+
+    #[test]
+    fn archived_deadline_and_engine_are_carried() {
+        let mut a = row("sb_c", "ns/c");
+        a.archived = true;
+        a.hibernated = true;
+        a.deadline = Deadline::parse(Some("2026-12-01T10:00:00.5+02:00"));
+        let inv = desired(
+            "n",
+            "h:7777",
+            &[a],
+            &info(vec![
+                pool("rt", "egress", "ch", 1),
+                pool("base", "none", "", 0),
+            ]),
+            &[],
+        );
+        assert_eq!(inv.entries[0].phase, "Archived");
+        assert_eq!(inv.entries[0].addr, "");
+        assert_eq!(
+            inv.entries[0].deadline.as_deref(),
+            Some("2026-12-01T08:00:00.5Z")
+        );
+        assert_eq!(inv.pools[0].template, "base");
+        assert_eq!(inv.pools[1].engine, "ch");
+    }
+
+    #[test]
+    fn empty_listing_and_pools_are_omitted() {
+        let inv = desired("n", "h:1", &[], &info(vec![]), &[claim("x", "1.2.3.4")]);
+        let v = serde_json::to_value(&inv).unwrap();
+        assert!(v.get("entries").is_none() && v.get("pools").is_none());
+    }
+
+    #[test]
+    fn duplicate_names_keep_one_entry() {
+        let inv = desired(
+            "n",
+            "h:1",
+            &[row("sb_2", "ns/a"), row("sb_1", "ns/a")],
+            &info(vec![]),
+            &[],
+        );
+        assert_eq!(inv.entries.len(), 1);
+        assert_eq!(inv.entries[0].id, "sb_1");
+    }
+
+    #[test]
+    fn apply_only_when_changed_or_resync_is_due() {
+        let t0 = Instant::now();
+        let resync = Duration::from_secs(600);
+        let a = desired("n", "h:1", &[row("sb_a", "")], &info(vec![]), &[]);
+        assert_eq!(decide(None, &a, t0, resync), ApplyDecision::First);
+        let last = Applied {
+            object: a.clone(),
+            at: t0,
+        };
+        assert_eq!(
+            decide(Some(&last), &a, t0 + Duration::from_secs(599), resync),
+            ApplyDecision::Unchanged
+        );
+        assert!(!ApplyDecision::Unchanged.applies());
+        assert_eq!(
+            decide(Some(&last), &a, t0 + resync, resync),
+            ApplyDecision::Resync
+        );
+        let b = desired("n", "h:1", &[row("sb_b", "")], &info(vec![]), &[]);
+        assert_eq!(decide(Some(&last), &b, t0, resync), ApplyDecision::Changed);
+    }
+}

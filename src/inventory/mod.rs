@@ -1,0 +1,9 @@
+//! NodeInventory publishing (behaviour.md §6, decisions.md D2): the type and
+//! its CRD, the pure desired-object builder, and the publisher loop.
+
+pub mod desired;
+pub mod publisher;
+pub mod types;
+
+pub use publisher::{Publisher, TickOutcome};
+pub use types::{NodeInventory, crd_name};
