@@ -11,8 +11,15 @@ GOARCH ?=
 
 VK_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 VK_REVISION ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-VK_BUILT_AT ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+# The commit's time, not the clock: the same commit stamps the same value,
+# so repeated builds are no-ops and release builds are reproducible.
+VK_BUILT_AT ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || echo unknown)
 export VK_VERSION VK_REVISION VK_BUILT_AT
+
+# `make dist`: the architectures packed (arm64 needs a cross linker; see
+# e2e/musl-build.sh).
+DIST_ARCHS ?= amd64 arm64
+IMAGE ?= vk-sandbox:dev
 
 MUSL_TARGET_amd64 := x86_64-unknown-linux-musl
 MUSL_TARGET_arm64 := aarch64-unknown-linux-musl
@@ -52,6 +59,22 @@ build:
 	@[ -n "$(MUSL_TARGET_$(GOARCH))" ] || { echo "GOARCH must be amd64 or arm64 (got '$(GOARCH)')" >&2; exit 2; }
 	./e2e/musl-build.sh $(MUSL_TARGET_$(GOARCH)) ./vk-sandbox-linux-$(GOARCH)
 endif
+
+.PHONY: dist
+dist: ## Release archives dist/vk-sandbox_Linux_{x86_64,arm64}.tar.gz (static binary, unit, env template, manifests, SHA256SUMS)
+	./e2e/dist.sh $(DIST_ARCHS)
+
+.PHONY: image
+image: ## Container image (docker build -t $(IMAGE) .)
+	docker build --build-arg VK_VERSION=$(VK_VERSION) --build-arg VK_REVISION=$(VK_REVISION) --build-arg VK_BUILT_AT=$(VK_BUILT_AT) -t $(IMAGE) .
+
+.PHONY: check-packaging
+check-packaging: ## Manifests (server-side dry-run), systemd unit, static binary as UID 65532, shell scripts
+	VK_TEST_KUBECONFIG="$${VK_TEST_KUBECONFIG:-$$(./e2e/cluster.sh up)}" ./e2e/check-packaging.sh
+
+.PHONY: kind-e2e
+kind-e2e: ## kind cluster + image + DaemonSet + simulator, then the e2e suite against it (needs docker and kind)
+	./e2e/kind.sh
 
 .PHONY: controlplane
 controlplane: ## Build the local Kubernetes control plane from Go modules (cached in .cache/)
@@ -93,3 +116,4 @@ bench: ## Benchmarks (placeholder until the benchmark suite lands)
 clean: ## Remove build outputs (keeps the cached control plane)
 	$(CARGO) clean
 	rm -f ./vk-sandbox ./vk-sandbox-linux-*
+	rm -rf ./dist
