@@ -2,10 +2,13 @@
 # Checks what ships beside the binary (run by e2e/run-tests.sh, so by
 # `make test`; `make check-packaging` runs it alone):
 #
-#   manifests  every YAML under manifests/ (recursively) passes
-#              `kubectl apply --dry-run=server --validate=strict` on the
-#              cluster of VK_TEST_KUBECONFIG, after the CRDs in crds/ are
-#              applied and the namespace sandbox-system created for real.
+#   manifests  every YAML under manifests/ (recursively), one document at
+#              a time, passes `kubectl apply --server-side --dry-run=server
+#              --validate=strict` on the cluster of VK_TEST_KUBECONFIG,
+#              after the CRDs in crds/ are applied (those it added are
+#              deleted again at the end) and the namespace sandbox-system
+#              is created for real; objects without a namespace go to the
+#              scratch namespace vk-packaging-check.
 #              Objects whose kind the cluster does not serve (a CRD that is
 #              not installed, e.g. PodMonitor) are skipped with a note.
 #   systemd    packaging/vk-sandbox.service passes `systemd-analyze verify`
@@ -46,6 +49,7 @@ fail() { echo "packaging: FAIL: $*" >&2; failures=$((failures + 1)); }
 die() { echo "packaging: error: $*" >&2; exit 1; }
 
 failures=0
+added_crds=()
 work=$(mktemp -d /tmp/vk-packaging.XXXXXX)
 chmod 0755 "$work"
 trap 'rm -rf "$work"' EXIT
@@ -87,8 +91,17 @@ check_manifests() {
   [[ -x "$bindir/kubectl" ]] || die "manifests: no kubectl in $bindir (run \`make deps\`)"
   k() { "$bindir/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
+  # CRDs this check installs are removed again at the end, so tests that
+  # expect a CRD to be absent see the cluster as they left it.
+  local before
+  before=$(k get crd -o name)
   log "manifests: applying crds/ and namespace sandbox-system (for real)"
   k apply --server-side --force-conflicts --field-manager=vk-sandbox-packaging-check -f crds/ >/dev/null
+  added_crds=()
+  local crd
+  for crd in $(k get crd -o name); do
+    grep -qxF "$crd" <<<"$before" || added_crds+=("$crd")
+  done
   k wait --for=condition=Established --timeout=60s -f crds/ >/dev/null
   local scratch=vk-packaging-check
   for ns in sandbox-system "$scratch"; do
@@ -124,7 +137,7 @@ check_manifests() {
       ns=$(doc_namespace "$doc")
       local nsflag=()
       [[ -n "$ns" ]] || nsflag=(-n "$scratch")
-      if out=$(k apply --dry-run=server --validate=strict "${nsflag[@]}" -f "$doc" 2>&1); then
+      if out=$(k apply --server-side --force-conflicts --field-manager=vk-sandbox-packaging-check --dry-run=server --validate=strict "${nsflag[@]}" -f "$doc" 2>&1); then
         log "manifests: ok $file: $out"
         applied=$((applied + 1))
       else
@@ -134,6 +147,10 @@ check_manifests() {
   done
   log "manifests: $applied object(s) accepted by server-side dry-run, $skipped skipped"
   ((applied > 0)) || fail "manifests: nothing was validated"
+  if ((${#added_crds[@]})); then
+    log "manifests: removing the CRDs this check installed: ${added_crds[*]}"
+    k delete --wait=false "${added_crds[@]}" >/dev/null || fail "manifests: could not delete ${added_crds[*]}"
+  fi
 }
 
 # -------------------------------------------------------------- systemd
