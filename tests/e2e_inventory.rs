@@ -12,7 +12,7 @@ use kube::api::{ApiResource, DynamicObject};
 use sandboxd_sim::SimHandle;
 use sandboxd_sim::{ClaimPatch, Fault};
 use serde_json::{Value, json};
-use support::vk::{VkUnderTest, tail};
+use support::vk::{StartOpts, VkUnderTest, tail};
 use support::{TestCluster, metric, wait_for};
 use vk_sandbox::sandboxd::{ClaimRequest, SandboxdClient};
 
@@ -105,7 +105,16 @@ async fn start_vk(
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let state = state.map(|s| s.to_string());
-    let vk = VkUnderTest::start_with_state(cluster, prefix, &args, state.as_deref()).await;
+    let vk = VkUnderTest::start_with(
+        cluster,
+        prefix,
+        &args,
+        StartOpts {
+            state: state.as_deref(),
+            ..Default::default()
+        },
+    )
+    .await;
     vk.wait_ready(&cluster.client, Duration::from_secs(30))
         .await;
     vk

@@ -15,7 +15,8 @@ use kube::discovery::ApiResource;
 use kube::{Api, Client};
 use sandboxd_sim::SimHandle;
 use serde_json::{Value, json};
-use support::vk::{VkUnderTest, tail};
+use support::prometheus::Prometheus;
+use support::vk::{StartOpts, VkUnderTest, tail};
 use support::{TestCluster, wait_for};
 
 const TOKEN: &str = "root-token-e2e";
@@ -59,6 +60,10 @@ async fn install_crd(cluster: &TestCluster) {
 }
 
 async fn setup(prefix: &str, extra: &[&str]) -> Option<Env> {
+    setup_with_log(prefix, extra, None).await
+}
+
+async fn setup_with_log(prefix: &str, extra: &[&str], rust_log: Option<&str>) -> Option<Env> {
     let cluster = support::cluster().await?;
     install_crd(&cluster).await;
     let cfg = sandboxd_sim::SimConfig {
@@ -78,7 +83,16 @@ async fn setup(prefix: &str, extra: &[&str]) -> Option<Env> {
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let vk = VkUnderTest::start(&cluster, prefix, &args).await;
+    let vk = VkUnderTest::start_with(
+        &cluster,
+        prefix,
+        &args,
+        StartOpts {
+            rust_log,
+            ..Default::default()
+        },
+    )
+    .await;
     vk.wait_ready(&cluster.client, Duration::from_secs(30))
         .await;
     let ns = cluster.namespace(prefix).await;
@@ -1216,5 +1230,187 @@ async fn unanswered_claim_times_out_and_its_sandbox_is_returned() {
         1,
         "the timed-out claim's sandbox was returned once"
     );
+    env.finish().await;
+}
+
+/// Issue 6: a real Prometheus scrapes the admin port; the target is up
+/// and the reconcile and claim metrics move when a Pod is claimed; the
+/// exposition passes `promtool check metrics`.
+#[tokio::test(flavor = "multi_thread")]
+async fn prometheus_scrapes_the_admin_port() {
+    let Some(env) = setup("vk-prom", &[]).await else {
+        return;
+    };
+    let target = format!("127.0.0.1:{}", env.vk.process.admin_port);
+    let Some(prom) = Prometheus::start(&env.vk.dir, &target).await else {
+        return;
+    };
+    prom.wait_value("up{job=\"vk-sandbox\"}", |v| v == 1.0)
+        .await;
+    let claimed = "vk_sandbox_claim_duration_seconds_count{job=\"vk-sandbox\"}";
+    assert_eq!(
+        prom.wait_value(claimed, |_| true).await,
+        0.0,
+        "claims before any Pod"
+    );
+    let runs = "vk_sandbox_reconcile_runs_total{controller=\"pods\",job=\"vk-sandbox\"}";
+    let before = prom
+        .query(runs)
+        .await
+        .expect("query")
+        .first()
+        .map(|s| s.1)
+        .unwrap_or(0.0);
+
+    let owner = env.create_sandbox("prom").await;
+    env.create_pod(&env.pod("prom", Some(&owner), json!({}), false))
+        .await;
+    env.wait_phase("prom", "Running", Duration::from_secs(30))
+        .await;
+    prom.wait_value(claimed, |v| v >= 1.0).await;
+    prom.wait_value(runs, |v| v > before).await;
+    prom.wait_value(
+        "vk_sandbox_sandboxd_requests_total{endpoint=\"claim\",status=\"ok\"}",
+        |v| v >= 1.0,
+    )
+    .await;
+    prom.wait_value("vk_sandbox_claims{state=\"settled\"}", |v| v == 1.0)
+        .await;
+    prom.wait_value("vk_sandbox_pods{phase=\"Running\"}", |v| v == 1.0)
+        .await;
+    prom.wait_value(
+        "vk_sandbox_claims_store_write_duration_seconds_count{result=\"success\"}",
+        |v| v >= 1.0,
+    )
+    .await;
+    prom.wait_value("vk_sandbox_lease_renewals_total{result=\"success\"}", |v| {
+        v >= 1.0
+    })
+    .await;
+
+    // promtool lints the exposition format and naming conventions.
+    let text = env.metrics().await;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run promtool (Debian package prometheus, installed by e2e/deps.sh)");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("feed promtool");
+    let out = child.wait_with_output().expect("promtool output");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.finish().await;
+}
+
+/// Issue 6: no credential ever reaches the logs — the sandboxd node token,
+/// every claim's release token, and the ServiceAccount bearer token — over
+/// claim, failed and retried release, restart with the claims reloaded (in
+/// JSON log format), adoption and release, at trace level.
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_never_logged() {
+    let Some(mut env) = setup_with_log("vk-tokens", &[], Some("trace")).await else {
+        return;
+    };
+    let owner = env.create_sandbox("tok").await;
+    env.create_pod(&env.pod("tok", Some(&owner), json!({}), false))
+        .await;
+    env.wait_phase("tok", "Running", Duration::from_secs(30))
+        .await;
+    env.vk.process.signal(nix::sys::signal::Signal::SIGKILL);
+    env.vk.process.wait_exit(Duration::from_secs(10));
+    env.vk.restart(&[
+        &format!("--sandboxd-url={}", env.sim.base_url()),
+        &format!("--sandboxd-token-file={}", env.token_file.display()),
+        "--log-format=json",
+    ]);
+    env.wait_restarted().await;
+    env.wait_phase("tok", "Running", Duration::from_secs(30))
+        .await;
+    // One failed release (sandboxd keeps the sandbox), then the retry.
+    let fault: sandboxd_sim::Fault = serde_json::from_value(json!({
+        "endpoint": "release", "kind": "release_fail_keep", "times": 1
+    }))
+    .expect("fault");
+    env.sim.sim().arm_fault(fault).expect("arm");
+    env.sandboxes()
+        .delete("tok", &DeleteParams::foreground())
+        .await
+        .expect("delete Sandbox");
+    wait_for(
+        "the release to succeed",
+        Duration::from_secs(60),
+        || async {
+            let ok = env
+                .releases()
+                .iter()
+                .filter(|r| r.status == Some(204))
+                .count();
+            if ok >= 1 {
+                Ok(())
+            } else {
+                Err(format!("releases {:?}", env.releases()))
+            }
+        },
+    )
+    .await;
+    assert!(
+        env.releases().len() >= 2,
+        "the failed release was not retried"
+    );
+
+    let mut secrets: Vec<String> = vec![TOKEN.to_string()];
+    for r in env.sim.sim().requests() {
+        if let Some(t) = r
+            .authorization
+            .as_deref()
+            .and_then(|a| a.strip_prefix("Bearer "))
+        {
+            secrets.push(t.to_string());
+        }
+    }
+    secrets.extend(env.sim.sim().claims().into_iter().map(|c| c.token));
+    let kubeconfig = std::fs::read_to_string(&env.vk.kubeconfig).expect("kubeconfig");
+    let sa_token = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token:"))
+        .map(|t| t.trim().trim_matches('"').to_string())
+        .expect("the ServiceAccount kubeconfig carries a token");
+    secrets.push(sa_token);
+    secrets.sort();
+    secrets.dedup();
+    assert!(
+        secrets.len() >= 3,
+        "too few secrets to check: {}",
+        secrets.len()
+    );
+    let logs = env.vk.logs();
+    assert!(
+        logs.lines().count() > 100,
+        "trace logging produced {} lines",
+        logs.lines().count()
+    );
+    assert!(logs.contains("\"level\":"), "the restart did not log JSON");
+    assert!(
+        !logs.contains('\u{1b}'),
+        "terminal colour codes in a log written to a file"
+    );
+    for secret in &secrets {
+        assert!(secret.len() >= 8, "secret too short to grep: {secret:?}");
+        if let Some(line) = logs.lines().find(|l| l.contains(secret.as_str())) {
+            panic!("a credential ({}…) was logged:\n{line}", &secret[..4]);
+        }
+    }
     env.finish().await;
 }

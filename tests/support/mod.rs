@@ -165,5 +165,6 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
 }
 
 pub mod process;
+pub mod prometheus;
 pub mod rbac;
 pub mod vk;

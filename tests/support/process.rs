@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// `RUST_LOG` of processes under test unless a test asks for more.
+pub const DEFAULT_RUST_LOG: &str = "info,vk_sandbox=debug";
+
 /// A free loopback port (bound then released; good enough for tests).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -38,6 +41,35 @@ impl VkProcess {
         kubelet_port: u16,
         admin_port: u16,
     ) -> VkProcess {
+        Self::start_with_ports_log(
+            kubeconfig,
+            args,
+            log,
+            kubelet_port,
+            admin_port,
+            DEFAULT_RUST_LOG,
+        )
+    }
+
+    /// A placeholder with no process (replaced before use).
+    pub fn none() -> VkProcess {
+        VkProcess {
+            child: None,
+            log: PathBuf::new(),
+            kubelet_port: 0,
+            admin_port: 0,
+        }
+    }
+
+    /// [`VkProcess::start_with_ports`] with `RUST_LOG` set to `rust_log`.
+    pub fn start_with_ports_log(
+        kubeconfig: &Path,
+        args: &[&str],
+        log: PathBuf,
+        kubelet_port: u16,
+        admin_port: u16,
+        rust_log: &str,
+    ) -> VkProcess {
         let out = File::options()
             .create(true)
             .append(true)
@@ -51,7 +83,7 @@ impl VkProcess {
             .arg(format!("--admin-addr=127.0.0.1:{admin_port}"))
             .args(args)
             .env_remove("KUBECONFIG")
-            .env("RUST_LOG", "info,vk_sandbox=debug")
+            .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -2,7 +2,7 @@
 //! shipped RBAC: a ServiceAccount kubeconfig (made once per test binary), a
 //! private state folder, and the process itself.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -10,7 +10,7 @@ use kube::api::DeleteParams;
 use kube::{Api, Client};
 use tokio::sync::OnceCell;
 
-use super::process::VkProcess;
+use super::process::{DEFAULT_RUST_LOG, VkProcess, free_port};
 use super::{TestCluster, wait_for};
 
 static SA_KUBECONFIG: OnceCell<PathBuf> = OnceCell::const_new();
@@ -47,79 +47,76 @@ pub struct VkUnderTest {
     pub state_path: PathBuf,
     pub kubeconfig: PathBuf,
     pub process: VkProcess,
+    rust_log: String,
+}
+
+/// Options of [`VkUnderTest::start_with`].
+#[derive(Default)]
+pub struct StartOpts<'a> {
+    /// Written to the state path first (a Go `claims.json`).
+    pub state: Option<&'a str>,
+    /// `RUST_LOG` of the process (default `info,vk_sandbox=debug`).
+    pub rust_log: Option<&'a str>,
 }
 
 impl VkUnderTest {
     /// Starts vk-sandbox for a fresh node `<prefix>-<random>` with the
     /// shipped RBAC, node IP 127.0.0.1, a private state path, plus `extra`.
     pub async fn start(cluster: &TestCluster, prefix: &str, extra: &[&str]) -> VkUnderTest {
-        Self::start_with_state(cluster, prefix, extra, None).await
+        Self::start_with(cluster, prefix, extra, StartOpts::default()).await
     }
 
-    /// [`VkUnderTest::start`] with the state file (a Go `claims.json`)
-    /// written first.
-    pub async fn start_with_state(
+    /// [`VkUnderTest::start`] with options.
+    pub async fn start_with(
         cluster: &TestCluster,
         prefix: &str,
         extra: &[&str],
-        state: Option<&str>,
+        opts: StartOpts<'_>,
     ) -> VkUnderTest {
         let node = format!("{prefix}-{}", super::suffix());
         let kubeconfig = sa_kubeconfig(cluster).await;
         let dir = test_dir(&node);
         let state_path = dir.join("state").join("claims.json");
-        if let Some(state) = state {
+        if let Some(state) = opts.state {
             std::fs::create_dir_all(dir.join("state")).expect("create the state dir");
             std::fs::write(&state_path, state).expect("seed the state file");
         }
-        let process = Self::spawn(&dir, &node, &kubeconfig, &state_path, extra, None);
-        VkUnderTest {
+        let rust_log = opts.rust_log.unwrap_or(DEFAULT_RUST_LOG).to_string();
+        let mut vk = VkUnderTest {
             node,
             dir,
             state_path,
             kubeconfig,
-            process,
-        }
+            process: VkProcess::none(),
+            rust_log,
+        };
+        vk.process = vk.spawn(extra, None);
+        vk
     }
 
-    fn spawn(
-        dir: &Path,
-        node: &str,
-        kubeconfig: &Path,
-        state_path: &Path,
-        extra: &[&str],
-        ports: Option<(u16, u16)>,
-    ) -> VkProcess {
+    fn spawn(&self, extra: &[&str], ports: Option<(u16, u16)>) -> VkProcess {
         let mut args: Vec<String> = vec![
-            format!("--node-name={node}"),
+            format!("--node-name={}", self.node),
             "--node-ip=127.0.0.1".into(),
-            format!("--state-path={}", state_path.display()),
+            format!("--state-path={}", self.state_path.display()),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        match ports {
-            None => VkProcess::start(dir, node, kubeconfig, &args),
-            Some((k, a)) => VkProcess::start_with_ports(
-                kubeconfig,
-                &args,
-                dir.join(format!("{node}.log")),
-                k,
-                a,
-            ),
-        }
+        let (k, a) = ports.unwrap_or_else(|| (free_port(), free_port()));
+        VkProcess::start_with_ports_log(
+            &self.kubeconfig,
+            &args,
+            self.dir.join(format!("{}.log", self.node)),
+            k,
+            a,
+            &self.rust_log,
+        )
     }
 
     /// Starts the process again with the same node, state and ports.
     pub fn restart(&mut self, extra: &[&str]) {
         let ports = (self.process.kubelet_port, self.process.admin_port);
-        self.process = Self::spawn(
-            &self.dir,
-            &self.node,
-            &self.kubeconfig,
-            &self.state_path,
-            extra,
-            Some(ports),
-        );
+        self.process = self.spawn(extra, Some(ports));
     }
 
     pub fn logs(&self) -> String {
