@@ -1290,6 +1290,7 @@ async fn prometheus_scrapes_the_admin_port() {
 
     // promtool lints the exposition format and naming conventions.
     let text = env.metrics().await;
+    check_monitoring_manifests(&prom, &text, &env.vk.dir).await;
     let mut child = std::process::Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
@@ -1312,6 +1313,78 @@ async fn prometheus_scrapes_the_admin_port() {
         String::from_utf8_lossy(&out.stderr)
     );
     env.finish().await;
+}
+
+/// The shipped dashboard and alerts only name metrics the binary exposes,
+/// every expression is valid PromQL (queried on the live server), and the
+/// rules pass `promtool check rules`.
+async fn check_monitoring_manifests(prom: &Prometheus, exposition: &str, dir: &std::path::Path) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("manifests/monitoring");
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("grafana-dashboard.json")).expect("dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let mut exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(|e| e.replace("$instance", ".*")))
+        .collect();
+    let rule: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root.join("prometheusrule.yaml")).expect("rules"),
+    )
+    .expect("the PrometheusRule is YAML");
+    let rules_file = dir.join("rules.yml");
+    std::fs::write(
+        &rules_file,
+        serde_yaml::to_string(&rule["spec"]).expect("yaml"),
+    )
+    .expect("write rules");
+    let out = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules_file)
+        .output()
+        .expect("run promtool");
+    assert!(
+        out.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for group in rule["spec"]["groups"].as_array().expect("groups") {
+        for r in group["rules"].as_array().expect("rules") {
+            exprs.push(r["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    assert!(exprs.len() >= 10, "only {} expressions", exprs.len());
+    let metrics_source =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs"))
+            .expect("src/metrics.rs");
+    for expr in &exprs {
+        if let Err(e) = prom.query(expr).await {
+            panic!("invalid PromQL in manifests/monitoring: {expr}: {e}");
+        }
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("vk_sandbox_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            let family = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(&name);
+            // Label vectors with no series yet are not exposed: those must
+            // at least be registered under that name.
+            assert!(
+                exposition.contains(&format!("# TYPE {family} "))
+                    || metrics_source.contains(&format!("\"{family}\"")),
+                "manifests/monitoring names {name}, which vk-sandbox does not expose"
+            );
+        }
+    }
 }
 
 /// Issue 6: no credential ever reaches the logs — the sandboxd node token,
