@@ -76,6 +76,10 @@ check-packaging: ## Manifests (server-side dry-run), systemd unit, static binary
 kind-e2e: ## kind cluster + image + DaemonSet + simulator, then the e2e suite against it (needs docker and kind)
 	./e2e/kind.sh
 
+.PHONY: crds
+crds: ## Regenerate the NodeInventory CRDs in crds/ from src/inventory/types.rs (the tests fail when they differ)
+	$(CARGO) run --quiet --bin crdgen
+
 .PHONY: controlplane
 controlplane: ## Build the local Kubernetes control plane from Go modules (cached in .cache/)
 	./e2e/controlplane/build.sh

@@ -27,6 +27,7 @@ node="demo-sandboxd"
 ns="demo"
 sandbox="demo"
 crd="$root/crds/agents.x-k8s.io_sandboxes.yaml"
+inventory_crd="$root/crds/sandbox.cocoonstack.io_nodeinventories.yaml"
 example="$root/manifests/examples/sandbox.yaml"
 # Started in this order, stopped in the reverse one.
 services=(sandboxd-sim sandbox-controller vk-sandbox)
@@ -96,6 +97,7 @@ sandbox_ready() { [[ "$(jp -n "$ns" get sandbox "$sandbox" -o 'jsonpath={.status
 sim_up() { curl -fsS --max-time 1 -H "Authorization: Bearer $(cat "$dir/sandboxd.token")" "$(cat "$dir/sandboxd.url")/v1/info"; }
 ns_gone() { ! kc get namespace "$ns" >/dev/null 2>&1; }
 pod_gone() { ! kc -n "$ns" get pod "$sandbox" >/dev/null 2>&1; }
+inventory_listed() { [[ "$(jp get nodeinventories.sandbox.cocoonstack.io "$node" -o 'jsonpath={.entries[*].name}' 2>/dev/null)" == *"$sandbox"* ]]; }
 crd_established() { [[ "$(jp get crd sandboxes.agents.x-k8s.io -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}')" == True ]]; }
 
 stop_services() {
@@ -174,8 +176,8 @@ cmd_up() {
     --state-file "$dir/sandboxd-sim/claims.json"
   wait_until "the sandboxd simulator to answer /v1/info" 20 sandboxd-sim sim_up
 
-  say "installing the Sandbox CRD ($(basename "$crd"))"
-  kc apply --server-side --force-conflicts -f "$crd" >/dev/null
+  say "installing the Sandbox CRD ($(basename "$crd")) and the NodeInventory CRD ($(basename "$inventory_crd"))"
+  kc apply --server-side --force-conflicts -f "$crd" -f "$inventory_crd" >/dev/null
   wait_until "the Sandbox CRD to be Established" 30 "" crd_established
 
   # Scoped to the demo namespace: tests sharing this cluster run their own.
@@ -199,7 +201,8 @@ cmd_up() {
     --listen-addr "127.0.0.1:$kubelet_port" --admin-addr "127.0.0.1:$admin_port" \
     --state-path "$dir/vk-state/claims.json" \
     --sandboxd-url "http://127.0.0.1:$sim_port" \
-    --sandboxd-token-file "$dir/sandboxd.token"
+    --sandboxd-token-file "$dir/sandboxd.token" \
+    --publish-inventory --publish-interval 5s --orphan-scan-interval 30s
   say "waiting for node $node to be Ready"
   wait_until "node $node Ready" 60 vk-sandbox node_ready
   say "node $node is Ready"
@@ -223,13 +226,17 @@ cmd_up() {
       say "Sandbox $ns/$sandbox is not Ready after 30s: $(jp -n "$ns" get sandbox "$sandbox" \
         -o 'jsonpath={.status.conditions[?(@.type=="Ready")].message}')"
     fi
+    say "waiting for the NodeInventory to list the sandbox"
+    if SOFT=1 wait_until "NodeInventory $node with the sandbox" 30 vk-sandbox inventory_listed; then
+      say "NodeInventory $node: $(jp get nodeinventories.sandbox.cocoonstack.io "$node" \
+        -o 'jsonpath={range .entries[*]}{.name} {.phase} {.id}{"; "}{end}pools: {range .pools[*]}{.template} warm {.warm}/{.target}{" "}{end}')"
+    fi
   else
     local phase reason
     phase=$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.status.phase}')
     reason=$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.status.reason}')
-    say "NOTE: the Pod is still ${phase:-without a phase}${reason:+ ($reason)} after 60s."
-    say "NOTE: vk-sandbox's claim path (the Pod controller) is not implemented yet in this"
-    say "NOTE: build, so the Pod is bound but never claimed; everything else is running."
+    say "NOTE: the Pod is still ${phase:-without a phase}${reason:+ ($reason)} after 60s;"
+    say "NOTE: see $dir/vk-sandbox.log and kubectl -n $ns describe pod $sandbox."
   fi
   summary
 }
@@ -250,6 +257,7 @@ In your shell:
 
 Then try:
   kubectl get node $node -o wide
+  kubectl get nodeinventories.sandbox.cocoonstack.io $node -o yaml   # what sandboxd holds, published every 5s
   kubectl -n $ns get sandboxes,pods -o wide
   # delete the Pod: the controller re-creates it, vk-sandbox adopts the same claim (no new VM)
   kubectl -n $ns delete pod $sandbox; kubectl -n $ns get pod $sandbox -w
