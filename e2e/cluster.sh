@@ -11,6 +11,9 @@
 #                                apply manifests/rbac.yaml and write a
 #                                kubeconfig for that ServiceAccount's token
 #   e2e/cluster.sh logs          print the tail of every component log
+#   e2e/cluster.sh restart COMPONENT [SECONDS]
+#                                stop one component, keep it down SECONDS,
+#                                start it again (reliability fault injection)
 #
 # Environment (all optional):
 #   VK_CLUSTER_DIR      state folder (default .cache/cluster)
@@ -163,20 +166,7 @@ all_alive() {
   for c in "${components[@]}"; do pid_alive "$c" || return 1; done
 }
 
-cmd_up() {
-  if all_alive && readyz >/dev/null; then
-    log "already up (apiserver https://127.0.0.1:$api_port)"
-    echo "$admin_kubeconfig"
-    return 0
-  fi
-  cmd_down >/dev/null 2>&1 || true
-  "$here/controlplane/build.sh" >&2
-  command -v curl >/dev/null || die "curl is needed (apt-get install curl)"
-  ensure_pki
-  local t0=$SECONDS
-  rm -rf "$dir/etcd-data"
-  mkdir -p "$dir/etcd-data" "$logs" "$run"
-  log "starting etcd on 127.0.0.1:$etcd_port"
+start_etcd() {
   start etcd --name local --data-dir "$dir/etcd-data" \
     --listen-client-urls "http://127.0.0.1:$etcd_port" \
     --advertise-client-urls "http://127.0.0.1:$etcd_port" \
@@ -184,9 +174,9 @@ cmd_up() {
     --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
     --initial-cluster "local=http://127.0.0.1:$etcd_peer_port" \
     --unsafe-no-fsync --quota-backend-bytes 2147483648 --log-level warn
-  wait_for etcd 20 curl -fsS --max-time 1 "http://127.0.0.1:$etcd_port/health"
+}
 
-  log "starting kube-apiserver on 127.0.0.1:$api_port"
+start_kube_apiserver() {
   start kube-apiserver \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
@@ -212,18 +202,17 @@ cmd_up() {
     --default-not-ready-toleration-seconds "$toleration" \
     --default-unreachable-toleration-seconds "$toleration" \
     --allow-privileged=true --profiling=false
-  write_kubeconfig "$admin_kubeconfig" kubernetes-admin "$pki/admin.crt" "$pki/admin.key"
-  write_kubeconfig "$dir/kube-scheduler.kubeconfig" system:kube-scheduler "$pki/kube-scheduler.crt" "$pki/kube-scheduler.key"
-  write_kubeconfig "$dir/kube-controller-manager.kubeconfig" system:kube-controller-manager \
-    "$pki/kube-controller-manager.crt" "$pki/kube-controller-manager.key"
-  wait_for kube-apiserver 60 readyz
+}
 
-  log "starting kube-scheduler and kube-controller-manager"
+start_kube_scheduler() {
   start kube-scheduler \
     --kubeconfig "$dir/kube-scheduler.kubeconfig" \
     --authentication-kubeconfig "$dir/kube-scheduler.kubeconfig" \
     --authorization-kubeconfig "$dir/kube-scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$sched_port" --leader-elect=false
+}
+
+start_kube_controller_manager() {
   start kube-controller-manager \
     --kubeconfig "$dir/kube-controller-manager.kubeconfig" \
     --authentication-kubeconfig "$dir/kube-controller-manager.kubeconfig" \
@@ -237,6 +226,36 @@ cmd_up() {
     --node-monitor-period 2s --node-monitor-grace-period "$grace" \
     --unhealthy-zone-threshold 1 \
     --concurrent-gc-syncs 5
+}
+
+cmd_up() {
+  if all_alive && readyz >/dev/null; then
+    log "already up (apiserver https://127.0.0.1:$api_port)"
+    echo "$admin_kubeconfig"
+    return 0
+  fi
+  cmd_down >/dev/null 2>&1 || true
+  "$here/controlplane/build.sh" >&2
+  command -v curl >/dev/null || die "curl is needed (apt-get install curl)"
+  ensure_pki
+  local t0=$SECONDS
+  rm -rf "$dir/etcd-data"
+  mkdir -p "$dir/etcd-data" "$logs" "$run"
+  log "starting etcd on 127.0.0.1:$etcd_port"
+  start_etcd
+  wait_for etcd 20 curl -fsS --max-time 1 "http://127.0.0.1:$etcd_port/health"
+
+  log "starting kube-apiserver on 127.0.0.1:$api_port"
+  start_kube_apiserver
+  write_kubeconfig "$admin_kubeconfig" kubernetes-admin "$pki/admin.crt" "$pki/admin.key"
+  write_kubeconfig "$dir/kube-scheduler.kubeconfig" system:kube-scheduler "$pki/kube-scheduler.crt" "$pki/kube-scheduler.key"
+  write_kubeconfig "$dir/kube-controller-manager.kubeconfig" system:kube-controller-manager \
+    "$pki/kube-controller-manager.crt" "$pki/kube-controller-manager.key"
+  wait_for kube-apiserver 60 readyz
+
+  log "starting kube-scheduler and kube-controller-manager"
+  start_kube_scheduler
+  start_kube_controller_manager
   wait_for kube-scheduler 30 curl -fsSk --max-time 1 "https://127.0.0.1:$sched_port/healthz"
   wait_for kube-controller-manager 30 curl -fsSk --max-time 1 "https://127.0.0.1:$kcm_port/healthz"
   # The default ServiceAccount appears once the controller-manager runs.
@@ -244,6 +263,36 @@ cmd_up() {
   log "up in $(( SECONDS - t0 ))s: apiserver https://127.0.0.1:$api_port, logs in $logs"
   log "try: $bin/kubectl --kubeconfig $admin_kubeconfig get --raw /readyz"
   echo "$admin_kubeconfig"
+}
+
+# Stop one component, leave it down for <seconds>, start it again with the
+# same flags and wait until it serves (fault injection for the reliability
+# suite: an apiserver outage, an etcd restart).
+cmd_restart() {
+  local name=${1:-} down=${2:-0}
+  case "$name" in
+    etcd|kube-apiserver|kube-scheduler|kube-controller-manager) ;;
+    *) die "usage: cluster.sh restart etcd|kube-apiserver|kube-scheduler|kube-controller-manager [seconds-down]" ;;
+  esac
+  [[ "$down" =~ ^[0-9]+$ ]] || die "seconds-down must be a whole number, got '$down'"
+  all_alive || die "the control plane is not up (cluster.sh up)"
+  local pid
+  pid=$(cat "$run/$name.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  log "$name stopped; down for ${down}s"
+  sleep "$down"
+  # The log of the run before the restart is kept beside the new one.
+  mv "$logs/$name.log" "$logs/$name.log.prev" 2>/dev/null || true
+  "start_${name//-/_}"
+  case "$name" in
+    etcd) wait_for etcd 30 curl -fsS --max-time 1 "http://127.0.0.1:$etcd_port/health" ;;
+    kube-apiserver) wait_for kube-apiserver 60 readyz ;;
+    kube-scheduler) wait_for kube-scheduler 30 curl -fsSk --max-time 1 "https://127.0.0.1:$sched_port/healthz" ;;
+    kube-controller-manager) wait_for kube-controller-manager 30 curl -fsSk --max-time 1 "https://127.0.0.1:$kcm_port/healthz" ;;
+  esac
+  log "$name serving again"
 }
 
 cmd_down() {
@@ -306,7 +355,8 @@ case "${1:-}" in
   status) cmd_status ;;
   logs) cmd_logs ;;
   sa-kubeconfig) shift; cmd_sa_kubeconfig "$@" ;;
+  restart) shift; cmd_restart "$@" ;;
   kubeconfig) echo "$admin_kubeconfig" ;;
   bin) echo "$bin" ;;
-  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
