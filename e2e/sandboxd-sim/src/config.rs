@@ -41,6 +41,10 @@ pub struct SimConfig {
     pub pools: Vec<PoolConfig>,
     /// How long a warm miss takes to provision before it succeeds.
     pub provision_delay_ms: u64,
+    /// Extra time every claim (warm hit or miss) takes before it is
+    /// decided, in microseconds: models the real daemon's VM hand-over
+    /// (0.2–0.7 ms). 0 (the default) answers at once.
+    pub claim_delay_us: u64,
     /// How long a refill of one warm VM takes.
     pub refill_delay_ms: u64,
     /// Reaper period; 0 disables the periodic reaper (`reap now` still works).
@@ -72,6 +76,7 @@ impl Default for SimConfig {
             egress: true,
             pools: Vec::new(),
             provision_delay_ms: 100,
+            claim_delay_us: 0,
             refill_delay_ms: 1000,
             reap_interval_ms: 5000,
             provision_survives_disconnect: true,
@@ -236,6 +241,7 @@ pub struct ConfigPatch {
     pub peers: Option<Vec<String>>,
     pub egress: Option<bool>,
     pub provision_delay_ms: Option<u64>,
+    pub claim_delay_us: Option<u64>,
     pub refill_delay_ms: Option<u64>,
     pub provision_survives_disconnect: Option<bool>,
     pub quirks: Option<Quirks>,
@@ -258,6 +264,7 @@ impl ConfigPatch {
             peers,
             egress,
             provision_delay_ms,
+            claim_delay_us,
             refill_delay_ms,
             provision_survives_disconnect,
             quirks
@@ -296,6 +303,22 @@ mod tests {
         for bad in ["base", "=3", "base=x", "base=1/y"] {
             assert!(PoolConfig::parse_spec(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn claim_delay_us_is_configurable_and_patchable() {
+        let cfg: SimConfig = serde_json::from_str(r#"{"claim_delay_us":500}"#).expect("config");
+        assert_eq!(cfg.claim_delay_us, 500);
+        assert_eq!(SimConfig::default().claim_delay_us, 0);
+        let mut cfg = SimConfig::default();
+        let patch: ConfigPatch = serde_json::from_str(r#"{"claim_delay_us":250}"#).expect("patch");
+        patch.apply(&mut cfg);
+        assert_eq!(cfg.claim_delay_us, 250);
+        ConfigPatch::default().apply(&mut cfg);
+        assert_eq!(
+            cfg.claim_delay_us, 250,
+            "an absent field leaves it unchanged"
+        );
     }
 
     #[test]

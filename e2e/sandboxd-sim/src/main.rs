@@ -95,6 +95,10 @@ struct ServeArgs {
     /// Warm-miss provisioning time [default: 100].
     #[arg(long, value_name = "MS")]
     provision_delay_ms: Option<u64>,
+    /// Extra time every claim takes before it answers, warm hit or miss
+    /// (models the real daemon's 0.2–0.7 ms hand-over) [default: 0].
+    #[arg(long, value_name = "US")]
+    claim_delay_us: Option<u64>,
     /// Time to refill one warm VM [default: 1000].
     #[arg(long, value_name = "MS")]
     refill_delay_ms: Option<u64>,
@@ -275,6 +279,9 @@ fn build_config(args: ServeArgs) -> Result<SimConfig, String> {
     }
     if let Some(v) = args.provision_delay_ms {
         cfg.provision_delay_ms = v;
+    }
+    if let Some(v) = args.claim_delay_us {
+        cfg.claim_delay_us = v;
     }
     if let Some(v) = args.refill_delay_ms {
         cfg.refill_delay_ms = v;

@@ -445,6 +445,18 @@ impl Sim {
     }
 
     async fn claim_inner(self: &Arc<Self>, auth: Option<&str>, body: &[u8]) -> Reply {
+        let delay_us = self.lock().cfg.claim_delay_us;
+        if delay_us > 0 {
+            // tokio's timer has millisecond granularity; a blocking-pool
+            // thread sleeps to the microsecond without stalling the runtime.
+            let delay = Duration::from_micros(delay_us);
+            if tokio::task::spawn_blocking(move || std::thread::sleep(delay))
+                .await
+                .is_err()
+            {
+                return Reply::error(500, "claim delay failed");
+            }
+        }
         let (req, key, tenant, provision) = {
             let mut st = self.lock();
             let tenant = match Self::auth_node(&st, auth) {
@@ -1038,5 +1050,55 @@ impl Sim {
 
     pub fn clear_requests(&self) {
         self.log_lock().entries.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    async fn timed_claim(sim: &Arc<Sim>) -> (u16, Duration) {
+        let start = Instant::now();
+        let out = sim
+            .claim(None, br#"{"template":"base:24.04","claim_ref":"ns/p"}"#)
+            .await;
+        (out.reply.status, start.elapsed())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claim_delay_us_delays_every_claim() {
+        let cfg = SimConfig {
+            pools: vec![PoolConfig::parse_spec("base:24.04=4").expect("pool")],
+            refill_delay_ms: 60_000,
+            ..Default::default()
+        };
+        let sim = Sim::new(cfg).expect("sim");
+        let (status, fast) = timed_claim(&sim).await;
+        assert_eq!(status, 200);
+        assert!(
+            fast < Duration::from_millis(20),
+            "undelayed claim took {fast:?}"
+        );
+
+        sim.lock().cfg.claim_delay_us = 30_000;
+        let (status, slow) = timed_claim(&sim).await;
+        assert_eq!(status, 200, "a warm hit is delayed, then succeeds");
+        assert!(
+            slow >= Duration::from_micros(30_000),
+            "delayed claim took {slow:?}"
+        );
+        assert!(slow < Duration::from_secs(2), "delayed claim took {slow:?}");
+
+        // Sub-millisecond values are honoured (not rounded to 0 or to 1 ms
+        // by a millisecond timer): 700 µs is at least 700 µs.
+        sim.lock().cfg.claim_delay_us = 700;
+        let (status, short) = timed_claim(&sim).await;
+        assert_eq!(status, 200);
+        assert!(
+            short >= Duration::from_micros(700),
+            "700 µs claim took {short:?}"
+        );
     }
 }
