@@ -11,6 +11,12 @@
 #                                apply manifests/rbac.yaml and write a
 #                                kubeconfig for that ServiceAccount's token
 #   e2e/cluster.sh logs          print the tail of every component log
+#   e2e/cluster.sh audit-apiserver up|down|status
+#                                opt-in (benchmarks): a second kube-apiserver
+#                                on the same etcd and PKI, on its own port,
+#                                writing an audit log (Metadata level) of
+#                                every request it serves; `up` prints its
+#                                URL and log path. The main one is untouched.
 #   e2e/cluster.sh restart COMPONENT [SECONDS]
 #                                stop one component, keep it down SECONDS,
 #                                start it again (reliability fault injection)
@@ -22,6 +28,7 @@
 #   VK_NODE_MONITOR_GRACE  node lifecycle grace period (default 20s)
 #   VK_EVICTION_TOLERATION_SECONDS  default not-ready/unreachable toleration
 #                       the apiserver adds to Pods (default 30)
+#   VK_AUDIT_APISERVER_PORT  port of the audit-apiserver (default 16444)
 #
 # The node lifecycle controller stops evicting in a "disrupted" zone; tests
 # leave dead virtual nodes behind, so partial disruption is turned off
@@ -45,6 +52,8 @@ logs="$dir/logs"
 run="$dir/run"
 admin_kubeconfig="$dir/admin.kubeconfig"
 components=(etcd kube-apiserver kube-scheduler kube-controller-manager)
+audit_port="${VK_AUDIT_APISERVER_PORT:-16444}"
+audit_dir="$dir/audit"
 
 log() { echo "cluster: $*" >&2; }
 die() { echo "cluster: error: $*" >&2; exit 1; }
@@ -349,14 +358,90 @@ cmd_sa_kubeconfig() {
   echo "$out"
 }
 
+# ---------------------------------------------------------------- audit apiserver
+# A second apiserver for benchmarks: clients pointed at it are the only ones
+# in its audit log, so their requests can be counted by verb and resource
+# while the main apiserver keeps serving everybody else.
+audit_readyz() {
+  curl -fsS --max-time 2 --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+    "https://127.0.0.1:$audit_port/readyz" 2>/dev/null
+}
+
+cmd_audit_apiserver() {
+  local name=kube-apiserver-audit pid
+  case "${1:-status}" in
+    up)
+      readyz >/dev/null || die "the cluster is not up; run e2e/cluster.sh up"
+      if pid_alive "$name" && audit_readyz >/dev/null; then
+        log "audit apiserver already up on https://127.0.0.1:$audit_port"
+      else
+        mkdir -p "$audit_dir" "$logs" "$run"
+        printf '%s\n' 'apiVersion: audit.k8s.io/v1' 'kind: Policy' \
+          'omitStages: [RequestReceived]' 'rules:' '- level: Metadata' > "$audit_dir/policy.yaml"
+        log "starting an audit apiserver on 127.0.0.1:$audit_port (log $audit_dir/audit.log)"
+        setsid "$bin/kube-apiserver" \
+          --etcd-servers "http://127.0.0.1:$etcd_port" \
+          --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$audit_port" \
+          --endpoint-reconciler-type none \
+          --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+          --client-ca-file "$pki/ca.crt" \
+          --service-account-key-file "$pki/sa.pub" \
+          --service-account-signing-key-file "$pki/sa.key" \
+          --service-account-issuer https://kubernetes.default.svc.cluster.local \
+          --api-audiences https://kubernetes.default.svc.cluster.local \
+          --authorization-mode Node,RBAC \
+          --service-cluster-ip-range 10.0.0.0/24 \
+          --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+          --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+          --requestheader-client-ca-file "$pki/front-proxy-ca.crt" \
+          --requestheader-allowed-names front-proxy-client \
+          --requestheader-username-headers X-Remote-User \
+          --requestheader-group-headers X-Remote-Group \
+          --requestheader-extra-headers-prefix X-Remote-Extra- \
+          --proxy-client-cert-file "$pki/front-proxy-client.crt" \
+          --proxy-client-key-file "$pki/front-proxy-client.key" \
+          --default-not-ready-toleration-seconds "$toleration" \
+          --default-unreachable-toleration-seconds "$toleration" \
+          --allow-privileged=true --profiling=false \
+          --audit-policy-file "$audit_dir/policy.yaml" \
+          --audit-log-path "$audit_dir/audit.log" --audit-log-format json \
+          --audit-log-mode blocking --audit-log-maxsize 500 --audit-log-maxbackup 1 \
+          >"$logs/$name.log" 2>&1 < /dev/null &
+        echo $! > "$run/$name.pid"
+        wait_for "audit apiserver" 60 audit_readyz
+      fi
+      echo "https://127.0.0.1:$audit_port $audit_dir/audit.log"
+      ;;
+    down)
+      if [[ -f "$run/$name.pid" ]]; then
+        pid=$(cat "$run/$name.pid")
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+        rm -f "$run/$name.pid"
+      fi
+      log "audit apiserver down"
+      ;;
+    status)
+      if pid_alive "$name" && audit_readyz >/dev/null; then
+        echo "audit apiserver: ready at https://127.0.0.1:$audit_port, log $audit_dir/audit.log"
+      else
+        echo "audit apiserver: stopped"
+      fi
+      ;;
+    *) die "usage: audit-apiserver up|down|status" ;;
+  esac
+}
+
 case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
   logs) cmd_logs ;;
   sa-kubeconfig) shift; cmd_sa_kubeconfig "$@" ;;
+  audit-apiserver) shift; cmd_audit_apiserver "$@" ;;
   restart) shift; cmd_restart "$@" ;;
   kubeconfig) echo "$admin_kubeconfig" ;;
   bin) echo "$bin" ;;
-  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
