@@ -1,0 +1,211 @@
+//! The reliability suite (issue 8): scenarios that try to make vk-sandbox
+//! release a VM whose owner lives, leak one whose owner is gone, or lose a
+//! release credential, on the real local control plane + the sandboxd
+//! simulator, with invariants checked after each and a report table.
+//!
+//! `VK_RELIABILITY=short` (default, run by `make test`): scenarios 1-4 and
+//! 6, small counts. `VK_RELIABILITY=full` (`make reliability`): more runs
+//! and larger counts. `VK_RELIABILITY_SEED` fixes the seed (printed either
+//! way); `VK_RELIABILITY_ONLY=kill9,eviction` picks scenarios.
+//! `VK_CLUSTER_CONTROL` names `e2e/cluster.sh` when the suite may restart
+//! control-plane components (the apiserver outage scenario).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod scenarios;
+mod world;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use world::{Tally, World};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Size {
+    Short,
+    Full,
+}
+
+impl Size {
+    pub fn pick(self, short: usize, full: usize) -> usize {
+        match self {
+            Size::Short => short,
+            Size::Full => full,
+        }
+    }
+}
+
+/// `e2e/cluster.sh` when the harness may restart control-plane components.
+pub fn cluster_control() -> Option<PathBuf> {
+    let p = PathBuf::from(std::env::var_os("VK_CLUSTER_CONTROL")?);
+    p.exists().then_some(p)
+}
+
+type Scenario = fn(&mut World, Size) -> std::pin::Pin<Box<dyn Future<Output = ()> + '_>>;
+
+fn scenarios() -> Vec<(&'static str, &'static str, Scenario, bool)> {
+    // (key, title, body, in the short run)
+    vec![
+        (
+            "kill9",
+            "1 kill -9 during bursts",
+            |w, s| Box::pin(scenarios::kill9(w, s)),
+            true,
+        ),
+        (
+            "eviction",
+            "2 eviction storm (SIGSTOP)",
+            |w, s| Box::pin(scenarios::eviction(w, s)),
+            true,
+        ),
+        (
+            "sandboxd",
+            "3 sandboxd faults",
+            |w, s| Box::pin(scenarios::sandboxd_faults(w, s)),
+            true,
+        ),
+        (
+            "apiserver",
+            "4 apiserver outage + etcd restart",
+            |w, s| Box::pin(scenarios::apiserver_outage(w, s)),
+            true,
+        ),
+        (
+            "churn",
+            "6 owner churn (same name)",
+            |w, s| Box::pin(scenarios::owner_churn(w, s)),
+            true,
+        ),
+    ]
+}
+
+struct Row {
+    title: &'static str,
+    runs: usize,
+    tally: Tally,
+    converge_max: Duration,
+}
+
+fn main() -> ExitCode {
+    let size = match std::env::var("VK_RELIABILITY").as_deref() {
+        Ok("full") => Size::Full,
+        _ => Size::Short,
+    };
+    let seed: u64 = std::env::var("VK_RELIABILITY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::random::<u32>() as u64);
+    let only: Option<Vec<String>> = std::env::var("VK_RELIABILITY_ONLY")
+        .ok()
+        .map(|s| s.split(',').map(|x| x.trim().to_string()).collect());
+    println!(
+        "reliability suite: {size:?} run, seed {seed} (VK_RELIABILITY_SEED={seed} repeats it)"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let started = Instant::now();
+    let rows = runtime.block_on(async {
+        let mut rows = Vec::new();
+        for (key, title, body, short) in scenarios() {
+            if only.as_ref().is_some_and(|o| !o.iter().any(|k| k == key)) {
+                continue;
+            }
+            if size == Size::Short && !short {
+                continue;
+            }
+            if key == "apiserver" && cluster_control().is_none() {
+                println!("SKIPPED {title}: VK_CLUSTER_CONTROL does not name e2e/cluster.sh (not the local plane)");
+                continue;
+            }
+            let runs = size.pick(1, 3);
+            let mut row = Row { title, runs, tally: Tally::default(), converge_max: Duration::ZERO };
+            for run in 0..runs {
+                let run_seed = seed.wrapping_add(run as u64 * 7919);
+                let Some(cluster) = support::cluster().await else {
+                    return None;
+                };
+                let t0 = Instant::now();
+                println!("== {title}: run {} of {runs}, seed {run_seed}", run + 1);
+                let mut w = World::new(cluster, &format!("rel-{key}"), run_seed, 64).await;
+                body(&mut w, size).await;
+                let t = w.finish(Duration::from_secs(240)).await;
+                println!(
+                    "   {} Pods, {} faults, converged in {:.1}s, run took {:.0}s",
+                    t.pods,
+                    t.faults,
+                    t.converge.as_secs_f64(),
+                    t0.elapsed().as_secs_f64()
+                );
+                for n in &t.notes {
+                    println!("   note: {n}");
+                }
+                row.converge_max = row.converge_max.max(t.converge);
+                add(&mut row.tally, t);
+            }
+            rows.push(row);
+        }
+        Some(rows)
+    });
+    let Some(rows) = rows else {
+        return ExitCode::SUCCESS;
+    };
+    let report = table(&rows, seed, size, started.elapsed());
+    println!("\n{report}");
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/reliability-report.md");
+    if let Err(e) = std::fs::write(&out, &report) {
+        println!("(could not write {}: {e})", out.display());
+    } else {
+        println!("report written to {}", out.display());
+    }
+    let failed = rows.iter().any(|r| {
+        let t = &r.tally;
+        t.wrongly_released + t.leaked + t.creds_lost + t.not_converged + t.bad_state_file > 0
+    });
+    if failed {
+        println!("FAILED: an invariant column is not zero (seed {seed})");
+        ExitCode::FAILURE
+    } else {
+        println!("reliability suite passed");
+        ExitCode::SUCCESS
+    }
+}
+
+fn add(total: &mut Tally, t: Tally) {
+    total.pods += t.pods;
+    total.faults += t.faults;
+    total.wrongly_released += t.wrongly_released;
+    total.leaked += t.leaked;
+    total.creds_lost += t.creds_lost;
+    total.not_converged += t.not_converged;
+    total.bad_state_file += t.bad_state_file;
+}
+
+fn table(rows: &[Row], seed: u64, size: Size, took: Duration) -> String {
+    let mut s = format!(
+        "Reliability suite ({size:?}, seed {seed}, {:.0} s)\n\n\
+         | scenario | runs | Pods | faults | VMs wrongly released | VMs leaked | credentials lost | Pods not converged | bad state file | max time to converge |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        took.as_secs_f64()
+    );
+    for r in rows {
+        let t = &r.tally;
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |\n",
+            r.title,
+            r.runs,
+            t.pods,
+            t.faults,
+            t.wrongly_released,
+            t.leaked,
+            t.creds_lost,
+            t.not_converged,
+            t.bad_state_file,
+            r.converge_max.as_secs_f64()
+        ));
+    }
+    s
+}

@@ -1,0 +1,530 @@
+//! One scenario's world: the shared control plane, a namespace, the
+//! sandboxd simulator, vk-sandbox as a process, the Sandbox controller
+//! stand-in, and the record of every owner (Sandbox) the scenario made.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sandbox_controller::Options;
+use sandbox_controller::types::Sandbox;
+use sandboxd_sim::SimHandle;
+use serde_json::{Value, json};
+
+use crate::support::TestCluster;
+use crate::support::vk::{VkUnderTest, tail};
+
+pub const TOKEN: &str = "reliability-root-token";
+const CLAIM_ID: &str = "sandbox.cocoonstack.io/claim-id";
+
+/// A Sandbox the scenario created.
+#[derive(Debug, Clone)]
+pub struct Owner {
+    pub name: String,
+    pub uid: String,
+    /// The claim its Pod first ran on.
+    pub claim: Option<String>,
+    /// Simulator request-log watermark taken just before the harness
+    /// deleted it: releases of its claim before that are wrong.
+    pub deleted_at: Option<u64>,
+}
+
+/// The invariant figures of one run.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    pub pods: usize,
+    pub faults: u32,
+    pub wrongly_released: usize,
+    pub leaked: usize,
+    pub creds_lost: usize,
+    pub not_converged: usize,
+    pub bad_state_file: usize,
+    pub converge: Duration,
+    pub notes: Vec<String>,
+}
+
+pub struct World {
+    pub cluster: TestCluster,
+    pub ns: String,
+    pub sim: SimHandle,
+    pub vk: VkUnderTest,
+    pub token_file: PathBuf,
+    pub rng: StdRng,
+    pub owners: Vec<Owner>,
+    pub faults: u32,
+    next: u32,
+    prefix: String,
+    _controller: sandbox_controller::ControllerHandle,
+}
+
+impl World {
+    pub async fn new(cluster: TestCluster, prefix: &str, seed: u64, pool: u32) -> World {
+        sandbox_controller::crd::install(&cluster.client, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("install the Sandbox CRD: {e}"));
+        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+            api_token: TOKEN.into(),
+            pools: vec![
+                sandboxd_sim::config::PoolConfig::parse_spec(&format!("base:24.04={pool}"))
+                    .expect("pool"),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("start the sandboxd simulator");
+        let dir = crate::support::vk::test_dir(&format!("{prefix}-token"));
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, TOKEN).expect("token file");
+        let args = base_args(&sim, &token_file);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let vk = VkUnderTest::start(&cluster, prefix, &args).await;
+        vk.wait_ready(&cluster.client, Duration::from_secs(60))
+            .await;
+        let ns = cluster.namespace(prefix).await;
+        let controller = sandbox_controller::spawn(
+            cluster.client.clone(),
+            Options {
+                namespace: Some(ns.clone()),
+                ..Options::default()
+            },
+        );
+        World {
+            cluster,
+            ns,
+            sim,
+            vk,
+            token_file,
+            rng: StdRng::seed_from_u64(seed),
+            owners: Vec::new(),
+            faults: 0,
+            next: 0,
+            prefix: prefix.to_string(),
+            _controller: controller,
+        }
+    }
+
+    pub fn sandboxes(&self) -> Api<Sandbox> {
+        Api::namespaced(self.cluster.client.clone(), &self.ns)
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.cluster.client.clone(), &self.ns)
+    }
+
+    /// Highest sequence number in the simulator's request log so far.
+    pub fn watermark(&self) -> u64 {
+        self.sim
+            .sim()
+            .requests()
+            .iter()
+            .map(|r| r.seq)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// A random pause in `0..max_ms`.
+    pub async fn jitter(&mut self, max_ms: u64) {
+        let ms = self.rng.random_range(0..max_ms.max(1));
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    /// Creates `n` Sandboxes pinned to this node. Retries while the
+    /// apiserver is unavailable (outage scenarios).
+    pub async fn create(&mut self, n: usize) {
+        for _ in 0..n {
+            self.next += 1;
+            let name = format!("{}-{}", self.prefix, self.next);
+            self.create_named(&name).await;
+        }
+    }
+
+    pub async fn create_named(&mut self, name: &str) {
+        let sb: Sandbox = serde_json::from_value(json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "metadata": {"name": name},
+            "spec": {"podTemplate": {
+                "metadata": {"annotations": {"sandbox.cocoonstack.io/runtime": "sandboxd"}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": self.vk.node},
+                    "containers": [{"name": "agent", "image": "base:24.04"}]
+                }
+            }}
+        }))
+        .expect("sandbox json");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            match self.sandboxes().create(&PostParams::default(), &sb).await {
+                Ok(created) => {
+                    self.owners.push(Owner {
+                        name: name.to_string(),
+                        uid: created.metadata.uid.unwrap_or_default(),
+                        claim: None,
+                        deleted_at: None,
+                    });
+                    return;
+                }
+                // The old owner of a reused name is still being deleted, or
+                // the apiserver is away: retry.
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err(e) => panic!("create Sandbox {name}: {e}"),
+            }
+        }
+    }
+
+    /// Deletes a random live owner (foreground or background propagation
+    /// at random); returns its name.
+    pub async fn delete_random(&mut self) -> Option<String> {
+        let alive: Vec<usize> = (0..self.owners.len())
+            .filter(|i| self.owners[*i].deleted_at.is_none())
+            .collect();
+        if alive.is_empty() {
+            return None;
+        }
+        let i = alive[self.rng.random_range(0..alive.len())];
+        let foreground = self.rng.random_bool(0.5);
+        self.delete_index(i, foreground).await;
+        Some(self.owners[i].name.clone())
+    }
+
+    pub async fn delete_index(&mut self, i: usize, foreground: bool) {
+        self.owners[i].deleted_at = Some(self.watermark());
+        let dp = if foreground {
+            DeleteParams::foreground()
+        } else {
+            DeleteParams::background()
+        };
+        let name = self.owners[i].name.clone();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            match self.sandboxes().delete(&name, &dp).await {
+                Ok(_) => return,
+                Err(kube::Error::Api(s)) if s.code == 404 => return,
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(300)).await
+                }
+                Err(e) => panic!("delete Sandbox {name}: {e}"),
+            }
+        }
+    }
+
+    pub fn vk_args(&self) -> Vec<String> {
+        base_args(&self.sim, &self.token_file)
+    }
+
+    /// `kill -9`, then start again with the same state and ports.
+    pub fn kill_and_restart(&mut self) {
+        self.vk.process.signal(nix::sys::signal::Signal::SIGKILL);
+        self.vk.process.wait_exit(Duration::from_secs(10));
+        self.restart();
+    }
+
+    pub fn restart(&mut self) {
+        let args = self.vk_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.vk.restart(&args);
+    }
+
+    /// Records the claim each live owner's Pod first runs on.
+    async fn observe(&mut self, pods: &[Pod]) {
+        for o in self.owners.iter_mut().filter(|o| o.claim.is_none()) {
+            if let Some((_, id)) = running_on(pods, o) {
+                o.claim = Some(id);
+            }
+        }
+    }
+
+    /// Lists this namespace's Pods (retrying through outages).
+    async fn list_pods(&self) -> Result<Vec<Pod>, String> {
+        self.pods()
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Waits until every live owner's Pod runs on its original claim and
+    /// every deleted owner's Pods are gone; the figures of what did not.
+    pub async fn converge(&mut self, timeout: Duration) -> (Duration, Vec<String>) {
+        let started = Instant::now();
+        let mut problems;
+        loop {
+            problems = Vec::new();
+            let live: BTreeSet<String> =
+                self.sim.sim().claims().into_iter().map(|c| c.id).collect();
+            for o in self.owners.iter().filter(|o| o.deleted_at.is_some()) {
+                if let Some(c) = o.claim.as_ref().filter(|c| live.contains(*c)) {
+                    problems.push(format!(
+                        "{}: deleted, its sandbox {c} is not released",
+                        o.name
+                    ));
+                }
+            }
+            match self.list_pods().await {
+                Err(e) => problems.push(format!("list Pods: {e}")),
+                Ok(pods) => {
+                    self.observe(&pods).await;
+                    for o in &self.owners {
+                        let mine: Vec<&Pod> = pods.iter().filter(|p| owned_by(p, &o.uid)).collect();
+                        match (&o.deleted_at, running_on(&pods, o)) {
+                            (Some(_), _) if !mine.is_empty() => {
+                                problems.push(format!("{}: deleted owner still has a Pod", o.name))
+                            }
+                            (Some(_), _) => {}
+                            (None, Some((_, id))) if Some(&id) == o.claim.as_ref() => {}
+                            (None, Some((_, id))) => problems.push(format!(
+                                "{}: Running on {id}, first ran on {:?}",
+                                o.name, o.claim
+                            )),
+                            (None, None) => problems.push(format!(
+                                "{}: not Running ({})",
+                                o.name,
+                                mine.first()
+                                    .and_then(|p| p.status.as_ref())
+                                    .map(|s| format!("{:?} {:?}", s.phase, s.reason))
+                                    .unwrap_or_else(|| "no Pod".into())
+                            )),
+                        }
+                    }
+                }
+            }
+            if problems.is_empty() || started.elapsed() >= timeout {
+                return (started.elapsed(), problems);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Stops vk-sandbox cleanly and checks the invariants against the
+    /// simulator's log and listing, the API and the claims file.
+    pub async fn finish(mut self, converge_timeout: Duration) -> Tally {
+        let (took, problems) = self.converge(converge_timeout).await;
+        let mut t = Tally {
+            pods: self.owners.len(),
+            faults: self.faults,
+            converge: took,
+            not_converged: problems.len(),
+            ..Tally::default()
+        };
+        t.notes.extend(problems.iter().take(5).cloned());
+        if !problems.is_empty() {
+            t.notes.push(format!(
+                "vk-sandbox log tail:\n{}",
+                tail(&self.vk.logs(), 30)
+            ));
+        }
+
+        // (a) No release of a claim while its owner was alive.
+        let originals: BTreeMap<&str, &Owner> = self
+            .owners
+            .iter()
+            .filter_map(|o| o.claim.as_deref().map(|c| (c, o)))
+            .collect();
+        for r in self.sim.sim().requests() {
+            let Some(id) = released_id(&r.path) else {
+                continue;
+            };
+            if r.method != "POST" {
+                continue;
+            }
+            if let Some(o) = originals.get(id) {
+                let wrong = match o.deleted_at {
+                    None => true,
+                    Some(mark) => r.seq <= mark,
+                };
+                if wrong {
+                    t.wrongly_released += 1;
+                    t.notes.push(format!(
+                        "release of {id} (owner {}) at seq {} while it lived",
+                        o.name, r.seq
+                    ));
+                }
+            }
+        }
+
+        // (d) The claims file after a clean stop: valid and 0600.
+        self.vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+        let exited = self.vk.process.wait_exit(Duration::from_secs(15));
+        if !exited.is_some_and(|s| s.success()) {
+            t.notes
+                .push(format!("vk-sandbox did not exit 0 on SIGTERM: {exited:?}"));
+        }
+        let stored = match read_state(&self.vk.state_path) {
+            Ok(s) => s,
+            Err(e) => {
+                t.bad_state_file += 1;
+                t.notes.push(e);
+                BTreeMap::new()
+            }
+        };
+        let mut held: BTreeMap<String, usize> = BTreeMap::new();
+        for id in stored.values() {
+            *held.entry(id.clone()).or_default() += 1;
+        }
+        for (id, n) in &held {
+            if *n > 1 {
+                t.bad_state_file += 1;
+                t.notes.push(format!("{id} held by {n} stored claims"));
+            }
+        }
+
+        // (b) Every live sandbox is held by a stored claim, or was
+        // reported by the orphan audit.
+        let logs = self.vk.logs();
+        let reported: BTreeSet<String> = logs
+            .lines()
+            .filter(|l| {
+                l.contains("possible orphan sandbox") || l.contains("claimed outside this provider")
+            })
+            .filter_map(|l| l.split("sandbox=").nth(1))
+            .map(|s| {
+                s.split(|c: char| c.is_whitespace() || c == '"' || c == ',')
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect();
+        let alive_claims: BTreeSet<&str> = self
+            .owners
+            .iter()
+            .filter(|o| o.deleted_at.is_none())
+            .filter_map(|o| o.claim.as_deref())
+            .collect();
+        let deleted_claims: BTreeSet<&str> = self
+            .owners
+            .iter()
+            .filter(|o| o.deleted_at.is_some())
+            .filter_map(|o| o.claim.as_deref())
+            .collect();
+        let observed = self.owners.iter().filter(|o| o.claim.is_some()).count();
+        t.notes.push(format!(
+            "{observed} of {} owners ran; {} deleted; {} releases sent",
+            self.owners.len(),
+            self.owners
+                .iter()
+                .filter(|o| o.deleted_at.is_some())
+                .count(),
+            self.sim
+                .sim()
+                .requests()
+                .iter()
+                .filter(|r| released_id(&r.path).is_some())
+                .count()
+        ));
+        // A stored claim whose Pod key no live owner has keeps a VM for
+        // nobody.
+        let live_ids: BTreeSet<String> =
+            self.sim.sim().claims().into_iter().map(|c| c.id).collect();
+        for (key, id) in &stored {
+            let name = key.rsplit('/').next().unwrap_or_default();
+            let owned = self
+                .owners
+                .iter()
+                .any(|o| o.deleted_at.is_none() && o.name == name);
+            if !owned && live_ids.contains(id) && !deleted_claims.contains(id.as_str()) {
+                t.leaked += 1;
+                t.notes.push(format!(
+                    "stored claim {key} -> {id} has no owner and is still live"
+                ));
+            }
+        }
+        for c in self.sim.sim().claims() {
+            if deleted_claims.contains(c.id.as_str()) {
+                t.leaked += 1;
+                t.notes
+                    .push(format!("{} of a deleted owner is still live", c.id));
+                continue;
+            }
+            if held.contains_key(&c.id) {
+                continue;
+            }
+            if alive_claims.contains(c.id.as_str()) {
+                t.creds_lost += 1;
+                t.notes.push(format!(
+                    "credential of live {} ({}) not stored",
+                    c.id, c.claim_ref
+                ));
+            } else if !reported.contains(&c.id) {
+                t.leaked += 1;
+                t.notes.push(format!(
+                    "leaked {} (claim_ref {:?}), not reported",
+                    c.id, c.claim_ref
+                ));
+            } else {
+                t.notes.push(format!(
+                    "stray {} (claim_ref {:?}) reported by the orphan audit",
+                    c.id, c.claim_ref
+                ));
+            }
+        }
+        self.cluster.drop_namespace(&self.ns).await;
+        t
+    }
+}
+
+fn base_args(sim: &SimHandle, token_file: &std::path::Path) -> Vec<String> {
+    vec![
+        format!("--sandboxd-url={}", sim.base_url()),
+        format!("--sandboxd-token-file={}", token_file.display()),
+        "--orphan-scan-interval=2s".into(),
+    ]
+}
+
+fn owned_by(p: &Pod, uid: &str) -> bool {
+    p.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.uid == uid)
+}
+
+/// (Pod uid, claim id) of `o`'s live Running Pod.
+fn running_on(pods: &[Pod], o: &Owner) -> Option<(String, String)> {
+    pods.iter()
+        .filter(|p| owned_by(p, &o.uid) && p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .find_map(|p| {
+            let id = p.metadata.annotations.as_ref()?.get(CLAIM_ID)?.clone();
+            Some((p.metadata.uid.clone().unwrap_or_default(), id))
+        })
+}
+
+/// `/v1/sandboxes/{id}/release` → id.
+pub fn released_id(path: &str) -> Option<&str> {
+    path.strip_prefix("/v1/sandboxes/")?
+        .strip_suffix("/release")
+}
+
+/// The claims file after a clean stop: key → sandbox id. Checks JSON and
+/// mode 0600.
+fn read_state(path: &std::path::Path) -> Result<BTreeMap<String, String>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode != 0o600 {
+        return Err(format!("{} has mode {mode:o}, not 600", path.display()));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    let claims = v["claims"].as_object().cloned().unwrap_or_default();
+    claims
+        .into_iter()
+        .map(|(k, c)| match c["id"].as_str() {
+            Some(id) if !id.is_empty() && c["token"].as_str().is_some_and(|t| !t.is_empty()) => {
+                Ok((k, id.to_string()))
+            }
+            _ => Err(format!(
+                "{}: claim {k} lacks an id or token",
+                path.display()
+            )),
+        })
+        .collect()
+}
