@@ -403,6 +403,7 @@ cmd_audit_apiserver() {
           --default-not-ready-toleration-seconds "$toleration" \
           --default-unreachable-toleration-seconds "$toleration" \
           --allow-privileged=true --profiling=false \
+          --feature-gates APIServerIdentity=false,UnknownVersionInteroperabilityProxy=false \
           --audit-policy-file "$audit_dir/policy.yaml" \
           --audit-log-path "$audit_dir/audit.log" --audit-log-format json \
           --audit-log-mode blocking --audit-log-maxsize 500 --audit-log-maxbackup 1 \
