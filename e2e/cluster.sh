@@ -319,8 +319,9 @@ cmd_down() {
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$run/$c.pid"
   done
-  # Anything else started from this cache (e.g. a pid file lost by hand).
-  pkill -KILL -f "^$bin/(etcd|kube-apiserver|kube-scheduler|kube-controller-manager) " 2>/dev/null || true
+  # Anything else this cluster folder started (e.g. a pid file lost by
+  # hand); another plane run from another VK_CLUSTER_DIR is left alone.
+  pkill -KILL -f "^$bin/(etcd|kube-apiserver|kube-scheduler|kube-controller-manager) .*$dir/" 2>/dev/null || true
   log "down"
 }
 
