@@ -104,6 +104,10 @@ test-unit: ## Unit tests only (no cluster)
 e2e: ## End-to-end suite against the local plane (or KUBECONFIG=... for any cluster)
 	./e2e/run-tests.sh --e2e-only
 
+.PHONY: fuzz
+fuzz: ## Fuzz each target in fuzz/ for FUZZ_SECONDS (default 60) on nightly; failing inputs kept in fuzz/regressions/
+	./e2e/fuzz.sh $(FUZZ_SECONDS)
+
 .PHONY: demo
 demo: ## Local control plane + sandboxd simulator + vk-sandbox + a Sandbox going Running
 	./e2e/demo.sh up

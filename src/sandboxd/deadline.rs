@@ -13,6 +13,9 @@ use serde::{Deserialize, Deserializer};
 
 /// Go's zero `time.Time`, as a Unix second count (`0001-01-01T00:00:00Z`).
 const GO_ZERO_UNIX_SECONDS: i64 = -62_135_596_800;
+/// `0000-01-01T00:00:00Z`: the earliest instant RFC 3339 (four-digit years)
+/// can write in UTC.
+const RFC3339_MIN_UNIX_SECONDS: i64 = -62_167_219_200;
 
 /// A parsed lease deadline.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -39,7 +42,11 @@ impl Deadline {
         }
         match parse_rfc3339(trimmed) {
             Some(ts) if is_go_zero(ts) => Deadline::Never,
-            Some(ts) => Deadline::At(ts),
+            // Year 0000 with a positive offset is before year 0000 in UTC,
+            // which the claims file, the NodeInventory (`date-time`) and Go
+            // cannot write: clamp it to the earliest instant they can. Both
+            // are long past, so the lease is just as expired.
+            Some(ts) => Deadline::At(ts.max(rfc3339_min())),
             None => Deadline::Unparseable(raw.to_string()),
         }
     }
@@ -76,6 +83,10 @@ impl fmt::Display for Deadline {
 /// Use [`Deadline::parse`] to tell "unparseable" apart.
 pub fn parse_deadline(raw: Option<&str>) -> Option<Timestamp> {
     Deadline::parse(raw).expires_at()
+}
+
+fn rfc3339_min() -> Timestamp {
+    Timestamp::from_second(RFC3339_MIN_UNIX_SECONDS).unwrap_or(Timestamp::MIN)
 }
 
 fn is_go_zero(ts: Timestamp) -> bool {
@@ -205,6 +216,27 @@ mod tests {
         assert_eq!(
             parse_deadline(Some("2026-07-06t00:05:00z")),
             Some(at("2026-07-06T00:05:00Z"))
+        );
+    }
+
+    /// Found by the `sandboxd_reply` and `claims_roundtrip` fuzz targets:
+    /// `0000-01-01T00:00:00+01:00` is `-000001-12-31T23:00:00Z`, which
+    /// vk-sandbox then wrote into the claims file (and would publish in the
+    /// NodeInventory) in a form no RFC 3339 reader accepts, so the next start
+    /// refused the claims file.
+    #[test]
+    fn deadline_before_year_zero_utc_is_clamped_to_it() {
+        let earliest = at("0000-01-01T00:00:00Z");
+        for text in ["0000-01-01T00:00:00+01:00", "0000-01-01T05:59:59.5+23:59"] {
+            let d = Deadline::parse(Some(text));
+            assert_eq!(d, Deadline::At(earliest), "{text}");
+            assert_eq!(d.to_string(), "0000-01-01T00:00:00Z");
+            assert_eq!(Deadline::parse(Some(&d.to_string())), d, "{text}");
+        }
+        // Year 0000 itself is representable and kept as it is.
+        assert_eq!(
+            parse_deadline(Some("0000-06-01T00:00:00-01:00")),
+            Some(at("0000-06-01T01:00:00Z"))
         );
     }
 

@@ -67,7 +67,7 @@ pub struct ClaimRequest {
 
 /// The body actually sent; built from a [`ClaimRequest`].
 #[derive(Debug, Serialize)]
-pub(crate) struct ClaimBody<'a> {
+pub struct ClaimBody<'a> {
     template: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
     net: &'a str,
