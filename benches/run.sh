@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# `make bench`: the claims-store Criterion benchmark (short configuration),
+# then the cluster benchmarks (benches/cluster.rs) on the local control
+# plane, with a dedicated audit apiserver for counting vk-sandbox's
+# requests. Prints one table and writes it into docs/benchmarks.md.
+#
+#   BENCH_SCALE=k   multiply Pod counts and repetitions (default 1)
+#   BENCH_DOC=-     do not write docs/benchmarks.md
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+cargo=${CARGO:-cargo}
+logs="$root/target/bench-logs"
+mkdir -p "$logs" "$root/target/bench-claims"
+
+echo "bench: building (release)" >&2
+"$cargo" bench --no-run --bench claims_commit --bench cluster >"$logs/build.log" 2>&1 ||
+  { tail -n 40 "$logs/build.log" >&2; exit 1; }
+
+echo "bench: claims store (Criterion; log $logs/claims_commit.log)" >&2
+CLAIMS_BENCH_DIR="$root/target/bench-claims" "$cargo" bench --bench claims_commit >"$logs/claims_commit.log" 2>&1 ||
+  { tail -n 40 "$logs/claims_commit.log" >&2; exit 1; }
+
+kubeconfig="${VK_TEST_KUBECONFIG:-$(./e2e/cluster.sh up)}"
+audit=$(./e2e/cluster.sh audit-apiserver up)
+trap './e2e/cluster.sh audit-apiserver down >/dev/null 2>&1 || true' EXIT
+
+echo "bench: cluster benchmarks (progress below, table at the end)" >&2
+VK_TEST_KUBECONFIG="$kubeconfig" BENCH_AUDIT="$audit" "$cargo" bench --bench cluster
