@@ -117,8 +117,8 @@ demo-down: ## Stop everything `make demo` started
 	./e2e/demo.sh down
 
 .PHONY: bench
-bench: ## Benchmarks (placeholder until the benchmark suite lands)
-	@echo "bench: the benchmark suite is not written yet (issue: Benchmarks)."
+bench: ## Benchmarks on the local plane + simulator (claim latency, throughput, claims-store commits, memory, apiserver load, start-up): one table, written into docs/benchmarks.md; BENCH_SCALE=k for bigger runs
+	./benches/run.sh
 
 .PHONY: clean
 clean: ## Remove build outputs (keeps the cached control plane)
