@@ -1,24 +1,56 @@
 #!/usr/bin/env bash
 # Static release build for one musl target: musl-build.sh TARGET OUT
+#   x86_64-unknown-linux-musl   C parts (ring) with musl-gcc (Debian musl-tools)
+#   aarch64-unknown-linux-musl  C parts and the link with Debian's
+#                               gcc-aarch64-linux-gnu (+ libc6-dev-arm64-cross
+#                               headers); libc and the C runtime
+#                               objects come from Rust's self-contained musl
+# Missing Rust targets and Debian packages are installed on demand.
 set -euo pipefail
-target=${1:?target}; out=${2:?output path}
+target=${1:?usage: musl-build.sh TARGET OUT}; out=${2:?usage: musl-build.sh TARGET OUT}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+
+die() { echo "musl-build: error: $*" >&2; exit 1; }
+apt_install() {
+  local sudo=()
+  [[ $(id -u) -eq 0 ]] || sudo=(sudo)
+  echo "musl-build: installing Debian packages: $*"
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "$@" >/dev/null \
+    || die "could not install $* (install it by hand)"
+}
+
+command -v rustup >/dev/null || die "rustup not found (the musl target is added with rustup)"
 rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+command -v file >/dev/null || apt_install file
+rustflags="${RUSTFLAGS:-} -C target-feature=+crt-static"
 case "$target" in
-  x86_64-*)
-    command -v musl-gcc >/dev/null || { echo "installing musl-tools"; apt-get update -qq && apt-get install -y -qq musl-tools >/dev/null; }
+  x86_64-unknown-linux-musl)
+    command -v musl-gcc >/dev/null || apt_install musl-tools
     export CC_x86_64_unknown_linux_musl=musl-gcc
+    want='x86-64'
     ;;
-  aarch64-*)
-    command -v aarch64-linux-gnu-gcc >/dev/null || { echo "installing gcc-aarch64-linux-gnu"; apt-get update -qq && apt-get install -y -qq gcc-aarch64-linux-gnu >/dev/null; }
+  aarch64-unknown-linux-musl)
+    # ring's C needs the cross C headers too (libc6-dev-arm64-cross, only
+    # a recommendation of the compiler package).
+    if ! command -v aarch64-linux-gnu-gcc >/dev/null || [[ ! -e /usr/aarch64-linux-gnu/include/stdint.h ]]; then
+      apt_install gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+    fi
     export CC_aarch64_unknown_linux_musl=aarch64-linux-gnu-gcc
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=aarch64-linux-gnu-gcc
+    # The glibc cross toolchain links; musl's libc.a and crt objects are
+    # Rust's own (never glibc's).
+    rustflags+=" -C link-self-contained=yes"
+    want='ARM aarch64'
     ;;
+  *) die "unsupported target $target (x86_64-unknown-linux-musl or aarch64-unknown-linux-musl)" ;;
 esac
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" cargo build --release --target "$target" --bin vk-sandbox
+RUSTFLAGS="$rustflags" cargo build --release --target "$target" --bin vk-sandbox
 cp "target/$target/release/vk-sandbox" "$out"
-if file "$out" | grep -qE 'dynamically linked'; then
-  echo "error: $out is dynamically linked" >&2; exit 1
+desc=$(file -b "$out")
+[[ "$desc" == *"$want"* ]] || die "$out is not a $want binary: $desc"
+if [[ "$desc" == *"dynamically linked"* ]]; then
+  die "$out is dynamically linked: $desc"
 fi
-echo "built $out ($(file -b "$out" | cut -d, -f1-2))"
+echo "built $out ($(echo "$desc" | cut -d, -f1-2))"
