@@ -5,10 +5,10 @@
 #   manifests  every YAML under manifests/ (recursively), one document at
 #              a time, passes `kubectl apply --server-side --dry-run=server
 #              --validate=strict` on the cluster of VK_TEST_KUBECONFIG,
-#              after the CRDs in crds/ are applied (those it added are
-#              deleted again at the end) and the namespace sandbox-system
-#              is created for real; objects without a namespace go to the
-#              scratch namespace vk-packaging-check.
+#              after the CRDs in crds/ are applied and the namespace
+#              sandbox-system is created for real (both are left in
+#              place); objects without a namespace go to the scratch
+#              namespace vk-packaging-check.
 #              Objects whose kind the cluster does not serve (a CRD that is
 #              not installed, e.g. PodMonitor) are skipped with a note.
 #   systemd    packaging/vk-sandbox.service passes `systemd-analyze verify`
@@ -49,7 +49,6 @@ fail() { echo "packaging: FAIL: $*" >&2; failures=$((failures + 1)); }
 die() { echo "packaging: error: $*" >&2; exit 1; }
 
 failures=0
-added_crds=()
 work=$(mktemp -d /tmp/vk-packaging.XXXXXX)
 chmod 0755 "$work"
 trap 'rm -rf "$work"' EXIT
@@ -91,21 +90,14 @@ check_manifests() {
   [[ -x "$bindir/kubectl" ]] || die "manifests: no kubectl in $bindir (run \`make deps\`)"
   k() { "$bindir/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
-  # CRDs this check installs are removed again at the end, so tests that
-  # expect a CRD to be absent see the cluster as they left it.
-  local before
-  before=$(k get crd -o name)
+  # The CRDs stay installed, as the e2e tests leave them (deleting them
+  # could race a test on the same cluster that has just installed one).
   log "manifests: applying crds/ and namespace sandbox-system (for real)"
   k apply --server-side --force-conflicts --field-manager=vk-sandbox-packaging-check -f crds/ >/dev/null
-  added_crds=()
-  local crd
-  for crd in $(k get crd -o name); do
-    grep -qxF "$crd" <<<"$before" || added_crds+=("$crd")
-  done
   k wait --for=condition=Established --timeout=60s -f crds/ >/dev/null
   local scratch=vk-packaging-check
   for ns in sandbox-system "$scratch"; do
-    k create namespace "$ns" --dry-run=client -o yaml | k apply -f - >/dev/null
+    k get namespace "$ns" >/dev/null 2>&1 || k create namespace "$ns" >/dev/null
   done
 
   # "apiVersion kind" of everything the cluster serves (KIND is the last
@@ -147,10 +139,6 @@ check_manifests() {
   done
   log "manifests: $applied object(s) accepted by server-side dry-run, $skipped skipped"
   ((applied > 0)) || fail "manifests: nothing was validated"
-  if ((${#added_crds[@]})); then
-    log "manifests: removing the CRDs this check installed: ${added_crds[*]}"
-    k delete --wait=false "${added_crds[@]}" >/dev/null || fail "manifests: could not delete ${added_crds[*]}"
-  fi
 }
 
 # -------------------------------------------------------------- systemd
