@@ -236,7 +236,9 @@ pub fn validate_log_query(query: &str) -> Result<(), String> {
     }
     let since_time = get("sinceTime");
     if !since_time.is_empty() {
-        if since_time.parse::<jiff::Timestamp>().is_err() {
+        // RFC 3339 proper: jiff's own parser also takes ISO 8601 and
+        // RFC 9557 forms (`+02`, `T03Z`, `[UTC]`, `,5`, basic format).
+        if crate::sandboxd::deadline::parse_rfc3339(&since_time).is_none() {
             return Err(format!(
                 "invalid sinceTime {since_time:?}: want an RFC 3339 time"
             ));
@@ -386,6 +388,18 @@ mod tests {
             "sinceSeconds=abc",
             "sinceTime=yesterday",
             "sinceTime=2026-01-02T03:04:05Z&sinceSeconds=3",
+            // Found by the kubelet_query fuzz target: ISO 8601 / RFC 9557
+            // forms jiff takes but RFC 3339 does not.
+            "sinceTime=2026-01-02T03:04:05%2B02",
+            "sinceTime=2026-01-02T03:04:05%2B0200",
+            "sinceTime=2026-01-02T03:04Z",
+            "sinceTime=2026-01-02T03Z",
+            "sinceTime=20260102T030405Z",
+            "sinceTime=2026-01-02T03:04:05Z%5BUTC%5D",
+            "sinceTime=2026-01-02T03:04:05,5Z",
+            "sinceTime=%2B002026-01-02T03:04:05Z",
+            "sinceTime=2026-01-02T03:04:05%2B24:00",
+            "sinceTime=2026-01-02T03:04:05%2B02:00:00",
         ] {
             assert!(validate_log_query(bad).is_err(), "{bad} accepted");
         }

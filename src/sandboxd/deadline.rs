@@ -95,8 +95,9 @@ fn is_go_zero(ts: Timestamp) -> bool {
 
 /// Strict RFC 3339: `YYYY-MM-DDTHH:MM:SS[.frac](Z|±hh:mm)`. `t`/`z` and a
 /// space separator are accepted as RFC 3339 allows; anything else (missing
-/// seconds or zone, a bracketed time zone name) is rejected.
-fn parse_rfc3339(s: &str) -> Option<Timestamp> {
+/// seconds or zone, a bracketed time zone name, an offset hour above 23) is
+/// rejected. Also the kubelet API's `sinceTime` check.
+pub(crate) fn parse_rfc3339(s: &str) -> Option<Timestamp> {
     let b = s.as_bytes();
     if b.len() < 20 {
         return None;
@@ -130,7 +131,14 @@ fn parse_rfc3339(s: &str) -> Option<Timestamp> {
     let zone = &s[i..];
     let zone_ok = match zone.as_bytes() {
         [b'Z' | b'z'] => true,
-        [b'+' | b'-', h1, h2, b':', m1, m2] => [h1, h2, m1, m2].iter().all(|c| c.is_ascii_digit()),
+        [
+            b'+' | b'-',
+            h1 @ b'0'..=b'2',
+            h2,
+            b':',
+            m1 @ b'0'..=b'5',
+            m2,
+        ] => [h2, m2].iter().all(|c| c.is_ascii_digit()) && !(*h1 == b'2' && *h2 > b'3'),
         _ => false,
     };
     if !zone_ok {
@@ -251,6 +259,8 @@ mod tests {
             "2026-07-06T00:05:00.1234567890Z",
             "2026-13-06T00:05:00Z",
             "2026-07-06T00:05:00+0800",
+            "2026-07-06T00:05:00+24:00",
+            "2026-07-06T00:05:00+08:60",
             "2026-07-06T00:05:00Z[Europe/Paris]",
             "1783296300",
         ] {
