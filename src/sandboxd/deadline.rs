@@ -131,14 +131,9 @@ pub(crate) fn parse_rfc3339(s: &str) -> Option<Timestamp> {
     let zone = &s[i..];
     let zone_ok = match zone.as_bytes() {
         [b'Z' | b'z'] => true,
-        [
-            b'+' | b'-',
-            h1 @ b'0'..=b'2',
-            h2,
-            b':',
-            m1 @ b'0'..=b'5',
-            m2,
-        ] => [h2, m2].iter().all(|c| c.is_ascii_digit()) && !(*h1 == b'2' && *h2 > b'3'),
+        [b'+' | b'-', h1 @ b'0'..=b'2', h2, b':', b'0'..=b'5', m2] => {
+            [h2, m2].iter().all(|c| c.is_ascii_digit()) && !(*h1 == b'2' && *h2 > b'3')
+        }
         _ => false,
     };
     if !zone_ok {
