@@ -19,6 +19,8 @@ echo "bench: building (release)" >&2
   { tail -n 40 "$logs/build.log" >&2; exit 1; }
 
 echo "bench: claims store (Criterion; log $logs/claims_commit.log)" >&2
+# Only this run's figures go into the table.
+rm -rf "$root/target/criterion/claims_commit"
 CLAIMS_BENCH_DIR="$root/target/bench-claims" "$cargo" bench --bench claims_commit >"$logs/claims_commit.log" 2>&1 ||
   { tail -n 40 "$logs/claims_commit.log" >&2; exit 1; }
 
