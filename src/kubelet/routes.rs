@@ -388,7 +388,7 @@ mod tests {
             "sinceSeconds=abc",
             "sinceTime=yesterday",
             "sinceTime=2026-01-02T03:04:05Z&sinceSeconds=3",
-            // Found by the kubelet_query fuzz target: ISO 8601 / RFC 9557
+            // Found with the kubelet_query fuzz target's checks: ISO 8601 / RFC 9557
             // forms jiff takes but RFC 3339 does not.
             "sinceTime=2026-01-02T03:04:05%2B02",
             "sinceTime=2026-01-02T03:04:05%2B0200",

@@ -66,6 +66,16 @@ fn decode_json<'a, T: Deserialize<'a>>(op: Op, reply: &'a RawReply) -> Result<T,
             message: format!("reply body exceeds {JSON_BODY_LIMIT} bytes"),
         });
     }
+    // Every sandboxd reply is a JSON object. serde's derived structs also
+    // take an array (fields by position), which read `[[]]` as an empty
+    // listing and `["sb_1","t"]` as a claim.
+    if reply.body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(SandboxdError::Decode {
+            op,
+            status: reply.status,
+            message: "reply body is not a JSON object".to_string(),
+        });
+    }
     serde_json::from_slice(&reply.body).map_err(|e| SandboxdError::Decode {
         op,
         status: reply.status,
@@ -260,6 +270,18 @@ mod tests {
             assert!(decode_list(&r(status, body)).is_err(), "{status} {body}");
             assert!(decode_info(&r(status, body)).is_err(), "{status} {body}");
         }
+        // Found with the sandboxd_reply fuzz target's checks: a JSON array decoded
+        // field by field, so `[[]]` was an empty listing.
+        for body in ["[[]]", "[[{\"id\":\"sb_1\"}]]", " []"] {
+            let err = decode_list(&r(200, body)).expect_err(body);
+            assert!(
+                matches!(&err, SandboxdError::Decode { message, .. } if message.contains("not a JSON object")),
+                "{body}: {err:?}"
+            );
+            assert!(decode_info(&r(200, body)).is_err(), "{body}");
+        }
+        let err = decode_claim(&r(200, r#"["sb_1","tok"]"#)).expect_err("array claim");
+        assert!(err.is_outcome_unknown(), "{err}");
         let over = RawReply {
             status: 200,
             body: br#"{"sandboxes":[]}"#.to_vec(),
