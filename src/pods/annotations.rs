@@ -49,9 +49,15 @@ pub fn runtime_gate(pod: &Pod) -> Result<(), String> {
 pub fn claim_request(pod: &Pod) -> Result<ClaimRequest, String> {
     let ttl_seconds = match annotation(pod, TTL_SECONDS) {
         None => DEFAULT_TTL_SECONDS,
-        Some(raw) => raw.parse::<u64>().map_err(|_| {
-            format!("invalid {TTL_SECONDS}={raw:?}: want a whole number of seconds >= 0")
-        })?,
+        // Go's strconv.Atoi, as the original: `+600` and `-0` are numbers,
+        // anything past i64 is not.
+        Some(raw) => raw
+            .parse::<i64>()
+            .ok()
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| {
+                format!("invalid {TTL_SECONDS}={raw:?}: want a whole number of seconds >= 0")
+            })?,
     };
     let template = annotation(pod, TEMPLATE)
         .ok_or_else(|| format!("missing {TEMPLATE} annotation"))?
@@ -111,6 +117,29 @@ mod tests {
         assert_eq!(req(Some("0")).unwrap().ttl_seconds, 0);
         assert!(req(Some("-1")).is_err());
         assert!(req(Some("abc")).is_err());
+        // Found with the annotations fuzz target's checks: the parse is Go's
+        // strconv.Atoi (the original's), not Rust's u64 parse.
+        assert_eq!(req(Some("-0")).unwrap().ttl_seconds, 0);
+        assert_eq!(req(Some("+600")).unwrap().ttl_seconds, 600);
+        assert_eq!(req(Some("007")).unwrap().ttl_seconds, 7);
+        assert_eq!(
+            req(Some("9223372036854775807")).unwrap().ttl_seconds,
+            9_223_372_036_854_775_807
+        );
+        for bad in [
+            "9223372036854775808",
+            "18446744073709551615",
+            " 600",
+            "6_00",
+            "+",
+            "1e3",
+        ] {
+            let e = req(Some(bad)).unwrap_err();
+            assert!(
+                e.contains(TTL_SECONDS) && e.contains(&format!("{bad:?}")),
+                "{e}"
+            );
+        }
     }
 
     #[test]
