@@ -96,6 +96,10 @@ cluster-down: ## Stop the local control plane
 test: fmt-check lint ## fmt check, clippy, unit + integration + e2e tests on the local control plane
 	./e2e/run-tests.sh
 
+.PHONY: reliability
+reliability: ## Reliability suite, full size (kills, eviction storm, sandboxd/apiserver/state faults, owner churn): report table
+	./e2e/run-tests.sh --reliability
+
 .PHONY: test-unit
 test-unit: ## Unit tests only (no cluster)
 	$(CARGO) test --workspace --lib --bins

@@ -9,7 +9,14 @@ root=$(cd "$here/.." && pwd)
 cd "$root"
 
 e2e_only=false
-[[ "${1:-}" == "--e2e-only" ]] && e2e_only=true
+reliability=false
+case "${1:-}" in
+  --e2e-only) e2e_only=true ;;
+  # `make reliability`: the full reliability suite only (issue 8).
+  --reliability) reliability=true ;;
+  "") ;;
+  *) echo "usage: e2e/run-tests.sh [--e2e-only|--reliability]" >&2; exit 2 ;;
+esac
 
 started=false
 cleanup() {
@@ -24,12 +31,16 @@ else
   VK_TEST_KUBECONFIG=$("$here/cluster.sh" up)
   export VK_TEST_KUBECONFIG
   export VK_CLUSTER_LOGS="${VK_CLUSTER_DIR:-$root/.cache/cluster}/logs"
+  # The plane is ours: the reliability suite may restart its components.
+  export VK_CLUSTER_CONTROL="$here/cluster.sh"
 fi
 export VK_REQUIRE_CLUSTER=1
 export VK_K8S_BIN_DIR="${VK_K8S_BIN_DIR:-$("$here/cluster.sh" bin)}"
 
 status=0
-if $e2e_only; then
+if $reliability; then
+  VK_RELIABILITY="${VK_RELIABILITY:-full}" cargo test --test reliability || status=$?
+elif $e2e_only; then
   cargo test --workspace --test 'e2e_*' -- --test-threads 4 || status=$?
 else
   cargo test --workspace --no-fail-fast || status=$?

@@ -251,6 +251,14 @@ impl Provider {
             let _ = self.claims.remove(&k, &claim.id).await;
         }
 
+        // A Pod already running on a sandbox no claim holds: the claims
+        // state was lost or replaced while its VM kept serving. Adopt it
+        // (released later with the node token) rather than return it as a
+        // stray or claim a second one.
+        if let Some(adopted) = self.recover_lost_claim(pod, &k).await? {
+            return Ok(adopted);
+        }
+
         // 6–7. What to claim.
         let request = annotations::claim_request(pod).map_err(CreateFailure::provider)?;
 
@@ -258,8 +266,8 @@ impl Provider {
         if lock(&self.suspects).contains(&k) {
             self.return_strays(&k).await.map_err(|e| {
                 CreateFailure::provider(format!(
-                    "cannot check whether an earlier claim for {k} left a sandbox behind \
-                     (sandboxd cannot be listed); refusing to claim twice: {e}"
+                    "cannot check for, or return, a sandbox an earlier claim for {k} may \
+                     have left behind; refusing to claim twice: {e}"
                 ))
             })?;
         }
@@ -313,6 +321,79 @@ impl Provider {
             id: claim.id.clone(),
             status: status::running(pod, &view(&claim)),
         })
+    }
+
+    /// The Pod names (claim-id annotation) a sandbox sandboxd lists under
+    /// this Pod's key, and no stored claim holds it: its credential is gone
+    /// but the VM is the Pod's. Recorded with an empty token, which
+    /// [`Provider::delete`] releases with the node token.
+    async fn recover_lost_claim(
+        &self,
+        pod: &Pod,
+        k: &str,
+    ) -> Result<Option<Created>, CreateFailure> {
+        let Some(id) = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotations::CLAIM_ID))
+            .filter(|id| !id.is_empty())
+        else {
+            return Ok(None);
+        };
+        if self.claims.held_ids().contains(id) {
+            return Ok(None);
+        }
+        let listing = self.sandboxd.list().await.map_err(|e| {
+            CreateFailure::provider(format!(
+                "{k} ran on sandbox {id}, which no stored claim holds, and sandboxd cannot be \
+                 listed to check whether it lives; refusing to claim a second one: {e}"
+            ))
+        })?;
+        let Some(row) = listing.iter().find(|r| r.id == *id && r.claim_ref == k) else {
+            return Ok(None);
+        };
+        let address = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .unwrap_or_default();
+        let claim = Claim {
+            id: id.clone(),
+            token: String::new(),
+            address,
+            pod_uid: uid(pod).to_string(),
+            claimed_at: Timestamp::now(),
+            deadline: row.deadline.expires_at(),
+        };
+        self.claims.commit(k, claim.clone()).await.map_err(|e| {
+            CreateFailure::provider(format!(
+                "persist the recovered claim of {k} on sandbox {id}: {e}"
+            ))
+        })?;
+        lock(&self.suspects).remove(k);
+        warn!(
+            pod = %k,
+            sandbox = %id,
+            "adopted a running sandbox whose release credential was not in the claims state \
+             (state file lost or replaced?); it will be released with the node token"
+        );
+        self.track(pod);
+        Ok(Some(Created::Adopted {
+            id: claim.id.clone(),
+            status: status::running(pod, &view(&claim)),
+        }))
+    }
+
+    /// Release with the claim's own token, or the node token for a claim
+    /// recovered without one.
+    async fn release_claim(&self, claim: &Claim) -> Result<(), SandboxdError> {
+        if claim.token.is_empty() {
+            self.sandboxd.release_as_node(&claim.id).await.map(|_| ())
+        } else {
+            let token = Secret::new(claim.token.clone());
+            self.sandboxd.release(&claim.id, &token).await.map(|_| ())
+        }
     }
 
     async fn undo_release(&self, claim: &Claim) -> Result<(), SandboxdError> {
@@ -373,8 +454,7 @@ impl Provider {
                 })
             }
             Verdict::Release(reason) => {
-                let token = Secret::new(claim.token.clone());
-                self.sandboxd.release(&claim.id, &token).await?;
+                self.release_claim(&claim).await?;
                 if let Err(e) = self.claims.remove(&k, &claim.id).await {
                     warn!(pod = %k, error = %e, "release done but its record could not be removed");
                 }
@@ -412,6 +492,73 @@ mod tests {
             "spec": {"containers": [{"name": "a", "image": "base:24.04"}]},
         }))
         .expect("pod")
+    }
+
+    /// Reliability finding: with the claims state lost, a Pod running on
+    /// its sandbox must keep it (adopted, to be released with the node
+    /// token), not see it returned as a stray and a second one claimed.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn lost_credential_is_recovered_not_released() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+            pools: vec![
+                sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool"),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("sim");
+        let sandboxd = SandboxdClient::builder(sim.base_url())
+            .build()
+            .expect("client");
+        let first = sandboxd
+            .claim(&crate::sandboxd::ClaimRequest {
+                template: "base:24.04".into(),
+                claim_ref: "ns/p".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("claim");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let claims = Arc::new(
+            ClaimsStore::open(&dir.path().join("claims.json"))
+                .await
+                .expect("store"),
+        );
+        let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
+        let listing = provider.sandboxd.list().await.expect("list");
+        provider.note_suspects(&listing);
+        let mut running = pod("u1");
+        running
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::CLAIM_ID.to_string(), first.id.clone());
+        running.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            pod_ip: Some("10.0.0.5".into()),
+            ..Default::default()
+        });
+        let created = provider.create(&running).await.expect("create");
+        assert!(
+            matches!(&created, Created::Adopted { id, .. } if *id == first.id),
+            "expected the running sandbox adopted, got {created:?}"
+        );
+        let requests = sim.sim().requests();
+        assert!(
+            requests.iter().all(|r| !r.path.ends_with("/release")),
+            "the running sandbox was released: {requests:?}"
+        );
+        assert_eq!(
+            requests.iter().filter(|r| r.path == "/v1/claim").count(),
+            1,
+            "a second sandbox was claimed"
+        );
+        let (stored, _) = claims.get("ns/p").expect("stored");
+        assert_eq!(
+            (stored.id.as_str(), stored.token.as_str()),
+            (first.id.as_str(), "")
+        );
+        assert_eq!(sim.sim().claims().len(), 1);
     }
 
     /// Test 34: a delete or update for an older generation of a tracked key

@@ -73,6 +73,12 @@ fn scenarios() -> Vec<(&'static str, &'static str, Scenario, bool)> {
             true,
         ),
         (
+            "state",
+            "5 state store faults",
+            |w, s| Box::pin(scenarios::state_faults(w, s)),
+            false,
+        ),
+        (
             "churn",
             "6 owner churn (same name)",
             |w, s| Box::pin(scenarios::owner_churn(w, s)),
@@ -153,6 +159,12 @@ fn main() -> ExitCode {
     let Some(rows) = rows else {
         return ExitCode::SUCCESS;
     };
+    if rows.is_empty() {
+        println!(
+            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn)"
+        );
+        return ExitCode::FAILURE;
+    }
     let report = table(&rows, seed, size, started.elapsed());
     println!("\n{report}");
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/reliability-report.md");

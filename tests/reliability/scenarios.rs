@@ -214,3 +214,155 @@ pub async fn owner_churn(w: &mut World, size: Size) {
         w.jitter(1500).await;
     }
 }
+
+fn sh(cmd: &str, args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// While the store is faulty, a Pod may only be reported Running once its
+/// claim is on disk (decisions.md D4: durable before Running). A full
+/// tmpfs can still take a small journal append in a page's slack, so
+/// Running is allowed; running without the claim on disk is not.
+async fn assert_durable_if_running(w: &mut World, what: &str, names: &[String]) {
+    w.jitter(1000).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let state = w.vk.state_path.clone();
+    let pods = w.pods();
+    for n in names {
+        let Ok(Some(p)) = pods.get_opt(n).await else {
+            continue;
+        };
+        if p.status.and_then(|s| s.phase).as_deref() != Some("Running") {
+            continue;
+        }
+        let id = p
+            .metadata
+            .annotations
+            .and_then(|a| a.get("sandbox.cocoonstack.io/claim-id").cloned())
+            .unwrap_or_default();
+        let mut on_disk = std::fs::read_to_string(&state).unwrap_or_default();
+        on_disk.push_str(
+            &std::fs::read_to_string(format!("{}.journal", state.display())).unwrap_or_default(),
+        );
+        assert!(
+            !id.is_empty() && on_disk.contains(&id),
+            "Pod {n} reported Running on {id:?} while {what}, and its claim is not on disk"
+        );
+    }
+}
+
+/// 5. State store faults: the state directory replaced, made read-only and
+/// full while running; the state file corrupted while stopped (refused,
+/// untouched); the state directory deleted while running. Needs root (a
+/// tmpfs over the state directory).
+pub async fn state_faults(w: &mut World, size: Size) {
+    if !nix::unistd::Uid::effective().is_root() {
+        println!("   (state store faults need root for a tmpfs; skipped)");
+        return;
+    }
+    let state = w.vk.state_path.clone();
+    let dir = state.parent().expect("state dir").to_path_buf();
+    let d = dir.to_str().expect("utf-8 path").to_string();
+    w.create(size.pick(2, 4)).await;
+    settle(w, Duration::from_secs(90)).await;
+
+    // The directory replaced under the running process: rewritten from memory.
+    sh(
+        "mount",
+        &["-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", &d],
+    )
+    .expect("mount tmpfs");
+    w.faults += 1;
+    w.create(1).await;
+    settle(w, Duration::from_secs(60)).await;
+    assert!(
+        state.exists(),
+        "the claims file was not rewritten onto the new directory"
+    );
+
+    // Read-only: new claims cannot be persisted.
+    sh("mount", &["-o", "remount,ro", &d]).expect("remount ro");
+    w.faults += 1;
+    let before = w.owners.len();
+    w.create(2).await;
+    let names: Vec<String> = w.owners[before..].iter().map(|o| o.name.clone()).collect();
+    assert_durable_if_running(w, "the state directory was read-only", &names).await;
+    sh("mount", &["-o", "remount,rw", &d]).expect("remount rw");
+    settle(w, Duration::from_secs(120)).await;
+
+    // Full.
+    let filler = dir.join("filler");
+    let chunk = vec![0u8; 16 * 1024];
+    if let Ok(mut f) = std::fs::File::create(&filler) {
+        use std::io::Write;
+        while f.write_all(&chunk).is_ok() {}
+    }
+    w.faults += 1;
+    let before = w.owners.len();
+    w.create(2).await;
+    let names: Vec<String> = w.owners[before..].iter().map(|o| o.name.clone()).collect();
+    assert_durable_if_running(w, "the state directory was full", &names).await;
+    std::fs::remove_file(&filler).expect("remove the filler");
+    settle(w, Duration::from_secs(120)).await;
+
+    // Corrupted while stopped: refused with the file named, left untouched.
+    w.vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        w.vk.process
+            .wait_exit(Duration::from_secs(15))
+            .is_some_and(|s| s.success())
+    );
+    let good = std::fs::read(&state).expect("read the state file");
+    let garbage = b"{\"claims\": {\"ns/x\": {\"id\": 7,".to_vec();
+    std::fs::write(&state, &garbage).expect("corrupt the state file");
+    w.faults += 1;
+    let log_len = w.vk.logs().len();
+    w.restart();
+    let st = w.vk.process.wait_exit(Duration::from_secs(30));
+    assert!(
+        st.is_some_and(|s| !s.success()),
+        "vk-sandbox started on a corrupted state file: {st:?}"
+    );
+    let said = w.vk.logs()[log_len..].to_string();
+    assert!(
+        said.contains(state.to_str().expect("utf-8")),
+        "the refusal does not name the file:\n{said}"
+    );
+    assert_eq!(
+        std::fs::read(&state).expect("state file"),
+        garbage,
+        "the corrupted state file was modified"
+    );
+    std::fs::write(&state, &good).expect("restore the state file");
+    w.restart_and_wait().await;
+    settle(w, Duration::from_secs(120)).await;
+
+    // Lost while stopped (the file removed): the running Pods keep their
+    // sandboxes (adopted, released later with the node token); nothing
+    // is released or claimed twice.
+    w.vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+    w.vk.process.wait_exit(Duration::from_secs(15));
+    std::fs::remove_file(&state).expect("remove the state file");
+    w.faults += 1;
+    w.restart_and_wait().await;
+    settle(w, Duration::from_secs(120)).await;
+
+    // Deleted while running: the tmpfs goes (lazily) and the directory
+    // with it; the next claim recreates both.
+    sh("umount", &["-l", &d]).expect("umount");
+    let _ = std::fs::remove_dir_all(&dir);
+    w.faults += 1;
+    w.create(1).await;
+}

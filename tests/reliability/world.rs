@@ -60,6 +60,8 @@ pub struct World {
     pub faults: u32,
     next: u32,
     prefix: String,
+    /// The longest wait for convergence after a fault in this run.
+    slowest: Duration,
     _controller: sandbox_controller::ControllerHandle,
 }
 
@@ -105,6 +107,7 @@ impl World {
             faults: 0,
             next: 0,
             prefix: prefix.to_string(),
+            slowest: Duration::ZERO,
             _controller: controller,
         }
     }
@@ -227,6 +230,23 @@ impl World {
         self.restart();
     }
 
+    /// Starts again and waits until the new process has registered (its
+    /// log says "virtual node ready" once more): the Node's Ready condition
+    /// alone may still be the previous process's.
+    pub async fn restart_and_wait(&mut self) {
+        let before = self.vk.logs().matches("virtual node ready").count();
+        self.restart();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.vk.logs().matches("virtual node ready").count() <= before {
+            assert!(
+                Instant::now() < deadline,
+                "vk-sandbox did not come back within 60 s:\n{}",
+                tail(&self.vk.logs(), 30)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     pub fn restart(&mut self) {
         let args = self.vk_args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -297,6 +317,7 @@ impl World {
                 }
             }
             if problems.is_empty() || started.elapsed() >= timeout {
+                self.slowest = self.slowest.max(started.elapsed());
                 return (started.elapsed(), problems);
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -310,7 +331,7 @@ impl World {
         let mut t = Tally {
             pods: self.owners.len(),
             faults: self.faults,
-            converge: took,
+            converge: took.max(self.slowest),
             not_converged: problems.len(),
             ..Tally::default()
         };
@@ -518,9 +539,9 @@ fn read_state(path: &std::path::Path) -> Result<BTreeMap<String, String>, String
     claims
         .into_iter()
         .map(|(k, c)| match c["id"].as_str() {
-            Some(id) if !id.is_empty() && c["token"].as_str().is_some_and(|t| !t.is_empty()) => {
-                Ok((k, id.to_string()))
-            }
+            // An empty token is a claim recovered after its credential was
+            // lost (released with the node token).
+            Some(id) if !id.is_empty() && c["token"].is_string() => Ok((k, id.to_string())),
             _ => Err(format!(
                 "{}: claim {k} lacks an id or token",
                 path.display()
