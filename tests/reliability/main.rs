@@ -131,9 +131,7 @@ fn main() -> ExitCode {
             let mut row = Row { title, runs, tally: Tally::default(), converge_max: Duration::ZERO };
             for run in 0..runs {
                 let run_seed = seed.wrapping_add(run as u64 * 7919);
-                let Some(cluster) = support::cluster().await else {
-                    return None;
-                };
+                let cluster = support::cluster().await?;
                 let t0 = Instant::now();
                 println!("== {title}: run {} of {runs}, seed {run_seed}", run + 1);
                 let mut w = World::new(cluster, &format!("rel-{key}"), run_seed, 64).await;

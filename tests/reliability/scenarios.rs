@@ -29,7 +29,7 @@ async fn settle(w: &mut World, timeout: Duration) {
     );
 }
 
-/// 1. `kill -9` at random points during bursts of creates and deletes.
+/// Scenario 1: `kill -9` at random points during bursts of creates and deletes.
 pub async fn kill9(w: &mut World, size: Size) {
     w.create(size.pick(4, 8)).await;
     for _ in 0..size.pick(5, 20) {
@@ -42,7 +42,7 @@ pub async fn kill9(w: &mut World, size: Size) {
     }
 }
 
-/// 2. Eviction storm: vk-sandbox paused past the node-monitor grace
+/// Scenario 2: Eviction storm: vk-sandbox paused past the node-monitor grace
 /// period, so the node lifecycle controller taints the node and evicts
 /// its Pods (the Sandboxes live on); then resumed.
 pub async fn eviction(w: &mut World, size: Size) {
@@ -86,7 +86,7 @@ pub async fn eviction(w: &mut World, size: Size) {
     keeper.delete_node(&w.cluster.client).await;
 }
 
-/// 3. sandboxd faults: 429 bursts, slow claims past the client timeout
+/// Scenario 3: sandboxd faults: 429 bursts, slow claims past the client timeout
 /// that succeed server-side, persist-then-drop replies, release 500s of
 /// both kinds, list failures during start-up verification, sandboxd
 /// restarts, token rotation.
@@ -160,7 +160,7 @@ pub async fn sandboxd_faults(w: &mut World, size: Size) {
     w.restart();
 }
 
-/// 4. apiserver outage mid-burst, then an etcd restart.
+/// Scenario 4: apiserver outage mid-burst, then an etcd restart.
 pub async fn apiserver_outage(w: &mut World, size: Size) {
     let Some(cluster_sh) = crate::cluster_control() else {
         return;
@@ -195,7 +195,7 @@ async fn restart_component(cluster_sh: &std::path::Path, name: &str, down: &str)
     );
 }
 
-/// 6. Owner churn: Sandboxes deleted and re-created under the same name
+/// Scenario 6: Owner churn: Sandboxes deleted and re-created under the same name
 /// while their Pods are being torn down (UID-change paths).
 pub async fn owner_churn(w: &mut World, size: Size) {
     w.create(size.pick(3, 6)).await;
@@ -263,7 +263,7 @@ async fn assert_durable_if_running(w: &mut World, what: &str, names: &[String]) 
     }
 }
 
-/// 5. State store faults: the state directory replaced, made read-only and
+/// Scenario 5: State store faults: the state directory replaced, made read-only and
 /// full while running; the state file corrupted while stopped (refused,
 /// untouched); the state directory deleted while running. Needs root (a
 /// tmpfs over the state directory).
