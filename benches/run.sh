@@ -6,6 +6,10 @@
 #
 #   BENCH_SCALE=k   multiply Pod counts and repetitions (default 1)
 #   BENCH_DOC=-     do not write docs/benchmarks.md
+#
+# Both benchmarks are built once (release) and their executables run
+# directly, so edits landing in the tree meanwhile do not trigger rebuilds
+# between the steps.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,15 +17,24 @@ cd "$root"
 cargo=${CARGO:-cargo}
 logs="$root/target/bench-logs"
 mkdir -p "$logs" "$root/target/bench-claims"
+command -v jq >/dev/null || { echo "bench: jq is needed (apt-get install jq)" >&2; exit 1; }
 
-echo "bench: building (release)" >&2
-"$cargo" bench --no-run --bench claims_commit --bench cluster >"$logs/build.log" 2>&1 ||
+echo "bench: building (release; log $logs/build.log)" >&2
+"$cargo" bench --no-run --bench claims_commit --bench cluster --message-format json \
+  2>"$logs/build.log" >"$logs/build.json" ||
   { tail -n 40 "$logs/build.log" >&2; exit 1; }
+exe() {
+  jq -r --arg n "$1" 'select(.reason == "compiler-artifact" and .target.name == $n and .executable != null) | .executable' \
+    "$logs/build.json" | tail -n 1
+}
+claims_commit=$(exe claims_commit)
+cluster=$(exe cluster)
+[[ -x "$claims_commit" && -x "$cluster" ]] || { echo "bench: benchmark executables not found in $logs/build.json" >&2; exit 1; }
 
 echo "bench: claims store (Criterion; log $logs/claims_commit.log)" >&2
 # Only this run's figures go into the table.
 rm -rf "$root/target/criterion/claims_commit"
-CLAIMS_BENCH_DIR="$root/target/bench-claims" "$cargo" bench --bench claims_commit >"$logs/claims_commit.log" 2>&1 ||
+CLAIMS_BENCH_DIR="$root/target/bench-claims" "$claims_commit" --bench >"$logs/claims_commit.log" 2>&1 ||
   { tail -n 40 "$logs/claims_commit.log" >&2; exit 1; }
 
 kubeconfig="${VK_TEST_KUBECONFIG:-$(./e2e/cluster.sh up)}"
@@ -29,4 +42,4 @@ audit=$(./e2e/cluster.sh audit-apiserver up)
 trap './e2e/cluster.sh audit-apiserver down >/dev/null 2>&1 || true' EXIT
 
 echo "bench: cluster benchmarks (progress below, table at the end)" >&2
-VK_TEST_KUBECONFIG="$kubeconfig" BENCH_AUDIT="$audit" "$cargo" bench --bench cluster
+VK_TEST_KUBECONFIG="$kubeconfig" BENCH_AUDIT="$audit" "$cluster" --bench
