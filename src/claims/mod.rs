@@ -89,10 +89,13 @@ impl Claim {
     /// The claim with its times truncated to whole seconds (the file's
     /// precision) and an unset `claimed_at` stamped with `now`.
     fn normalised(mut self, now: Timestamp) -> Claim {
-        self.claimed_at = if format::is_unset(self.claimed_at) {
+        // Truncate first: a time within the epoch's first second becomes the
+        // epoch, which the file cannot tell from unset.
+        let claimed_at = format::to_second(self.claimed_at);
+        self.claimed_at = if format::is_unset(claimed_at) {
             format::to_second(now)
         } else {
-            format::to_second(self.claimed_at)
+            claimed_at
         };
         self.deadline = self.deadline.map(format::to_second);
         self

@@ -231,6 +231,25 @@ async fn commit_normalises_times() {
     assert_eq!(again.get("ns/a").expect("row").0, got);
 }
 
+/// Found by the claims_roundtrip fuzz target: a `claimed_at` within the
+/// epoch's first second was truncated to the epoch after the "unset" check,
+/// so memory held the epoch while the file (which writes the epoch as
+/// unset) gave back "now" after a restart.
+#[tokio::test]
+async fn claimed_at_truncated_to_the_epoch_counts_as_unset() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.json");
+    let store = ClaimsStore::open(&path).await.expect("open");
+    let mut c = claim("sb_1");
+    c.claimed_at = Timestamp::new(0, 500_000_000).expect("ts");
+    store.commit("ns/a", c).await.expect("commit");
+    let (got, _) = store.get("ns/a").expect("row");
+    assert!(got.claimed_at > ts("2026-01-01T00:00:00Z"), "{got:?}");
+    drop(store);
+    let again = ClaimsStore::open(&path).await.expect("reopen");
+    assert_eq!(again.get("ns/a").expect("row").0, got);
+}
+
 #[tokio::test]
 async fn commit_over_a_different_claim_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
