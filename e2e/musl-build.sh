@@ -46,8 +46,16 @@ case "$target" in
     ;;
   *) die "unsupported target $target (x86_64-unknown-linux-musl or aarch64-unknown-linux-musl)" ;;
 esac
-RUSTFLAGS="$rustflags" cargo build --release --target "$target" --bin vk-sandbox
-cp "target/$target/release/vk-sandbox" "$out"
+# VK_MUSL_PROFILE=dev: the same static linkage without release LTO (the
+# packaging check uses it; release archives never do).
+profile=${VK_MUSL_PROFILE:-release}
+case "$profile" in
+  release) outdir=release ;;
+  dev) outdir=debug ;;
+  *) die "VK_MUSL_PROFILE must be release or dev, got '$profile'" ;;
+esac
+RUSTFLAGS="$rustflags" cargo build --profile "$profile" --target "$target" --bin vk-sandbox
+cp "target/$target/$outdir/vk-sandbox" "$out"
 desc=$(file -b "$out")
 [[ "$desc" == *"$want"* ]] || die "$out is not a $want binary: $desc"
 if [[ "$desc" == *"dynamically linked"* ]]; then
