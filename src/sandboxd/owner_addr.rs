@@ -117,6 +117,11 @@ fn split_host_port(s: &str) -> Option<(String, Option<u16>)> {
     }
     if let Some(rest) = s.strip_prefix('[') {
         let (host, after) = rest.split_once(']')?;
+        // `[]` or `[[x]`: no host a bracket can hold (and no `Display` that
+        // reads back the same).
+        if host.is_empty() || host.contains('[') {
+            return None;
+        }
         let port = match after {
             "" => None,
             p => Some(parse_port(p.strip_prefix(':')?)?),
@@ -224,6 +229,14 @@ mod tests {
             OwnerAddr::parse(Some("https://:7777")),
             OwnerAddr::Other(_)
         ));
+        // Found by the sandboxd_reply fuzz target: these were a host `[M`
+        // and a host-less address, shown as text that classifies otherwise.
+        for raw in ["[[M]", "[]", "[]:7777", "http://[[x]:1"] {
+            assert!(
+                matches!(OwnerAddr::parse(Some(raw)), OwnerAddr::Other(_)),
+                "{raw}"
+            );
+        }
     }
 
     #[test]
