@@ -1054,10 +1054,11 @@ fn rfc3339_verdict(s: &str) -> Option<bool> {
             true
         }
         [b'+' | b'-', h1, h2, b':', m1, m2] => {
-            let digits = [h1, h2, m1, m2].iter().all(|c| c.is_ascii_digit());
-            let h = (*h1 - b'0') * 10 + (*h2 - b'0');
-            let m = (*m1 - b'0') * 10 + (*m2 - b'0');
-            digits && h <= 23 && m <= 59
+            let two = |a: u8, b: u8| {
+                (a.is_ascii_digit() && b.is_ascii_digit())
+                    .then(|| u32::from(a - b'0') * 10 + u32::from(b - b'0'))
+            };
+            matches!((two(*h1, *h2), two(*m1, *m2)), (Some(h), Some(m)) if h <= 23 && m <= 59)
         }
         _ => false,
     };
