@@ -884,7 +884,7 @@ pub fn check_claims_roundtrip(data: &[u8]) {
                 let (stored, state) = store.get(&key).expect("committed row");
                 assert_eq!(state, ClaimState::Settled);
                 let mut want = claim.clone();
-                want.deadline = want.deadline.map(claims_format::to_second);
+                want.deadline = want.deadline.and_then(claims_format::to_file_deadline);
                 if claims_format::is_unset(claims_format::to_second(claim.claimed_at)) {
                     assert!(stored.claimed_at >= t0 && stored.claimed_at <= t1);
                     want.claimed_at = stored.claimed_at;

@@ -61,6 +61,13 @@ pub fn to_second(ts: Timestamp) -> Timestamp {
     Timestamp::from_second(ts.as_second()).unwrap_or(ts)
 }
 
+/// A deadline as the file holds it: whole seconds, and Go's zero time
+/// (`0001-01-01T00:00:00Z`, which the file reads as "no expiry") is `None`.
+pub fn to_file_deadline(ts: Timestamp) -> Option<Timestamp> {
+    let ts = to_second(ts);
+    (!matches!(Deadline::parse(Some(&format_time(ts))), Deadline::Never)).then_some(ts)
+}
+
 /// A `claimedAt` at or before the Unix epoch counts as unset (Go's zero time
 /// and `Timestamp::default()` both fall there; no real claim predates 1970).
 pub fn is_unset(ts: Timestamp) -> bool {

@@ -97,7 +97,7 @@ impl Claim {
         } else {
             claimed_at
         };
-        self.deadline = self.deadline.map(format::to_second);
+        self.deadline = self.deadline.and_then(format::to_file_deadline);
         self
     }
 }
@@ -491,7 +491,7 @@ impl ClaimsStore {
         id: &str,
         deadline: Option<Timestamp>,
     ) -> Result<()> {
-        let deadline = deadline.map(format::to_second);
+        let deadline = deadline.and_then(format::to_file_deadline);
         self.persist(|table| match table.rows.get_mut(key) {
             Some(e) if e.claim.id == id && e.claim.deadline != deadline => {
                 e.claim.deadline = deadline;
@@ -536,7 +536,7 @@ impl ClaimsStore {
                         if e.claim.deadline.is_none()
                             && let Some(d) = row.deadline.expires_at()
                         {
-                            e.claim.deadline = Some(format::to_second(d));
+                            e.claim.deadline = format::to_file_deadline(d);
                             report.deadlines_taken.push(key.clone());
                             dirty.push(key.clone());
                         }

@@ -250,6 +250,34 @@ async fn claimed_at_truncated_to_the_epoch_counts_as_unset() {
     assert_eq!(again.get("ns/a").expect("row").0, got);
 }
 
+/// Found by the claims_roundtrip fuzz target (libFuzzer): a deadline of
+/// Go's zero time was kept in memory (expired) but written as the text the
+/// file reads as "no expiry".
+#[tokio::test]
+async fn deadline_of_go_zero_time_is_no_expiry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.json");
+    let store = ClaimsStore::open(&path).await.expect("open");
+    let mut c = claim("sb_1");
+    c.deadline = Some(ts("0001-01-01T00:00:00Z"));
+    store.commit("ns/a", c).await.expect("commit");
+    assert_eq!(store.get("ns/a").expect("row").0.deadline, None);
+    let later = Some(ts("2026-01-02T00:00:00Z"));
+    store
+        .set_deadline("ns/a", "sb_1", later)
+        .await
+        .expect("set");
+    assert_eq!(store.get("ns/a").expect("row").0.deadline, later);
+    store
+        .set_deadline("ns/a", "sb_1", Some(ts("0001-01-01T00:00:00Z")))
+        .await
+        .expect("set");
+    assert_eq!(store.get("ns/a").expect("row").0.deadline, None);
+    drop(store);
+    let again = ClaimsStore::open(&path).await.expect("reopen");
+    assert_eq!(again.get("ns/a").expect("row").0.deadline, None);
+}
+
 #[tokio::test]
 async fn commit_over_a_different_claim_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
