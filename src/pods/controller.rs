@@ -321,6 +321,10 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
         ctx.provider.delete(&old).await.map_err(Error::Sandboxd)?;
     }
     match plan.step {
+        // A claim stored for this key (claimed, then the process died or
+        // the status write failed before Running was published) must go
+        // through the provider: deleting the Pod alone would leak it.
+        Step::DeleteNow if ctx.provider.holds(&k) => delete_pod(pod, ctx).await,
         Step::DeleteNow => {
             force_delete(&ctx.client, &pod).await?;
             Ok(Action::await_change())

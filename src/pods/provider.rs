@@ -138,6 +138,11 @@ impl Provider {
         }
     }
 
+    /// Whether the claims store holds a claim (any state) for `key`.
+    pub fn holds(&self, key: &str) -> bool {
+        self.claims.get(key).is_some()
+    }
+
     /// Replaces the tracked copy (an update of the same Pod generation).
     pub fn update_tracked(&self, pod: &Pod) {
         let k = key(pod);

@@ -62,6 +62,9 @@ pub struct World {
     prefix: String,
     /// The longest wait for convergence after a fault in this run.
     slowest: Duration,
+    /// Processes started that should come up (each logs "virtual node
+    /// ready" once up).
+    pub starts: usize,
     _controller: sandbox_controller::ControllerHandle,
 }
 
@@ -108,6 +111,7 @@ impl World {
             next: 0,
             prefix: prefix.to_string(),
             slowest: Duration::ZERO,
+            starts: 1,
             _controller: controller,
         }
     }
@@ -248,6 +252,7 @@ impl World {
     }
 
     pub fn restart(&mut self) {
+        self.starts += 1;
         let args = self.vk_args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.vk.restart(&args);
@@ -371,7 +376,15 @@ impl World {
             }
         }
 
-        // (d) The claims file after a clean stop: valid and 0600.
+        // (d) The claims file after a clean stop: valid and 0600. A
+        // process killed and restarted just before must be up first (a
+        // SIGTERM before its handler is installed ends it uncompacted).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.vk.logs().matches("virtual node ready").count() < self.starts
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         self.vk.process.signal(nix::sys::signal::Signal::SIGTERM);
         let exited = self.vk.process.wait_exit(Duration::from_secs(15));
         if !exited.is_some_and(|s| s.success()) {
