@@ -287,12 +287,16 @@ pub enum Step {
     Create,
 }
 
-pub fn plan(pod: &Pod, tracked_uid: Option<Option<&str>>) -> Plan {
+/// `holds_claim`: the claims store holds a claim for the Pod's key. A
+/// terminating Pod with one goes through the provider even when no
+/// container runs (claimed, then the process died or the status write
+/// failed before Running was published): deleting it alone would leak it.
+pub fn plan(pod: &Pod, tracked_uid: Option<Option<&str>>, holds_claim: bool) -> Plan {
     let uid = pod.metadata.uid.as_deref();
     let retire_tracked = tracked_uid.is_some_and(|t| t != uid);
     let still_tracked = tracked_uid.is_some() && !retire_tracked;
     let step = if pod.metadata.deletion_timestamp.is_some() {
-        if has_running_container(pod) {
+        if has_running_container(pod) || holds_claim {
             Step::DeleteAfterProvider
         } else {
             Step::DeleteNow
@@ -313,7 +317,11 @@ pub fn plan(pod: &Pod, tracked_uid: Option<Option<&str>>) -> Plan {
 async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
     let k = key(&pod);
     let tracked = ctx.provider.tracked(&k);
-    let plan = plan(&pod, tracked.as_ref().map(|t| t.metadata.uid.as_deref()));
+    let plan = plan(
+        &pod,
+        tracked.as_ref().map(|t| t.metadata.uid.as_deref()),
+        ctx.provider.holds(&k),
+    );
     if plan.retire_tracked
         && let Some(old) = tracked
     {
@@ -321,10 +329,6 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
         ctx.provider.delete(&old).await.map_err(Error::Sandboxd)?;
     }
     match plan.step {
-        // A claim stored for this key (claimed, then the process died or
-        // the status write failed before Running was published) must go
-        // through the provider: deleting the Pod alone would leak it.
-        Step::DeleteNow if ctx.provider.holds(&k) => delete_pod(pod, ctx).await,
         Step::DeleteNow => {
             force_delete(&ctx.client, &pod).await?;
             Ok(Action::await_change())
@@ -635,7 +639,7 @@ mod tests {
             ),
         ];
         for (i, (p, tracked, retire, step)) in cases.into_iter().enumerate() {
-            let got = plan(&p, tracked);
+            let got = plan(&p, tracked, false);
             assert_eq!(
                 got,
                 Plan {
@@ -645,6 +649,19 @@ mod tests {
                 "case {i}"
             );
         }
+    }
+
+    /// Reliability finding: a terminating Pod that never showed a running
+    /// container but whose key holds a stored claim (killed between commit
+    /// and the Running write) goes through the provider, not straight to
+    /// deletion, which leaked the sandbox.
+    #[test]
+    fn terminating_pod_with_a_stored_claim_goes_through_the_provider() {
+        let p = pod("u", true, Some("Pending"), false);
+        assert_eq!(plan(&p, None, false).step, Step::DeleteNow);
+        assert_eq!(plan(&p, None, true).step, Step::DeleteAfterProvider);
+        let done = pod("u", false, Some("Failed"), false);
+        assert_eq!(plan(&done, None, true).step, Step::Leave);
     }
 
     #[test]
