@@ -40,6 +40,11 @@ export VK_K8S_BIN_DIR="${VK_K8S_BIN_DIR:-$("$here/cluster.sh" bin)}"
 status=0
 if $reliability; then
   VK_RELIABILITY="${VK_RELIABILITY:-full}" cargo test --test reliability || status=$?
+  # Scenario 7, bad input: every fuzz target for a bounded time
+  # (VK_SKIP_FUZZ=1 skips; the first sanitizer build is long).
+  if [[ -z "${VK_SKIP_FUZZ:-}" ]]; then
+    "$here/fuzz.sh" "${FUZZ_SECONDS:-60}" || status=$?
+  fi
 elif $e2e_only; then
   cargo test --workspace --test 'e2e_*' -- --test-threads 4 || status=$?
 else
