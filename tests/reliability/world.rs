@@ -70,9 +70,6 @@ pub struct World {
 
 impl World {
     pub async fn new(cluster: TestCluster, prefix: &str, seed: u64, pool: u32) -> World {
-        sandbox_controller::crd::install(&cluster.client, Duration::from_secs(60))
-            .await
-            .unwrap_or_else(|e| panic!("install the Sandbox CRD: {e}"));
         let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
             api_token: TOKEN.into(),
             pools: vec![
@@ -88,7 +85,12 @@ impl World {
         std::fs::write(&token_file, TOKEN).expect("token file");
         let args = base_args(&sim, &token_file);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // vk-sandbox first: its ServiceAccount kubeconfig is made with API
+        // discovery, which can answer 404 for a moment after a new CRD.
         let vk = VkUnderTest::start(&cluster, prefix, &args).await;
+        sandbox_controller::crd::install(&cluster.client, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("install the Sandbox CRD: {e}"));
         vk.wait_ready(&cluster.client, Duration::from_secs(60))
             .await;
         let ns = cluster.namespace(prefix).await;
