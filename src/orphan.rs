@@ -201,17 +201,9 @@ impl Scanner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandboxd::{Deadline, PoolKey};
 
     fn row(id: &str, claim_ref: &str) -> SandboxRow {
-        SandboxRow {
-            id: id.into(),
-            key: PoolKey::default(),
-            deadline: Deadline::Never,
-            hibernated: false,
-            archived: false,
-            claim_ref: claim_ref.into(),
-        }
+        SandboxRow::for_test(id, claim_ref)
     }
 
     fn held(key: &str, id: &str) -> (String, Claim) {

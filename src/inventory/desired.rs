@@ -131,14 +131,7 @@ mod tests {
     use crate::sandboxd::{Deadline, PoolInfo, PoolKey};
 
     fn row(id: &str, claim_ref: &str) -> SandboxRow {
-        SandboxRow {
-            id: id.into(),
-            key: PoolKey::default(),
-            deadline: Deadline::Never,
-            hibernated: false,
-            archived: false,
-            claim_ref: claim_ref.into(),
-        }
+        SandboxRow::for_test(id, claim_ref)
     }
 
     fn claim(id: &str, address: &str) -> Claim {

@@ -490,6 +490,19 @@ mod tests {
         Client::new(mock, "default")
     }
 
+    /// An in-process simulator with a warm `base:24.04` pool of two.
+    async fn sim_with_pool() -> sandboxd_sim::SimHandle {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+            pools: vec![
+                sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool"),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("sim")
+    }
+
     fn pod(uid: &str) -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": "p", "namespace": "ns", "uid": uid, "annotations": {
@@ -504,15 +517,7 @@ mod tests {
     /// token), not see it returned as a stray and a second one claimed.
     #[tokio::test(flavor = "multi_thread")]
     async fn lost_credential_is_recovered_not_released() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-            pools: vec![
-                sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool"),
-            ],
-            ..Default::default()
-        })
-        .await
-        .expect("sim");
+        let sim = sim_with_pool().await;
         let sandboxd = SandboxdClient::builder(sim.base_url())
             .build()
             .expect("client");
@@ -570,15 +575,7 @@ mod tests {
     /// is ignored: no release, the claim and the tracked Pod stay.
     #[tokio::test(flavor = "multi_thread")]
     async fn stale_uid_is_ignored() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-            pools: vec![
-                sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool"),
-            ],
-            ..Default::default()
-        })
-        .await
-        .expect("sim");
+        let sim = sim_with_pool().await;
         let dir = tempfile::tempdir().expect("tempdir");
         let claims = Arc::new(
             ClaimsStore::open(&dir.path().join("claims.json"))

@@ -187,6 +187,19 @@ pub struct SandboxRow {
 }
 
 impl SandboxRow {
+    /// A running row with no deadline, for tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(id: &str, claim_ref: &str) -> SandboxRow {
+        SandboxRow {
+            id: id.into(),
+            key: PoolKey::default(),
+            deadline: Deadline::Never,
+            hibernated: false,
+            archived: false,
+            claim_ref: claim_ref.into(),
+        }
+    }
+
     pub fn state(&self) -> SandboxState {
         if self.archived {
             SandboxState::Archived
