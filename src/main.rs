@@ -162,11 +162,15 @@ async fn run(cfg: Config) -> Result<()> {
     })?;
     let admin_router = admin::router(Arc::clone(&health), Arc::clone(&metrics));
 
+    // Ready: the Pod watch has synced and the Node is registered. Pod
+    // reconciles wait for it, so registering is not queued behind them.
+    let (ready_tx, ready_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn({
         let ctx = Arc::new(
             Context::new(client.clone(), Arc::clone(&provider), &cfg.node_name)
-                .with_metrics(Arc::clone(&metrics)),
+                .with_metrics(Arc::clone(&metrics))
+                .gated(ready_rx.clone()),
         );
         let fut = controller::run(pod_controller, ctx, stop_rx.clone());
         async move {
@@ -184,7 +188,6 @@ async fn run(cfg: Config) -> Result<()> {
     // Wait for the initial Pod list before registering, so a Ready node
     // always knows its Pods; a signal meanwhile still shuts down cleanly.
     let settings = node_settings(&cfg);
-    let (ready_tx, ready_rx) = watch::channel(false);
     tokio::pin!(signal);
     let registered = tokio::select! {
         r = async {

@@ -48,6 +48,10 @@ pub struct Metrics {
     /// `vk_sandbox_claim_duration_seconds`: from the reconcile that first
     /// sees a Pod to its Running status written (claims and adoptions).
     pub claim_duration: prometheus::Histogram,
+    /// `vk_sandbox_claim_provider_seconds`: the same start to the moment
+    /// the Running status write is sent — vk-sandbox's own share (sandboxd
+    /// claim and claims-store commit included, the apiserver's answer not).
+    pub claim_provider: prometheus::Histogram,
     /// `vk_sandbox_sandboxd_requests_total{endpoint,status}`: sandboxd calls
     /// by endpoint (`claim`, `release`, `list`, `info`) and outcome: `ok`,
     /// the HTTP status of a refusal, or the error kind (`timeout`,
@@ -214,6 +218,21 @@ impl Metrics {
             .map_err(metric_error)?,
         )?;
 
+        let claim_provider = register(
+            &registry,
+            prometheus::Histogram::with_opts(
+                prometheus::HistogramOpts::new(
+                    "vk_sandbox_claim_provider_seconds",
+                    "From a sandbox Pod's reconcile to its Running status write sent: vk-sandbox's own cost (sandboxd claim and claims-store commit included, the apiserver's answer not).",
+                )
+                .buckets(vec![
+                    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01,
+                    0.025, 0.1, 0.5, 2.5,
+                ]),
+            )
+            .map_err(metric_error)?,
+        )?;
+
         let sandboxd_requests = counter_vec(
             &registry,
             "vk_sandbox_sandboxd_requests_total",
@@ -284,6 +303,7 @@ impl Metrics {
             reconcile_failures,
             reconcile_duration,
             claim_duration,
+            claim_provider,
             registry,
             build_info,
             kubelet_requests,

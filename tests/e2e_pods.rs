@@ -376,6 +376,10 @@ async fn claim_run_preserve_and_adopt() {
         m.lines().any(|l| l.starts_with("vk_sandbox_claim_duration_seconds_count") && !l.ends_with(" 0")),
         "claim latency not observed:\n{m}"
     );
+    assert!(
+        m.lines().any(|l| l.starts_with("vk_sandbox_claim_provider_seconds_count") && !l.ends_with(" 0")),
+        "provider share of the claim latency not observed:\n{m}"
+    );
     // Test 27: a label change makes no sandboxd call.
     let before = env.sim.sim().requests().len();
     env.pods()
@@ -672,15 +676,21 @@ async fn restart_adopts_persisted_claims() {
         &format!("--sandboxd-token-file={}", env.token_file.display()),
     ]);
     env.wait_restarted().await;
+    // The same Pod resumes its own claim: taken up again, announced by no
+    // Event (a restart over many Pods must not flood the apiserver).
+    let resumed = format!("pod={}/sb3", env.ns);
     wait_for(
-        "an Adopted event after the restart",
+        "the Pod's claim resumed after the restart",
         Duration::from_secs(30),
         || async {
-            let reasons = event_reasons(&events(&env).await, "sb3");
-            if reasons.iter().any(|r| r == "Adopted") {
+            let logs = env.vk.logs();
+            if logs
+                .lines()
+                .any(|l| l.contains("resumed the Pod's own claim") && l.contains(&resumed))
+            {
                 Ok(())
             } else {
-                Err(format!("events: {reasons:?}"))
+                Err(tail(&logs, 10))
             }
         },
     )
@@ -689,6 +699,15 @@ async fn restart_adopts_persisted_claims() {
         .wait_phase("sb3", "Running", Duration::from_secs(30))
         .await;
     assert_eq!(claim_id(&p), id);
+    let reasons = event_reasons(&events(&env).await, "sb3");
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| *r == "Claimed" || *r == "Adopted")
+            .count(),
+        1,
+        "one Claimed event before the restart, nothing announced after it: {reasons:?}"
+    );
     assert_eq!(
         env.claims_for(&format!("{}/sb3", env.ns)),
         1,

@@ -11,12 +11,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde_json::Value;
 use tokio::sync::watch;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::annotations::key;
 use super::provider::{Created, Deleted, Provider};
@@ -27,6 +27,11 @@ use crate::{Error, Result};
 /// Healthy Pods are looked at again this often, so drifted status is
 /// re-published even without a watch event.
 const RESYNC: Duration = Duration::from_secs(300);
+/// Reconciles in flight at once. Each mostly waits on the apiserver; the
+/// bound keeps a burst (or a restart over thousands of Pods) from putting
+/// thousands of requests in the apiserver's queue ahead of the Lease
+/// renewal and Node status, which share this client's priority level.
+const MAX_CONCURRENT_RECONCILES: u16 = 64;
 const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(180);
 
@@ -37,6 +42,9 @@ pub struct Context {
     pub node: String,
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
     failures: Mutex<HashMap<ObjectRef<Pod>, u32>>,
+    /// Reconciles wait until this turns true (the Node is registered), so
+    /// the Node's own writes are not queued behind every Pod's.
+    gate: Option<watch::Receiver<bool>>,
 }
 
 impl Context {
@@ -55,6 +63,22 @@ impl Context {
             node: node.to_string(),
             metrics: None,
             failures: Mutex::new(HashMap::new()),
+            gate: None,
+        }
+    }
+
+    /// Holds every reconcile until `open` turns true.
+    pub fn gated(mut self, open: watch::Receiver<bool>) -> Context {
+        self.gate = Some(open);
+        self
+    }
+
+    /// Whether reconciles may run: the gate is open (or there is none).
+    /// `false` only when the gate was dropped closed (shutting down).
+    async fn wait_open(&self) -> bool {
+        match &self.gate {
+            None => true,
+            Some(gate) => gate.clone().wait_for(|open| *open).await.is_ok(),
         }
     }
 
@@ -113,8 +137,21 @@ async fn publish(client: &Client, pod: &Pod, patch: &Value) -> Result<()> {
     }
 }
 
+/// Whether the apiserver already removes the object on its own: grace 0
+/// was set (by our earlier delete, or `kubectl delete --force`), so it goes
+/// as soon as no finalizer holds it. A second delete would only repeat
+/// that; skipping it saves one write per Pod (our grace-0 delete echoes
+/// back as an update before the object is gone).
+fn removal_pending(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+        && pod.metadata.deletion_grace_period_seconds == Some(0)
+}
+
 /// Deletes the Pod object for good: grace 0, only this generation.
 async fn force_delete(client: &Client, pod: &Pod) -> Result<()> {
+    if removal_pending(pod) {
+        return Ok(());
+    }
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
@@ -200,21 +237,36 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
     let started = std::time::Instant::now();
     match ctx.provider.create(&pod).await {
         Ok(created) => {
-            let (reason, note, patch) = match created {
+            // A resumed claim (this same Pod, after a restart) is not news:
+            // no Event and no claim latency, and the status is written only
+            // if it drifted, so a restart costs the apiserver next to nothing.
+            let (announce, patch) = match created {
                 Created::Claimed { id, status } => {
-                    ("Claimed", format!("claimed sandbox {id}"), status)
+                    (Some(("Claimed", format!("claimed sandbox {id}"))), status)
                 }
                 Created::Adopted { id, status } => (
-                    "Adopted",
-                    format!("adopted sandbox {id}, kept from the previous Pod"),
+                    Some((
+                        "Adopted",
+                        format!("adopted sandbox {id}, kept from the previous Pod"),
+                    )),
                     status,
                 ),
+                Created::Resumed { id, status } => {
+                    debug!(sandbox = %id, "resumed the Pod's own claim after a restart");
+                    (None, status)
+                }
             };
+            let metrics = ctx.metrics.as_ref().filter(|_| announce.is_some());
+            if let Some(m) = metrics {
+                m.claim_provider.observe(started.elapsed().as_secs_f64());
+            }
             publish(&ctx.client, &pod, &patch).await?;
-            if let Some(m) = &ctx.metrics {
+            if let Some(m) = metrics {
                 m.claim_duration.observe(started.elapsed().as_secs_f64());
             }
-            ctx.event(&pod, EventType::Normal, reason, note).await;
+            if let Some((reason, note)) = announce {
+                ctx.event(&pod, EventType::Normal, reason, note).await;
+            }
             Ok(Action::requeue(RESYNC))
         }
         Err(failure) => {
@@ -244,6 +296,9 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     let k = key(&pod);
     let span = info_span!("reconcile", node = %ctx.node, pod = %k);
     async move {
+        if !ctx.wait_open().await {
+            return Ok(Action::await_change());
+        }
         let timer = ctx.metrics.as_ref().map(|m| {
             m.reconcile_runs.with_label_values(&["pods"]).inc();
             m.reconcile_duration
@@ -483,10 +538,20 @@ pub async fn wait_synced(store: &Store<Pod>) {
 
 /// The Pod controller over `spec.nodeName=<node>`; its store also serves
 /// the kubelet API's `/pods` and the node's readiness.
+///
+/// `managedFields` are dropped before the cache: nothing here reads them,
+/// and they are often the largest part of a Pod object (memory per Pod).
 pub fn controller(client: &Client, node: &str) -> Controller<Pod> {
     let api: Api<Pod> = Api::all(client.clone());
     let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    Controller::new(api, wc)
+    let (reader, writer) = reflector::store();
+    let pods = watcher(api, wc)
+        .modify(|pod: &mut Pod| pod.metadata.managed_fields = None)
+        .reflect(writer)
+        .applied_objects();
+    Controller::for_stream(pods, reader).with_config(
+        kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES),
+    )
 }
 
 /// Runs the controller and its side loops (vanished-Pod sweep, lease
@@ -534,6 +599,11 @@ pub async fn run(
             if let Err(e) = r {
                 match e {
                     kube::runtime::controller::Error::ReconcilerFailed(..) => {}
+                    // A Pod deleted between its event and its turn: normal
+                    // after every grace-0 delete, nothing to do.
+                    kube::runtime::controller::Error::ObjectNotFound(obj) => {
+                        debug!(pod = %obj, "reconcile skipped: the Pod is gone")
+                    }
                     other => warn!(error = %other, "pod controller"),
                 }
             }
@@ -662,6 +732,19 @@ mod tests {
         assert_eq!(plan(&p, None, true).step, Step::DeleteAfterProvider);
         let done = pod("u", false, Some("Failed"), false);
         assert_eq!(plan(&done, None, true).step, Step::Leave);
+    }
+
+    #[test]
+    fn grace_zero_means_the_apiserver_removes_it() {
+        let mut p = pod("u", true, Some("Running"), true);
+        p.metadata.deletion_grace_period_seconds = Some(30);
+        assert!(!removal_pending(&p));
+        p.metadata.deletion_grace_period_seconds = Some(0);
+        assert!(removal_pending(&p));
+        // Not deleting at all: never pending, whatever the field says.
+        let mut live = pod("u", false, Some("Running"), true);
+        live.metadata.deletion_grace_period_seconds = Some(0);
+        assert!(!removal_pending(&live));
     }
 
     #[test]

@@ -42,8 +42,21 @@ impl CreateFailure {
 /// What a successful create did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Created {
-    Claimed { id: String, status: Value },
-    Adopted { id: String, status: Value },
+    Claimed {
+        id: String,
+        status: Value,
+    },
+    /// A claim kept from an earlier Pod under the same key.
+    Adopted {
+        id: String,
+        status: Value,
+    },
+    /// This same Pod's own claim, seen again after a restart: nothing
+    /// changed hands, so there is nothing to announce.
+    Resumed {
+        id: String,
+        status: Value,
+    },
 }
 
 /// What a provider delete did.
@@ -68,8 +81,9 @@ pub struct Provider {
     pub sandboxd: SandboxdClient,
     pub claims: Arc<ClaimsStore>,
     owners: OwnerResolver,
-    /// Pods this provider has claimed for or adopted, by key.
-    tracked: Mutex<HashMap<String, Pod>>,
+    /// Pods this provider has claimed for or adopted, by key. Shared with
+    /// the watch cache (the same `Arc`), not a second copy of each Pod.
+    tracked: Mutex<HashMap<String, Arc<Pod>>>,
     /// Keys whose last claim had an unknown outcome, or which sandboxd lists
     /// under a claim_ref no stored claim holds: before claiming for them
     /// again, stray sandboxes are returned (decisions.md D7).
@@ -111,12 +125,15 @@ impl Provider {
         }
     }
 
-    pub fn tracked(&self, key: &str) -> Option<Pod> {
+    pub fn tracked(&self, key: &str) -> Option<Arc<Pod>> {
         lock(&self.tracked).get(key).cloned()
     }
 
     pub fn tracked_pods(&self) -> Vec<Pod> {
-        let mut v: Vec<Pod> = lock(&self.tracked).values().cloned().collect();
+        let mut v: Vec<Pod> = lock(&self.tracked)
+            .values()
+            .map(|p| Pod::clone(p))
+            .collect();
         v.sort_by_key(key);
         v
     }
@@ -125,8 +142,8 @@ impl Provider {
         lock(&self.tracked).keys().cloned().collect()
     }
 
-    fn track(&self, pod: &Pod) {
-        lock(&self.tracked).insert(key(pod), pod.clone());
+    fn track(&self, pod: &Arc<Pod>) {
+        lock(&self.tracked).insert(key(pod), Arc::clone(pod));
     }
 
     fn untrack(&self, key: &str, uid: &str) {
@@ -144,11 +161,11 @@ impl Provider {
     }
 
     /// Replaces the tracked copy (an update of the same Pod generation).
-    pub fn update_tracked(&self, pod: &Pod) {
+    pub fn update_tracked(&self, pod: &Arc<Pod>) {
         let k = key(pod);
         let mut t = lock(&self.tracked);
         if t.get(&k).is_some_and(|p| uid(p) == uid(pod)) {
-            t.insert(k, pod.clone());
+            t.insert(k, Arc::clone(pod));
         }
     }
 
@@ -193,7 +210,7 @@ impl Provider {
     }
 
     /// Create (behaviour.md §3.2): adopt a held claim or claim a new sandbox.
-    pub async fn create(&self, pod: &Pod) -> Result<Created, CreateFailure> {
+    pub async fn create(&self, pod: &Arc<Pod>) -> Result<Created, CreateFailure> {
         let k = key(pod);
         // 1. Runtime gate.
         annotations::runtime_gate(pod).map_err(CreateFailure::provider)?;
@@ -231,16 +248,20 @@ impl Provider {
             }
         }
 
-        // 4. Adopt in place: the VM outlived its previous Pod.
+        // 4. Adopt in place: the VM outlived its previous Pod (or this
+        // process restarted under the same Pod).
         if let Some((claim, ClaimState::Settled)) = self.claims.get(&k) {
+            let same_pod = !claim.pod_uid.is_empty() && claim.pod_uid == uid(pod);
             if let Err(e) = self.claims.rebind(&k, &claim.id, uid(pod)).await {
                 warn!(pod = %k, error = %e, "adoption not persisted; the claim is kept in memory");
             }
             self.track(pod);
             let claim = self.claims.get(&k).map(|(c, _)| c).unwrap_or(claim);
-            return Ok(Created::Adopted {
-                id: claim.id.clone(),
-                status: status::running(pod, &view(&claim)),
+            let (id, status) = (claim.id.clone(), status::running(pod, &view(&claim)));
+            return Ok(if same_pod {
+                Created::Resumed { id, status }
+            } else {
+                Created::Adopted { id, status }
             });
         }
 
@@ -334,7 +355,7 @@ impl Provider {
     /// [`Provider::delete`] releases with the node token.
     async fn recover_lost_claim(
         &self,
-        pod: &Pod,
+        pod: &Arc<Pod>,
         k: &str,
     ) -> Result<Option<Created>, CreateFailure> {
         let Some(id) = pod
@@ -548,7 +569,7 @@ mod tests {
             pod_ip: Some("10.0.0.5".into()),
             ..Default::default()
         });
-        let created = provider.create(&running).await.expect("create");
+        let created = provider.create(&Arc::new(running)).await.expect("create");
         assert!(
             matches!(&created, Created::Adopted { id, .. } if *id == first.id),
             "expected the running sandbox adopted, got {created:?}"
@@ -571,6 +592,55 @@ mod tests {
         assert_eq!(sim.sim().claims().len(), 1);
     }
 
+    /// After a restart the same Pod resumes its own claim (no Event is
+    /// announced for it); a new Pod under the key adopts it. Neither claims.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn restart_resumes_the_same_pod_and_a_new_pod_adopts() {
+        let sim = sim_with_pool().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("claims.json");
+        let client = || {
+            SandboxdClient::builder(sim.base_url())
+                .build()
+                .expect("client")
+        };
+        let claims = Arc::new(ClaimsStore::open(&path).await.expect("store"));
+        let first = Provider::new(silent_client(), client(), Arc::clone(&claims));
+        let Created::Claimed { id, .. } = first.create(&Arc::new(pod("u1"))).await.expect("claim")
+        else {
+            panic!("expected a fresh claim");
+        };
+        claims.compact().await.expect("compact");
+        drop((first, claims));
+
+        let claims = Arc::new(ClaimsStore::open(&path).await.expect("reopen"));
+        let restarted = Provider::new(silent_client(), client(), Arc::clone(&claims));
+        restarted.verify().await.expect("verify");
+        let again = restarted
+            .create(&Arc::new(pod("u1")))
+            .await
+            .expect("resume");
+        assert!(
+            matches!(&again, Created::Resumed { id: got, .. } if *got == id),
+            "same Pod after a restart: {again:?}"
+        );
+        let other = Provider::new(silent_client(), client(), Arc::clone(&claims));
+        let next = other.create(&Arc::new(pod("u2"))).await.expect("adopt");
+        assert!(
+            matches!(&next, Created::Adopted { id: got, .. } if *got == id),
+            "a new Pod under the key: {next:?}"
+        );
+        assert_eq!(
+            sim.sim()
+                .requests()
+                .iter()
+                .filter(|r| r.path == "/v1/claim")
+                .count(),
+            1,
+            "claimed again instead of resuming or adopting"
+        );
+    }
+
     /// Test 34: a delete or update for an older generation of a tracked key
     /// is ignored: no release, the claim and the tracked Pod stay.
     #[tokio::test(flavor = "multi_thread")]
@@ -587,7 +657,7 @@ mod tests {
             .expect("client");
         let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
 
-        let created = provider.create(&pod("u2")).await.expect("create");
+        let created = provider.create(&Arc::new(pod("u2"))).await.expect("create");
         let Created::Claimed { id, .. } = created else {
             panic!("expected a fresh claim, got {created:?}");
         };
@@ -596,11 +666,11 @@ mod tests {
             .expect("a stale delete must not call out")
             .expect("delete");
         assert_eq!(deleted, Deleted::Stale);
-        provider.update_tracked(&pod("u1"));
+        provider.update_tracked(&Arc::new(pod("u1")));
         assert_eq!(
             provider
                 .tracked("ns/p")
-                .and_then(|p| p.metadata.uid)
+                .and_then(|p| p.metadata.uid.clone())
                 .as_deref(),
             Some("u2"),
             "an update for an old generation replaced the tracked Pod"

@@ -122,20 +122,35 @@ pub fn create_failed(terminal: bool, reason: &str, message: &str) -> Value {
 
 /// Whether applying `patch` would change the Pod as the apiserver has it:
 /// compares against the server's object, never a cache of what was sent.
+/// Only what the patch says counts: fields the apiserver fills in itself
+/// (`lastState: {}` on container statuses, `qosClass`, …) are not drift,
+/// or every echo of our own write would be written again.
 pub fn changes(pod: &Pod, patch: &Value) -> bool {
-    let Ok(current) = serde_json::to_value(pod) else {
-        return true;
-    };
-    let mut merged = current.clone();
-    json_patch::merge(&mut merged, patch);
-    // Normalise both through the typed Pod, so e.g. a null we send and a
-    // field the server omits compare equal.
-    let norm = |v: Value| {
-        serde_json::from_value::<Pod>(v)
-            .ok()
-            .map(|p| serde_json::to_value(p).ok())
-    };
-    norm(merged) != norm(current)
+    match serde_json::to_value(pod) {
+        Ok(current) => !covers(Some(&current), patch),
+        Err(_) => true,
+    }
+}
+
+/// Whether `current` already says everything `patch` says, under JSON merge
+/// patch rules: `null` means absent, objects merge key by key, anything
+/// else (arrays included) must be equal — except that array elements, like
+/// objects, may carry fields the patch does not name.
+fn covers(current: Option<&Value>, patch: &Value) -> bool {
+    match (current, patch) {
+        (cur, Value::Null) => cur.is_none_or(Value::is_null),
+        (cur, Value::Object(fields)) => {
+            let cur = cur.and_then(Value::as_object);
+            fields
+                .iter()
+                .all(|(k, v)| covers(cur.and_then(|c| c.get(k)), v))
+        }
+        (Some(Value::Array(cur)), Value::Array(want)) => {
+            cur.len() == want.len() && cur.iter().zip(want).all(|(c, w)| covers(Some(c), w))
+        }
+        (Some(cur), want) => cur == want,
+        (None, _) => false,
+    }
 }
 
 #[cfg(test)]
@@ -225,6 +240,51 @@ mod tests {
             }
         }
         assert!(changes(&drifted, &v));
+    }
+
+    /// The apiserver answers our Running write with defaults added
+    /// (`lastState: {}`, `qosClass`): that echo is not drift. Before this,
+    /// every Pod's status was written twice.
+    #[test]
+    fn server_defaults_are_not_drift() {
+        let v = running(&pod(), &view());
+        let mut echoed = serde_json::to_value(pod()).unwrap();
+        json_patch::merge(&mut echoed, &v);
+        echoed["status"]["qosClass"] = json!("BestEffort");
+        for cs in echoed["status"]["containerStatuses"]
+            .as_array_mut()
+            .unwrap()
+        {
+            cs["lastState"] = json!({});
+        }
+        let echoed: Pod = serde_json::from_value(echoed).unwrap();
+        assert!(!changes(&echoed, &v));
+        // What the patch names still counts: a cleared field we set, a
+        // field we clear that reappeared, a container status gone.
+        let mut no_ip = echoed.clone();
+        no_ip.status.as_mut().unwrap().pod_ip = None;
+        assert!(changes(&no_ip, &v));
+        let mut with_reason = echoed.clone();
+        with_reason.status.as_mut().unwrap().reason = Some("Evicted".into());
+        assert!(changes(&with_reason, &v));
+        let mut fewer = echoed.clone();
+        fewer
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()
+            .pop();
+        assert!(changes(&fewer, &v));
+        let mut other_id = echoed;
+        other_id
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(CLAIM_ID.into(), "sb_2".into());
+        assert!(changes(&other_id, &v));
     }
 
     #[test]
