@@ -9,7 +9,12 @@
 //! - `BENCH_AUDIT`: `"<url> <audit log>"` of `e2e/cluster.sh audit-apiserver
 //!   up` (apiserver load is measured only when set);
 //! - `BENCH_SCALE` (default 1): multiplies Pod counts and repetitions;
-//! - `BENCH_DOC` (default docs/benchmarks.md; `-` to skip writing).
+//! - `BENCH_DOC` (default docs/benchmarks.md; `-` to skip writing);
+//! - `BENCH_VK_LOG`: RUST_LOG for the vk-sandbox processes (default info;
+//!   their logs are under target/bench-cluster/<node>/);
+//! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load` to
+//!   run only those parts (to study one figure; the doc is then not
+//!   written unless `BENCH_DOC` names a file).
 //!
 //! Only `cargo bench` runs it (it is skipped without `--bench`, so `cargo
 //! test --all-targets` does not start a cluster run).
@@ -310,7 +315,10 @@ impl Vk {
             .arg(format!("--admin-addr=127.0.0.1:{}", self.admin_port))
             .args(&self.args)
             .env_remove("KUBECONFIG")
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_VK_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -652,7 +660,8 @@ fn hist_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<
 
 // ------------------------------------------------------------------ claim path
 
-const CLAIM_HIST: &str = "vk_sandbox_claim_duration_seconds";
+/// Reconcile start → status write sent: vk-sandbox's own share.
+const CLAIM_HIST: &str = "vk_sandbox_claim_provider_seconds";
 
 struct BurstResult {
     n: usize,
@@ -1328,9 +1337,10 @@ fn render(r: &Report) -> String {
         s,
         "\nbind = the Pod's first watch event (created with `spec.nodeName` set); Running = the watch \
          event carrying `status.phase=Running`. Provider = vk-sandbox's \
-         `vk_sandbox_claim_duration_seconds` (reconcile start → status write answered), interpolated \
-         inside its bucket (bucket bounds in brackets); rest = bind→Running p50 − provider p50 \
-         (watch delivery to vk-sandbox and to the observer, queueing). Running/s: Pods / (last Running − \
+         `vk_sandbox_claim_provider_seconds` (reconcile start → Running status write sent: sandboxd \
+         claim and claims-store commit included), interpolated inside its bucket (bucket bounds in \
+         brackets); rest = bind→Running p50 − provider p50 (watch delivery to vk-sandbox, queueing \
+         before the reconcile, the status write's round trip, watch delivery to the observer). Running/s: Pods / (last Running − \
          first bound); releases/s: released sandboxes / (delete call → last release), bare Pods \
          deleted with one `deletecollection`."
     );
@@ -1522,7 +1532,12 @@ const BEGIN: &str = "<!-- bench:begin (written by `make bench`; edits inside are
 const END: &str = "<!-- bench:end -->";
 
 fn write_doc(table: &str) {
-    let target = std::env::var("BENCH_DOC").unwrap_or_else(|_| "docs/benchmarks.md".into());
+    let default = if only().is_some() {
+        "-"
+    } else {
+        "docs/benchmarks.md"
+    };
+    let target = std::env::var("BENCH_DOC").unwrap_or_else(|_| default.into());
     if target == "-" {
         return;
     }
@@ -1541,6 +1556,24 @@ fn write_doc(table: &str) {
 
 // ------------------------------------------------------------------ main
 
+/// The parts `BENCH_ONLY` picks, or `None` for all.
+fn only() -> Option<Vec<String>> {
+    let v = std::env::var("BENCH_ONLY").ok()?;
+    let parts: Vec<String> = v.split(',').map(|p| p.trim().to_string()).collect();
+    for p in &parts {
+        if !["claim", "memory", "startup", "load"].contains(&p.as_str()) {
+            die(&format!(
+                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load)"
+            ));
+        }
+    }
+    Some(parts)
+}
+
+fn wants(part: &str) -> bool {
+    only().is_none_or(|o| o.iter().any(|p| p == part))
+}
+
 async fn run() -> Report {
     let k = env_scale();
     let plan = Plan::new(k);
@@ -1549,7 +1582,11 @@ async fn run() -> Report {
     let sim = start_sim(0).await;
 
     // The load probe idles (on its own apiserver) while the rest runs.
-    let probe = load_probe_start(&env, &sim).await;
+    let probe = if wants("load") {
+        load_probe_start(&env, &sim).await
+    } else {
+        None
+    };
     let probe_ready = Instant::now();
 
     let ns = env.namespace("bench").await;
@@ -1564,7 +1601,31 @@ async fn run() -> Report {
     memory.push(("idle (Node Ready, no Pods)".to_string(), rss, hwm));
 
     let mut rows: Vec<(String, Vec<BurstResult>)> = Vec::new();
-    for (delay, label) in [(0u64, "0 µs"), (500, "500 µs")] {
+    if !wants("claim") && wants("memory") {
+        eprintln!(
+            "bench: memory only: one burst of {} [{:.0} s]",
+            plan.hold,
+            t0.elapsed().as_secs_f64()
+        );
+        let r = burst(
+            &env,
+            &vk,
+            &sim,
+            &ns,
+            &rec,
+            plan.hold,
+            "m",
+            Some(&mut memory),
+        )
+        .await;
+        rows.push(("burst, sandboxd 0 µs".into(), vec![r]));
+    }
+    let claim_runs: &[(u64, &str)] = if wants("claim") {
+        &[(0, "0 µs"), (500, "500 µs")]
+    } else {
+        &[]
+    };
+    for &(delay, label) in claim_runs {
         sim.sim().patch_config(ConfigPatch {
             claim_delay_us: Some(delay),
             ..Default::default()
@@ -1627,7 +1688,11 @@ async fn run() -> Report {
         claim_delay_us: Some(0),
         ..Default::default()
     });
-    let startup = Some(startup(&env, &sim, plan.startup).await);
+    let startup = if wants("startup") {
+        Some(startup(&env, &sim, plan.startup).await)
+    } else {
+        None
+    };
 
     let load = match probe {
         Some(p) => {
