@@ -10,6 +10,8 @@
 //!   up` (apiserver load is measured only when set);
 //! - `BENCH_SCALE` (default 1): multiplies Pod counts and repetitions;
 //! - `BENCH_DOC` (default docs/benchmarks.md; `-` to skip writing);
+//! - `BENCH_VK_BIN`: the vk-sandbox binary to measure (default: the
+//!   release build cargo made for this bench; e.g. the static musl build);
 //! - `BENCH_VK_LOG`: RUST_LOG for the vk-sandbox processes (default info;
 //!   their logs are under target/bench-cluster/<node>/);
 //! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load` to
@@ -308,7 +310,9 @@ impl Vk {
             .try_clone()
             .unwrap_or_else(|e| die(&format!("log handle: {e}")));
         self.admin_port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_vk-sandbox"))
+        let bin = std::env::var("BENCH_VK_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_vk-sandbox").to_string());
+        let child = Command::new(bin)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .arg(format!("--listen-addr=127.0.0.1:{}", free_port()))
@@ -1226,7 +1230,10 @@ fn machine() -> Vec<(String, String)> {
         ("kernel".into(), kernel.trim().to_string()),
         (
             "vk-sandbox".into(),
-            format!("release build, revision {rev}"),
+            match std::env::var("BENCH_VK_BIN") {
+                Ok(bin) => format!("{bin} (BENCH_VK_BIN), tree at revision {rev}"),
+                Err(_) => format!("release build (glibc), revision {rev}"),
+            },
         ),
         (
             "control plane".into(),

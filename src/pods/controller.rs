@@ -519,6 +519,24 @@ async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>) {
     }
 }
 
+/// Drops what nothing here reads from a Pod before it is cached, since the
+/// cache holds every Pod of the node: `managedFields`, volumes and volume
+/// mounts (a microVM mounts none of them; the projected ServiceAccount
+/// token volume alone is about a third of a typical Pod in memory). The
+/// kubelet API's `/pods` serves this cache, so it shows Pods without them.
+pub fn slim(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.volumes = None;
+        let containers = spec.containers.iter_mut();
+        let inits = spec.init_containers.iter_mut().flatten();
+        for c in containers.chain(inits) {
+            c.volume_mounts = None;
+            c.volume_devices = None;
+        }
+    }
+}
+
 /// Waits until the store has its initial list. Polled in short slices:
 /// kube-runtime's readiness signal wakes only one of several concurrent
 /// waiters (the controller's own applier is one), so a lone long wait could
@@ -538,15 +556,13 @@ pub async fn wait_synced(store: &Store<Pod>) {
 
 /// The Pod controller over `spec.nodeName=<node>`; its store also serves
 /// the kubelet API's `/pods` and the node's readiness.
-///
-/// `managedFields` are dropped before the cache: nothing here reads them,
-/// and they are often the largest part of a Pod object (memory per Pod).
+/// The Pods are [`slim`]med before the cache.
 pub fn controller(client: &Client, node: &str) -> Controller<Pod> {
     let api: Api<Pod> = Api::all(client.clone());
     let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let (reader, writer) = reflector::store();
     let pods = watcher(api, wc)
-        .modify(|pod: &mut Pod| pod.metadata.managed_fields = None)
+        .modify(slim)
         .reflect(writer)
         .applied_objects();
     Controller::for_stream(pods, reader).with_config(
@@ -732,6 +748,49 @@ mod tests {
         assert_eq!(plan(&p, None, true).step, Step::DeleteAfterProvider);
         let done = pod("u", false, Some("Failed"), false);
         assert_eq!(plan(&done, None, true).step, Step::Leave);
+    }
+
+    #[test]
+    fn slim_keeps_what_reconcile_and_status_read() {
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u",
+                "annotations": {"sandbox.cocoonstack.io/template": "base:24.04"},
+                "ownerReferences": [{"apiVersion": "agents.x-k8s.io/v1alpha1", "kind": "Sandbox",
+                    "name": "s", "uid": "o", "controller": true}],
+                "managedFields": [{"manager": "kubectl", "operation": "Update"}]},
+            "spec": {"nodeName": "n", "restartPolicy": "Never",
+                "containers": [{"name": "a", "image": "img", "env": [{"name": "K", "value": "V"}],
+                    "volumeMounts": [{"name": "tok", "mountPath": "/var/run/secrets"}]}],
+                "initContainers": [{"name": "i", "image": "img",
+                    "volumeMounts": [{"name": "tok", "mountPath": "/x"}]}],
+                "volumes": [{"name": "tok", "projected": {"sources": []}}]},
+            "status": {"phase": "Running"},
+        }))
+        .expect("pod");
+        let before = serde_json::to_value(&p).expect("json");
+        slim(&mut p);
+        let after = serde_json::to_value(&p).expect("json");
+        assert!(after["metadata"].get("managedFields").is_none());
+        assert!(after["spec"].get("volumes").is_none());
+        assert!(after["spec"]["containers"][0].get("volumeMounts").is_none());
+        assert!(
+            after["spec"]["initContainers"][0]
+                .get("volumeMounts")
+                .is_none()
+        );
+        // Everything else is as it was.
+        for path in [
+            "/metadata/annotations",
+            "/metadata/ownerReferences",
+            "/metadata/uid",
+            "/spec/nodeName",
+            "/spec/restartPolicy",
+            "/spec/containers/0/image",
+            "/spec/containers/0/env",
+            "/status",
+        ] {
+            assert_eq!(after.pointer(path), before.pointer(path), "{path}");
+        }
     }
 
     #[test]
