@@ -246,8 +246,21 @@ async fn start_sim(delay_us: u64) -> SimHandle {
         claim_delay_us: delay_us,
         ..Default::default()
     };
-    sandboxd_sim::start_local(cfg)
+    // sandboxd is a daemon of its own: the simulator gets its own runtime
+    // thread, so the bench's watch and Pod creation do not delay its replies
+    // inside one scheduler (they still share the machine's cores).
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    let rt = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("sandboxd-sim")
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| die(&format!("simulator runtime: {e}")))
+    });
+    rt.spawn(sandboxd_sim::start_local(cfg))
         .await
+        .unwrap_or_else(|e| die(&format!("simulator start task: {e}")))
         .unwrap_or_else(|e| die(&format!("start the sandboxd simulator: {e}")))
 }
 
@@ -611,7 +624,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Cumulative buckets `(le, count)` of a Prometheus histogram.
 fn histogram(text: &str, name: &str) -> Vec<(f64, f64)> {
-    let prefix = format!("{name}_bucket{{le=\"");
+    series_histogram(text, name, "")
+}
+
+/// The buckets of one series; `labels` are the ones before `le`, each
+/// followed by a comma (`endpoint="claim",`).
+fn series_histogram(text: &str, name: &str, labels: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{{labels}le=\"");
     text.lines()
         .filter_map(|l| {
             let rest = l.strip_prefix(&prefix)?;
@@ -666,12 +685,47 @@ fn hist_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<
 
 /// Reconcile start → status write sent: vk-sandbox's own share.
 const CLAIM_HIST: &str = "vk_sandbox_claim_provider_seconds";
+/// What the provider's share is made of: the sandboxd claim call and the
+/// claims-store batch (write + fsync) it waits for.
+const SANDBOXD_HIST: (&str, &str) = (
+    "vk_sandbox_sandboxd_request_duration_seconds",
+    "endpoint=\"claim\",",
+);
+const STORE_HIST: (&str, &str) = (
+    "vk_sandbox_claims_store_write_duration_seconds",
+    "result=\"success\",",
+);
+
+/// (value, bucket low, bucket high) in seconds.
+type HistQ = Option<(f64, f64, f64)>;
+
+/// p50 and p99 of one histogram over a run (from two scrapes).
+#[derive(Clone, Copy, Default)]
+struct Split {
+    p50: HistQ,
+    p99: HistQ,
+}
+
+impl Split {
+    fn between(before: &str, after: &str, name: &str, labels: &str) -> Split {
+        let (b, a) = (
+            series_histogram(before, name, labels),
+            series_histogram(after, name, labels),
+        );
+        Split {
+            p50: hist_quantile(&b, &a, 0.50),
+            p99: hist_quantile(&b, &a, 0.99),
+        }
+    }
+}
 
 struct BurstResult {
     n: usize,
     e2e: Quantiles,
-    provider_p50: Option<(f64, f64, f64)>,
-    provider_p99: Option<(f64, f64, f64)>,
+    provider_p50: HistQ,
+    provider_p99: HistQ,
+    sandboxd: Split,
+    store: Split,
     running_per_s: f64,
     releases_per_s: f64,
 }
@@ -754,6 +808,8 @@ async fn burst(
         e2e: quantiles(lat),
         provider_p50: hist_quantile(&hb, &ha, 0.50),
         provider_p99: hist_quantile(&hb, &ha, 0.99),
+        sandboxd: Split::between(&before, &after, SANDBOXD_HIST.0, SANDBOXD_HIST.1),
+        store: Split::between(&before, &after, STORE_HIST.0, STORE_HIST.1),
         running_per_s: n as f64 / span,
         releases_per_s,
     }
@@ -857,6 +913,8 @@ async fn idle(
         e2e: quantiles(lat),
         provider_p50: hist_quantile(&hb, &ha, 0.50),
         provider_p99: hist_quantile(&hb, &ha, 0.99),
+        sandboxd: Split::between(&before, &after, SANDBOXD_HIST.0, SANDBOXD_HIST.1),
+        store: Split::between(&before, &after, STORE_HIST.0, STORE_HIST.1),
         running_per_s: n as f64 / span,
         releases_per_s: f64::NAN,
     }
@@ -1231,6 +1289,9 @@ fn machine() -> Vec<(String, String)> {
         (
             "vk-sandbox".into(),
             match std::env::var("BENCH_VK_BIN") {
+                Ok(bin) if bin.ends_with("target/bench-bin/vk-sandbox") => {
+                    format!("static musl release build (as shipped), revision {rev}")
+                }
                 Ok(bin) => format!("{bin} (BENCH_VK_BIN), tree at revision {rev}"),
                 Err(_) => format!("release build (glibc), revision {rev}"),
             },
@@ -1285,10 +1346,7 @@ fn med(rs: &[BurstResult], f: impl Fn(&BurstResult) -> f64) -> f64 {
     median(rs.iter().map(f).collect())
 }
 
-fn med_hist(
-    rs: &[BurstResult],
-    f: impl Fn(&BurstResult) -> Option<(f64, f64, f64)>,
-) -> Option<(f64, f64, f64)> {
+fn med_hist(rs: &[BurstResult], f: impl Fn(&BurstResult) -> HistQ) -> HistQ {
     let mut v: Vec<(f64, f64, f64)> = rs.iter().filter_map(f).collect();
     v.sort_by(|a, b| a.0.total_cmp(&b.0));
     v.get(v.len() / 2).copied()
@@ -1350,6 +1408,34 @@ fn render(r: &Report) -> String {
          before the reconcile, the status write's round trip, watch delivery to the observer). Running/s: Pods / (last Running − \
          first bound); releases/s: released sandboxes / (delete call → last release), bare Pods \
          deleted with one `deletecollection`."
+    );
+
+    let _ = writeln!(
+        s,
+        "\n#### What the provider's share is made of (vk-sandbox's histograms, ms)\n\n\
+         | scenario | Pods | provider p50 | provider p99 | sandboxd claim p50 | sandboxd claim p99 | claims-store batch p50 | batch p99 |\n\
+         |---|---|---|---|---|---|---|---|"
+    );
+    for (name, rs) in &r.rows {
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} | {} | {} | {} | {} |",
+            rs.first().map_or(0, |b| b.n),
+            bucket_ms(med_hist(rs, |b| b.provider_p50)),
+            bucket_ms(med_hist(rs, |b| b.provider_p99)),
+            bucket_ms(med_hist(rs, |b| b.sandboxd.p50)),
+            bucket_ms(med_hist(rs, |b| b.sandboxd.p99)),
+            bucket_ms(med_hist(rs, |b| b.store.p50)),
+            bucket_ms(med_hist(rs, |b| b.store.p99)),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nsandboxd claim = `vk_sandbox_sandboxd_request_duration_seconds{{endpoint=\"claim\"}}` \
+         (the HTTP call as vk-sandbox sees it; the simulator runs in the bench process on a \
+         runtime thread of its own); claims-store batch = \
+         `vk_sandbox_claims_store_write_duration_seconds` (one journal append + fsync, shared by \
+         the commits waiting at that moment). The provider's own code is what is left."
     );
 
     let _ = writeln!(

@@ -6,6 +6,10 @@
 #
 #   BENCH_SCALE=k   multiply Pod counts and repetitions (default 1)
 #   BENCH_DOC=-     do not write docs/benchmarks.md
+#   BENCH_ONLY=...  claim,memory,startup,load: only those parts (no doc)
+#   BENCH_VK_BIN=F  measure binary F instead of the static musl release
+#                   build made here (the binary `make build`/`make dist` and
+#                   the image ship; memory depends on its allocator)
 #
 # Both benchmarks are built once (release) and their executables run
 # directly, so edits landing in the tree meanwhile do not trigger rebuilds
@@ -30,6 +34,18 @@ exe() {
 claims_commit=$(exe claims_commit)
 cluster=$(exe cluster)
 [[ -x "$claims_commit" && -x "$cluster" ]] || { echo "bench: benchmark executables not found in $logs/build.json" >&2; exit 1; }
+
+if [[ -z "${BENCH_VK_BIN:-}" ]]; then
+  case "$(uname -m)" in
+    x86_64) musl=x86_64-unknown-linux-musl ;;
+    aarch64) musl=aarch64-unknown-linux-musl ;;
+    *) echo "bench: no musl target for $(uname -m); set BENCH_VK_BIN" >&2; exit 1 ;;
+  esac
+  echo "bench: building the static musl release binary (what is shipped; log $logs/musl.log)" >&2
+  ./e2e/musl-build.sh "$musl" "$root/target/bench-bin/vk-sandbox" >"$logs/musl.log" 2>&1 ||
+    { tail -n 40 "$logs/musl.log" >&2; exit 1; }
+  export BENCH_VK_BIN="$root/target/bench-bin/vk-sandbox"
+fi
 
 echo "bench: claims store (Criterion; log $logs/claims_commit.log)" >&2
 # Only this run's figures go into the table.
