@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -87,15 +89,35 @@ impl Context {
         self
     }
 
+    /// Records an Event on the Pod. Warnings go through kube's `Recorder`,
+    /// which folds a repeat (a retried failure) into a series on the first
+    /// Event; it remembers every Event for 6 minutes to do so. Normal
+    /// Events here happen once per Pod (claimed, adopted, released,
+    /// preserved), so they are created directly: nothing to fold, and a
+    /// burst of thousands of Pods is not remembered.
     async fn event(&self, pod: &Pod, type_: EventType, reason: &str, note: String) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
-            secondary: None,
+        let regarding = pod.object_ref(&());
+        let result = match type_ {
+            EventType::Warning => {
+                let ev = Event {
+                    type_,
+                    reason: reason.into(),
+                    note: Some(note),
+                    action: reason.into(),
+                    secondary: None,
+                };
+                self.recorder.publish(&ev, &regarding).await
+            }
+            EventType::Normal => {
+                let ev = once_event(&regarding, &self.node, reason, note, jiff::Timestamp::now());
+                let ns = regarding.namespace.as_deref().unwrap_or("default");
+                Api::<K8sEvent>::namespaced(self.client.clone(), ns)
+                    .create(&PostParams::default(), &ev)
+                    .await
+                    .map(drop)
+            }
         };
-        if let Err(e) = self.recorder.publish(&ev, &pod.object_ref(&())).await {
+        if let Err(e) = result {
             warn!(error = %e, reason, "event not recorded");
         }
     }
@@ -111,6 +133,37 @@ impl Context {
     fn succeeded(&self, pod: &Pod) {
         let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         f.remove(&ObjectRef::from_obj(pod));
+    }
+}
+
+/// A Normal `events.k8s.io/v1` Event as kube's `Recorder` would write it
+/// (same reporting controller and instance, name `<object>.<nanos hex>`).
+fn once_event(
+    regarding: &ObjectReference,
+    node: &str,
+    reason: &str,
+    note: String,
+    now: jiff::Timestamp,
+) -> K8sEvent {
+    K8sEvent {
+        action: Some(reason.into()),
+        reason: Some(reason.into()),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(regarding.clone()),
+        note: Some(note),
+        metadata: ObjectMeta {
+            namespace: regarding.namespace.clone(),
+            name: Some(format!(
+                "{}.{:x}",
+                regarding.name.as_deref().unwrap_or("vk-sandbox"),
+                now.as_nanosecond()
+            )),
+            ..Default::default()
+        },
+        reporting_controller: Some("vk-sandbox".into()),
+        reporting_instance: Some(node.into()),
+        type_: Some("Normal".into()),
+        ..Default::default()
     }
 }
 
@@ -791,6 +844,41 @@ mod tests {
         ] {
             assert_eq!(after.pointer(path), before.pointer(path), "{path}");
         }
+    }
+
+    #[test]
+    fn once_event_matches_what_the_recorder_writes() {
+        let p = pod("u", false, Some("Running"), true);
+        let now: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().expect("ts");
+        let ev = once_event(
+            &p.object_ref(&()),
+            "node-1",
+            "Claimed",
+            "claimed sandbox sb".into(),
+            now,
+        );
+        assert_eq!(ev.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(
+            ev.metadata.name,
+            Some(format!("p.{:x}", now.as_nanosecond()))
+        );
+        assert_eq!(ev.type_.as_deref(), Some("Normal"));
+        assert_eq!(
+            (ev.reason.as_deref(), ev.action.as_deref()),
+            (Some("Claimed"), Some("Claimed"))
+        );
+        assert_eq!(ev.reporting_controller.as_deref(), Some("vk-sandbox"));
+        assert_eq!(ev.reporting_instance.as_deref(), Some("node-1"));
+        let regarding = ev.regarding.expect("regarding");
+        assert_eq!(
+            (
+                regarding.name.as_deref(),
+                regarding.uid.as_deref(),
+                regarding.kind.as_deref()
+            ),
+            (Some("p"), Some("u"), Some("Pod"))
+        );
+        assert!(ev.series.is_none());
     }
 
     #[test]
