@@ -471,7 +471,6 @@ fn pod(name: &str, node: &str, owner_uid: Option<&str>) -> Pod {
     .unwrap_or_else(|e| die(&format!("pod json: {e}")))
 }
 
-/// Creates the Pods, `concurrency` requests in flight; returns their UIDs.
 /// Apiserver answers worth retrying (overload, timeouts).
 fn transient(code: u16) -> bool {
     matches!(code, 429 | 500 | 503 | 504)
@@ -484,21 +483,12 @@ fn transient(code: u16) -> bool {
 async fn delete_pods(api: &Api<Pod>, names: &[String], concurrency: usize, tag: &str) {
     futures::stream::iter(names)
         .map(|name| async move {
-            for attempt in 1..=5 {
-                match api.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => return,
-                    Err(kube::Error::Api(s)) if s.code == 404 => return,
-                    Err(kube::Error::Api(s)) if !transient(s.code) => {
-                        die(&format!("{tag}: delete Pod {name}: {s}"))
-                    }
-                    Err(e) if attempt < 5 => {
-                        eprintln!(
-                            "bench: {tag}: delete Pod {name} (attempt {attempt}): {e}; retrying"
-                        );
-                        tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
-                    }
-                    Err(e) => die(&format!("{tag}: delete Pod {name}: {e}")),
-                }
+            let what = format!("{tag}: delete Pod {name}");
+            let dp = DeleteParams::default();
+            match retried(&what, || api.delete(name, &dp)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => die(&format!("{what}: {e}")),
             }
         })
         .buffer_unordered(concurrency)
@@ -506,6 +496,28 @@ async fn delete_pods(api: &Api<Pod>, names: &[String], concurrency: usize, tag: 
         .await
 }
 
+/// `call` until it succeeds, fails for good, or five attempts failed on a
+/// transport error or a [`transient`] answer.
+async fn retried<T, F, Fut>(what: &str, mut call: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match call().await {
+            Err(kube::Error::Api(s)) if !transient(s.code) => return Err(kube::Error::Api(s)),
+            Err(e) if attempt < 5 => {
+                eprintln!("bench: {what} (attempt {attempt}): {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Creates the Pods, `concurrency` requests in flight; returns their UIDs.
 async fn create_pods(
     api: &Api<Pod>,
     pods: Vec<Pod>,
@@ -514,27 +526,17 @@ async fn create_pods(
     futures::stream::iter(pods)
         .map(|p| async move {
             let name = p.metadata.name.clone().unwrap_or_default();
-            let mut attempt = 0;
-            let created = loop {
-                attempt += 1;
-                match api.create(&PostParams::default(), &p).await {
-                    Ok(c) => break c,
-                    // An earlier attempt did land (its answer was lost).
-                    Err(kube::Error::Api(s)) if s.code == 409 && attempt > 1 => {
-                        break api
-                            .get(&name)
-                            .await
-                            .unwrap_or_else(|e| die(&format!("get Pod {name}: {e}")));
-                    }
-                    Err(kube::Error::Api(s)) if !transient(s.code) => {
-                        die(&format!("create Pod {name}: {s}"))
-                    }
-                    Err(e) if attempt < 5 => {
-                        eprintln!("bench: create Pod {name} (attempt {attempt}): {e}; retrying");
-                        tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
-                    }
-                    Err(e) => die(&format!("create Pod {name}: {e}")),
-                }
+            let what = format!("create Pod {name}");
+            let pp = PostParams::default();
+            let created = match retried(&what, || api.create(&pp, &p)).await {
+                Ok(c) => c,
+                // A retried attempt did land (its answer was lost); each
+                // run's namespace is new, so the name is this run's Pod.
+                Err(kube::Error::Api(s)) if s.code == 409 => api
+                    .get(&name)
+                    .await
+                    .unwrap_or_else(|e| die(&format!("get Pod {name}: {e}"))),
+                Err(e) => die(&format!("{what}: {e}")),
             };
             (name, created.metadata.uid.unwrap_or_default())
         })

@@ -34,6 +34,9 @@ const RESYNC: Duration = Duration::from_secs(300);
 /// thousands of requests in the apiserver's queue ahead of the Lease
 /// renewal and Node status, which share this client's priority level.
 const MAX_CONCURRENT_RECONCILES: u16 = 64;
+/// The reporting controller of every Event written here (the instance is
+/// the node name), whether through kube's `Recorder` or directly.
+const REPORTING_CONTROLLER: &str = "vk-sandbox";
 const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(180);
 
@@ -54,7 +57,7 @@ impl Context {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
-                controller: "vk-sandbox".into(),
+                controller: REPORTING_CONTROLLER.into(),
                 instance: Some(node.to_string()),
             },
         );
@@ -155,12 +158,12 @@ fn once_event(
             namespace: regarding.namespace.clone(),
             name: Some(format!(
                 "{}.{:x}",
-                regarding.name.as_deref().unwrap_or("vk-sandbox"),
+                regarding.name.as_deref().unwrap_or(REPORTING_CONTROLLER),
                 now.as_nanosecond()
             )),
             ..Default::default()
         },
-        reporting_controller: Some("vk-sandbox".into()),
+        reporting_controller: Some(REPORTING_CONTROLLER.into()),
         reporting_instance: Some(node.into()),
         type_: Some("Normal".into()),
         ..Default::default()
