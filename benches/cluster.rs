@@ -1915,16 +1915,16 @@ async fn run() -> Report {
     memory.push(("end of the claim-path runs".to_string(), rss, hwm));
     drop(vk);
 
-    eprintln!(
-        "bench: start-up with {} claims [{:.0} s]",
-        plan.startup,
-        t0.elapsed().as_secs_f64()
-    );
     sim.sim().patch_config(ConfigPatch {
         claim_delay_us: Some(0),
         ..Default::default()
     });
     let startup = if wants("startup") {
+        eprintln!(
+            "bench: start-up with {} claims [{:.0} s]",
+            plan.startup,
+            t0.elapsed().as_secs_f64()
+        );
         Some(startup(&env, &sim, plan.startup).await)
     } else {
         None
