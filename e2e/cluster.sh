@@ -11,6 +11,8 @@
 #                                apply manifests/rbac.yaml and write a
 #                                kubeconfig for that ServiceAccount's token
 #   e2e/cluster.sh logs          print the tail of every component log
+#   e2e/cluster.sh vk-audit-log  path of the audit log of vk-sandbox's
+#                                ServiceAccount (the RBAC usage check)
 #   e2e/cluster.sh audit-apiserver up|down|status
 #                                opt-in (benchmarks): a second kube-apiserver
 #                                on the same etcd and PKI, on its own port,
@@ -185,7 +187,19 @@ start_etcd() {
     --unsafe-no-fsync --quota-backend-bytes 2147483648 --log-level warn
 }
 
+# The audit log of vk-sandbox's own ServiceAccount (Metadata level, nobody
+# else's requests): e2e/run-tests.sh checks from it that every verb
+# manifests/rbac.yaml grants was used (tests/rbac_usage.rs).
+vk_audit_log="$logs/vk-sandbox-audit.log"
+write_vk_audit_policy() {
+  printf '%s\n' 'apiVersion: audit.k8s.io/v1' 'kind: Policy' \
+    'omitStages: [RequestReceived]' 'rules:' \
+    '- level: Metadata' '  users: ["system:serviceaccount:sandbox-system:vk-sandbox"]' \
+    '- level: None' > "$dir/vk-audit-policy.yaml"
+}
+
 start_kube_apiserver() {
+  write_vk_audit_policy
   start kube-apiserver \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
@@ -210,7 +224,10 @@ start_kube_apiserver() {
     --proxy-client-key-file "$pki/front-proxy-client.key" \
     --default-not-ready-toleration-seconds "$toleration" \
     --default-unreachable-toleration-seconds "$toleration" \
-    --allow-privileged=true --profiling=false
+    --allow-privileged=true --profiling=false \
+    --audit-policy-file "$dir/vk-audit-policy.yaml" \
+    --audit-log-path "$vk_audit_log" --audit-log-format json \
+    --audit-log-mode blocking --audit-log-maxsize 2000 --audit-log-maxbackup 1
 }
 
 start_kube_scheduler() {
@@ -445,5 +462,6 @@ case "${1:-}" in
   restart) shift; cmd_restart "$@" ;;
   kubeconfig) echo "$admin_kubeconfig" ;;
   bin) echo "$bin" ;;
+  vk-audit-log) echo "$vk_audit_log" ;;
   *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -48,7 +48,23 @@ if $reliability; then
 elif $e2e_only; then
   cargo test --workspace --test 'e2e_*' -- --test-threads 4 || status=$?
 else
+  # Least privilege: remember where vk-sandbox's audit log stands, run the
+  # suite, then check every verb manifests/rbac.yaml grants was used.
+  audit_log=""
+  audit_from=0
+  if [[ -n "${VK_CLUSTER_CONTROL:-}" ]]; then
+    audit_log=$("$here/cluster.sh" vk-audit-log)
+    [[ -f "$audit_log" ]] && audit_from=$(stat -c %s "$audit_log")
+  fi
   cargo test --workspace --no-fail-fast || status=$?
+  if [[ -n "$audit_log" && -f "$audit_log" ]]; then
+    echo "tests: RBAC usage check against $audit_log (from byte $audit_from)"
+    VK_RBAC_AUDIT_LOG="$audit_log" VK_RBAC_AUDIT_FROM="$audit_from" \
+      cargo test --test rbac_usage -- every_granted_verb_was_used || status=$?
+  elif [[ -n "$audit_log" ]]; then
+    echo "tests: RBAC usage check skipped: the control plane writes no audit log of" \
+      "vk-sandbox (it was started by an older e2e/cluster.sh; restart it: make cluster-down)"
+  fi
   # Manifests (server-side dry-run), systemd unit, static binary as UID
   # 65532, shell scripts.
   "$here/check-packaging.sh" || status=$?

@@ -3,9 +3,13 @@
 //!
 //! [`Health`] is the shared liveness/readiness state. The Pod watch calls
 //! [`Health::set_pod_watch_synced`], the Lease loop
-//! [`Health::set_lease_ok`]; long-running loops register a heartbeat with
-//! [`Health::register_loop`] and call [`LoopHeartbeat::beat`] each turn, so
-//! `/livez` fails when one of them stalls.
+//! [`Health::set_lease_ok`]; every loop that must keep turning (Lease
+//! renewal, Node status, the Pod controller's side loops, the inventory
+//! publisher, the orphan scan) registers a heartbeat with
+//! [`Health::register_loop`] and calls [`LoopHeartbeat::beat`] each turn,
+//! and every Pod reconcile holds a [`Working`] guard while it runs, so
+//! `/livez` fails when a loop has stalled or a reconcile hangs past its
+//! bound.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -29,6 +33,28 @@ pub struct Health {
     pod_watch_synced: AtomicBool,
     lease_ok: AtomicBool,
     loops: Mutex<BTreeMap<&'static str, LoopState>>,
+    /// Work in progress: id → (name, started, bound).
+    working: Mutex<BTreeMap<u64, (&'static str, Instant, Duration)>>,
+    next_work: std::sync::atomic::AtomicU64,
+}
+
+/// How long past its period a loop may stay silent before `/livez` fails:
+/// longer than any one turn can take with every call's deadline spent.
+pub const STALL_MARGIN: Duration = Duration::from_secs(300);
+
+/// A unit of work in progress (one Pod reconcile); dropping it ends it.
+#[derive(Debug)]
+pub struct Working {
+    health: Arc<Health>,
+    id: u64,
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.health.working.lock() {
+            w.remove(&self.id);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -101,6 +127,19 @@ impl Health {
         }
     }
 
+    /// Marks work in progress until the guard is dropped; `/livez` fails
+    /// while any has run longer than its `bound`.
+    pub fn working(self: &Arc<Self>, name: &'static str, bound: Duration) -> Working {
+        let id = self.next_work.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut w) = self.working.lock() {
+            w.insert(id, (name, Instant::now(), bound));
+        }
+        Working {
+            health: Arc::clone(self),
+            id,
+        }
+    }
+
     /// Stop watching a loop (it ended on purpose).
     pub fn deregister_loop(&self, name: &str) {
         if let Ok(mut loops) = self.loops.lock() {
@@ -114,7 +153,7 @@ impl Health {
         let Ok(loops) = self.loops.lock() else {
             return Err(vec!["health state lock poisoned".into()]);
         };
-        let stalled: Vec<String> = loops
+        let mut stalled: Vec<String> = loops
             .iter()
             .filter(|(_, s)| now.duration_since(s.last) > s.max_silence)
             .map(|(name, s)| {
@@ -125,6 +164,26 @@ impl Health {
                 )
             })
             .collect();
+        drop(loops);
+        if let Ok(working) = self.working.lock() {
+            // One line per kind of work, for the oldest one.
+            let mut oldest: BTreeMap<&str, (Duration, Duration, usize)> = BTreeMap::new();
+            for (name, started, bound) in working.values() {
+                let age = now.duration_since(*started);
+                if age > *bound {
+                    let e = oldest.entry(name).or_insert((age, *bound, 0));
+                    e.0 = e.0.max(age);
+                    e.2 += 1;
+                }
+            }
+            for (name, (age, bound, n)) in oldest {
+                stalled.push(format!(
+                    "{n} {name} running for {}s (limit {}s)",
+                    age.as_secs(),
+                    bound.as_secs()
+                ));
+            }
+        }
         if stalled.is_empty() {
             Ok(())
         } else {
@@ -279,6 +338,23 @@ mod tests {
         assert_eq!(get_path(&r, "/livez").await.0, StatusCode::OK);
         tokio::time::sleep(Duration::from_millis(120)).await;
         health.deregister_loop("lease");
+        assert_eq!(get_path(&r, "/livez").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn livez_fails_while_work_overruns_its_bound() {
+        let health = Health::new();
+        let r = router(health.clone(), Metrics::new().unwrap());
+        let quick = health.working("Pod reconcile", Duration::from_secs(60));
+        let hung = health.working("Pod reconcile", Duration::from_millis(30));
+        assert_eq!(get_path(&r, "/livez").await.0, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let (code, body, _) = get_path(&r, "/livez").await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("1 Pod reconcile running for"), "{body}");
+        drop(hung);
+        assert_eq!(get_path(&r, "/livez").await.0, StatusCode::OK);
+        drop(quick);
         assert_eq!(get_path(&r, "/livez").await.0, StatusCode::OK);
     }
 

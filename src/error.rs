@@ -19,6 +19,17 @@ pub enum Error {
     #[error(transparent)]
     Sandboxd(#[from] crate::sandboxd::SandboxdError),
 
+    /// A write conditional on the object as last read kept losing to newer
+    /// versions; retried with back-off.
+    #[error("{context}")]
+    Conflict { context: String },
+
+    /// Something inside the process failed that no configuration or input
+    /// explains: a background task ended or panicked, a metric could not be
+    /// built, an object could not be encoded.
+    #[error("internal error: {0}")]
+    Internal(String),
+
     /// A sandbox Pod could not be claimed for (yet); retried with back-off.
     #[error("{message}")]
     PodCreate {
@@ -88,6 +99,8 @@ impl Error {
             Error::Config(_) => "config",
             Error::Kube { .. } => "kube",
             Error::Sandboxd(e) => e.metric_label(),
+            Error::Conflict { .. } => "conflict",
+            Error::Internal(_) => "internal",
             Error::Io { .. } => "io",
             Error::State { .. } => "state",
             Error::StateWrite { .. } => "state_write",

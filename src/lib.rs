@@ -2,10 +2,12 @@
 //! into sandboxd microVM claims.
 
 pub mod admin;
+pub mod backoff;
 pub mod build_info;
 pub mod claims;
 pub mod config;
 pub mod error;
+pub mod identity;
 pub mod inventory;
 pub mod kube_client;
 pub mod kubelet;

@@ -9,16 +9,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tracing::{error, info};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
 use vk_sandbox::admin::{self, Health};
 use vk_sandbox::claims::ClaimsStore;
+use vk_sandbox::claims::state_lock::StateLock;
 use vk_sandbox::config::{self, Config};
 use vk_sandbox::inventory::Publisher;
 use vk_sandbox::kubelet::KubeletApi;
 use vk_sandbox::kubelet::PodSource;
 use vk_sandbox::metrics::{Metrics, SampledGauge};
 use vk_sandbox::node::{self, NodeSettings};
-use vk_sandbox::pods::controller::{self, Context};
+use vk_sandbox::pods::context::Context;
+use vk_sandbox::pods::controller;
 use vk_sandbox::pods::provider::Provider;
 use vk_sandbox::sandboxd::SandboxdClient;
 use vk_sandbox::{Error, Result, kube_client, orphan, telemetry};
@@ -80,7 +83,8 @@ fn node_settings(cfg: &Config) -> NodeSettings {
     }
 }
 
-/// Resolves on the first SIGTERM or SIGINT.
+/// Resolves on the first SIGTERM or SIGINT; a second one ends the process
+/// at once (exit 130), for an operator whose shutdown seems stuck.
 async fn shutdown_signal() -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term =
@@ -91,15 +95,52 @@ async fn shutdown_signal() -> Result<()> {
         _ = term.recv() => info!("SIGTERM received; shutting down"),
         _ = int.recv() => info!("SIGINT received; shutting down"),
     }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        error!("second signal received; exiting without waiting for shutdown");
+        std::process::exit(130);
+    });
     Ok(())
+}
+
+/// A background task's outcome as `main` reports it.
+fn task_ended(done: std::result::Result<Result<()>, tokio::task::JoinError>) -> Error {
+    match done {
+        Ok(Ok(())) => Error::Internal("a background task ended unexpectedly".into()),
+        Ok(Err(e)) => e,
+        Err(e) => Error::Internal(format!("a background task panicked: {e}")),
+    }
+}
+
+/// Says at start-up what the sandboxd token allows, when it limits what
+/// vk-sandbox can do (preflight checks the same, in more detail).
+async fn check_sandboxd_token(sandboxd: SandboxdClient) {
+    if !sandboxd.has_token() {
+        warn!(
+            "no sandboxd token (--sandboxd-token-file unset): sandboxd must run in open mode; \
+             sandboxes cannot be released by id, so a lost claim reply is left to its deadline \
+             and a claim recovered without its credential cannot be released"
+        );
+        return;
+    }
+    if let Err(e) = sandboxd.info().await
+        && e.status() == Some(403)
+    {
+        warn!(
+            error = %e,
+            "the sandboxd token is not the node (root) token (a tenant token?): sandboxd \
+             refuses /v1/info, and releases by id are refused; give vk-sandbox sandboxd's \
+             root api_token in --sandboxd-token-file (vk-sandbox preflight checks it)"
+        );
+    }
 }
 
 async fn run(cfg: Config) -> Result<()> {
     let signal = shutdown_signal();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+    let stop = CancellationToken::new();
 
     let metrics = Metrics::new()?;
     let health = Health::new();
@@ -110,6 +151,8 @@ async fn run(cfg: Config) -> Result<()> {
         .token(cfg.sandboxd.token.as_ref().map(|t| t.expose().to_string()))
         .observer(Arc::clone(&metrics) as Arc<dyn vk_sandbox::sandboxd::Observer>)
         .build()?;
+    // One process per state path, before anything reads or writes it.
+    let _state_lock = StateLock::acquire(&cfg.state_path)?;
     // The claims store loads and is written once before the Node exists:
     // an unwritable state path keeps the node out of scheduling.
     let claims = Arc::new(ClaimsStore::open(&cfg.state_path).await?);
@@ -122,23 +165,17 @@ async fn run(cfg: Config) -> Result<()> {
         });
     }
     register_sampled_gauges(&metrics, &claims)?;
+    tokio::spawn(check_sandboxd_token(sandboxd.clone()));
     let provider = Arc::new(Provider::new(
         client.clone(),
         sandboxd.clone(),
         Arc::clone(&claims),
     ));
-    // Vouch for the previous run's claims once; a failure is tolerated (the
-    // rows stay quarantined and are verified again later).
-    match sandboxd.list().await {
-        Ok(listing) => {
-            provider.note_suspects(&listing);
-            if let Err(e) = provider.verify().await {
-                info!(error = %e, "start-up verification deferred");
-            }
-        }
-        Err(e) => {
-            info!(error = %e, "sandboxd cannot be listed at start-up; claims stay quarantined")
-        }
+    // Vouch for the previous run's claims and look for strays, with one
+    // listing; a failure is tolerated (the rows stay quarantined, and the
+    // refresh loop lists again until sandboxd answers).
+    if let Err(e) = provider.refresh().await {
+        info!(error = %e, "sandboxd cannot be listed at start-up; claims stay quarantined");
     }
 
     // The Pod controller's store serves the kubelet API and gates readiness.
@@ -170,19 +207,20 @@ async fn run(cfg: Config) -> Result<()> {
         let ctx = Arc::new(
             Context::new(client.clone(), Arc::clone(&provider), &cfg.node_name)
                 .with_metrics(Arc::clone(&metrics))
+                .with_health(Arc::clone(&health))
                 .gated(ready_rx.clone()),
         );
-        let fut = controller::run(pod_controller, ctx, stop_rx.clone());
+        let fut = controller::run(pod_controller, ctx, stop.clone());
         async move {
             fut.await;
             Ok(())
         }
     });
-    tasks.spawn(kubelet.run(stopped(stop_rx.clone())));
+    tasks.spawn(kubelet.run(stop.clone().cancelled_owned()));
     tasks.spawn(admin::serve(
         admin_listener,
         admin_router,
-        stopped(stop_rx.clone()),
+        stop.clone().cancelled_owned(),
     ));
 
     // Wait for the initial Pod list before registering, so a Ready node
@@ -199,15 +237,19 @@ async fn run(cfg: Config) -> Result<()> {
     };
 
     if let Some(node_obj) = registered {
-        let node_uid = node_obj.metadata.uid.clone().unwrap_or_default();
+        let (uid_tx, uid_rx) = watch::channel(node_obj.metadata.uid.clone().unwrap_or_default());
+        let beat = |name: &'static str, period: Duration| {
+            Some(health.register_loop(name, period + admin::STALL_MARGIN))
+        };
         let lease_metrics = Arc::clone(&metrics);
         let lease_health = Arc::clone(&health);
         tasks.spawn({
             let fut = node::lease::run(
                 client.clone(),
                 cfg.node_name.clone(),
-                node_uid,
-                stop_rx.clone(),
+                uid_rx,
+                stop.clone(),
+                beat("node Lease", node::lease::RENEW_INTERVAL),
                 move |r: &Result<()>| {
                     lease_metrics.lease_renewed(r.is_ok());
                     lease_health.set_lease_ok(r.is_ok());
@@ -225,7 +267,9 @@ async fn run(cfg: Config) -> Result<()> {
                 node_obj,
                 ready_rx,
                 cfg.node_status_interval,
-                stop_rx.clone(),
+                stop.clone(),
+                beat("Node status", cfg.node_status_interval),
+                uid_tx,
                 {
                     let m = Arc::clone(&metrics);
                     move |r: &Result<()>, took| m.reconciled("node", took, r)
@@ -246,26 +290,30 @@ async fn run(cfg: Config) -> Result<()> {
                 &cfg.sandboxd.advertise_addr,
             )
             .with_metrics(Arc::clone(&metrics));
-            let fut = publisher.run(cfg.inventory.interval, stop_rx.clone());
+            let fut = publisher.run(
+                cfg.inventory.interval,
+                stop.clone(),
+                beat("NodeInventory publisher", cfg.inventory.interval),
+            );
             tasks.spawn(async move {
                 fut.await;
                 Ok(())
             });
         }
-        {
-            let scanner = orphan::Scanner::new(
-                sandboxd.clone(),
-                Arc::clone(&claims),
-                Some(Arc::clone(&metrics)),
-            );
-            let fut = scanner.run(cfg.orphan_scan_interval, stop_rx.clone());
-            // A disabled scan returns at once; that is not a failed task.
-            let stop = stop_rx.clone();
-            tasks.spawn(async move {
-                fut.await;
-                stopped(stop).await;
-                Ok(())
-            });
+        match cfg.orphan_scan_interval {
+            Some(every) => {
+                let scanner = orphan::Scanner::new(
+                    sandboxd.clone(),
+                    Arc::clone(&claims),
+                    Some(Arc::clone(&metrics)),
+                );
+                let fut = scanner.run(Some(every), stop.clone(), beat("orphan audit", every));
+                tasks.spawn(async move {
+                    fut.await;
+                    Ok(())
+                });
+            }
+            None => info!("orphan audit scan disabled (--orphan-scan-interval <= 0)"),
         }
         // The Pod watch has synced (above): the node is ready.
         let _ = ready_tx.send(true);
@@ -274,19 +322,15 @@ async fn run(cfg: Config) -> Result<()> {
         // Run until a signal, or until a task fails.
         tokio::select! {
             r = &mut signal => r?,
-            Some(done) = tasks.join_next() => {
-                let _ = stop_tx.send(true);
-                return match done {
-                    Ok(Ok(())) => Err(Error::Config("a background task ended unexpectedly".into())),
-                    Ok(Err(e)) => Err(e),
-                    Err(e) => Err(Error::Config(format!("a background task panicked: {e}"))),
-                };
+            Some(done) = tasks.join_next(), if !stop.is_cancelled() => {
+                stop.cancel();
+                return Err(task_ended(done));
             }
         }
     }
 
     // Shutdown never evicts, releases or deletes: stop the loops, exit 0.
-    let _ = stop_tx.send(true);
+    stop.cancel();
     let drain = async {
         while let Some(r) = tasks.join_next().await {
             if let Ok(Err(e)) = r {
@@ -301,8 +345,17 @@ async fn run(cfg: Config) -> Result<()> {
         info!("some tasks did not stop within 5 s; exiting anyway");
     }
     // Leave a plain claims.json behind (an operator can roll back to the Go
-    // build); the journal is folded in.
-    claims.compact().await?;
+    // build); the journal is folded in. If that fails the journal still
+    // holds every change and the next start replays it: nothing is lost, so
+    // the shutdown still succeeds.
+    if let Err(e) = claims.compact().await {
+        warn!(
+            error = %e,
+            "final compaction of the claims state failed; the journal beside it still holds \
+             every change and is replayed at the next start (roll back to the Go build only \
+             after a clean compaction)"
+        );
+    }
     Ok(())
 }
 

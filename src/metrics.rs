@@ -77,10 +77,16 @@ pub struct Metrics {
     /// nothing: `unchanged`, `list_failed`, `info_failed`.
     pub inventory_skips: IntCounterVec,
     /// `vk_sandbox_orphan_audit_sandboxes{verdict}`: sandboxes per verdict of
-    /// the last successful orphan scan (`orphan`, `external`, `stale`).
+    /// the last successful orphan scan (`orphan`, `external`, `stray`,
+    /// `stale`).
     pub orphan_audit: IntGaugeVec,
     /// `vk_sandbox_orphan_audit_scans_total{result}`: `success` / `skipped`.
     pub orphan_scans: IntCounterVec,
+    /// `vk_sandbox_pod_status_writes_total{result}`: `pods/status` writes
+    /// sent: `written`, `conflict` (the Pod changed or was replaced since it
+    /// was read; re-read, never overwritten), `gone`, `error`. Writes found
+    /// unnecessary (the Pod already shows the status) are not sent or counted.
+    pub pod_status_writes: IntCounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -93,12 +99,12 @@ impl std::fmt::Debug for Metrics {
 pub fn register<C: Collector + Clone + 'static>(registry: &Registry, collector: C) -> Result<C> {
     registry
         .register(Box::new(collector.clone()))
-        .map_err(|e| Error::Config(format!("registering a metric: {e}")))?;
+        .map_err(|e| Error::Internal(format!("registering a metric: {e}")))?;
     Ok(collector)
 }
 
 fn metric_error(e: prometheus::Error) -> Error {
-    Error::Config(format!("building a metric: {e}"))
+    Error::Internal(format!("building a metric: {e}"))
 }
 
 fn counter_vec(
@@ -140,7 +146,7 @@ impl Metrics {
             .register(Box::new(
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
-            .map_err(|e| Error::Config(format!("registering the process collector: {e}")))?;
+            .map_err(|e| Error::Internal(format!("registering the process collector: {e}")))?;
 
         let build_info = IntGaugeVec::new(
             Opts::new(
@@ -281,7 +287,7 @@ impl Metrics {
             )
             .map_err(metric_error)?,
         )?;
-        for verdict in ["orphan", "external", "stale"] {
+        for verdict in ["orphan", "external", "stray", "stale"] {
             orphan_audit.with_label_values(&[verdict]).set(0);
         }
         let orphan_scans = counter_vec(
@@ -291,7 +297,15 @@ impl Metrics {
             &["result"],
         )?;
 
+        let pod_status_writes = counter_vec(
+            &registry,
+            "vk_sandbox_pod_status_writes_total",
+            "Pod status writes sent to the apiserver, by result (written, conflict, gone, error).",
+            &["result"],
+        )?;
+
         Ok(Arc::new(Metrics {
+            pod_status_writes,
             sandboxd_requests,
             sandboxd_request_duration,
             claims_store_write_duration,
@@ -351,8 +365,8 @@ impl Metrics {
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
-            .map_err(|e| Error::Config(format!("encoding metrics: {e}")))?;
-        String::from_utf8(out).map_err(|e| Error::Config(format!("encoding metrics: {e}")))
+            .map_err(|e| Error::Internal(format!("encoding metrics: {e}")))?;
+        String::from_utf8(out).map_err(|e| Error::Internal(format!("encoding metrics: {e}")))
     }
 }
 
@@ -445,7 +459,7 @@ impl Metrics {
     pub fn register_sampled(&self, gauge: SampledGauge) -> Result<()> {
         self.registry
             .register(Box::new(gauge))
-            .map_err(|e| Error::Config(format!("registering a metric: {e}")))
+            .map_err(|e| Error::Internal(format!("registering a metric: {e}")))
     }
 }
 

@@ -7,8 +7,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+use crate::admin::LoopHeartbeat;
 
 use crate::claims::{Claim, ClaimsStore};
 use crate::metrics::Metrics;
@@ -22,6 +24,11 @@ pub enum Verdict {
     /// Listed, not held, with a `claim_ref`: claimed outside this provider
     /// (e.g. by the aggregated apiserver). Not an orphan.
     External { claim_ref: String },
+    /// Listed, not held, with a `claim_ref` tagged as this node's: a claim
+    /// whose reply was lost. The claim path returns it before it claims for
+    /// the same Pod again, or when that Pod goes away without having run;
+    /// otherwise it ends at its deadline.
+    Stray { key: String },
     /// Held by the claim of `key` but not listed: reaped at its TTL or
     /// released by someone else.
     Stale { key: String },
@@ -32,6 +39,7 @@ impl Verdict {
         match self {
             Verdict::Orphan => "orphan",
             Verdict::External { .. } => "external",
+            Verdict::Stray { .. } => "stray",
             Verdict::Stale { .. } => "stale",
         }
     }
@@ -49,8 +57,13 @@ pub fn audit(listing: &[SandboxRow], claims: &[(String, Claim)]) -> BTreeMap<Str
         if held.contains_key(row.id.as_str()) {
             continue;
         }
+        let tag = crate::pods::claim_ref::parse(&row.claim_ref);
         let v = if row.claim_ref.is_empty() {
             Verdict::Orphan
+        } else if tag.ours.is_some() {
+            Verdict::Stray {
+                key: tag.key.to_string(),
+            }
         } else {
             Verdict::External {
                 claim_ref: row.claim_ref.clone(),
@@ -81,7 +94,7 @@ pub fn changed<'a>(
 
 /// Counts per verdict label (every label present, zero included).
 pub fn counts(verdicts: &BTreeMap<String, Verdict>) -> BTreeMap<&'static str, i64> {
-    let mut out = BTreeMap::from([("orphan", 0), ("external", 0), ("stale", 0)]);
+    let mut out = BTreeMap::from([("orphan", 0), ("external", 0), ("stray", 0), ("stale", 0)]);
     for v in verdicts.values() {
         *out.entry(v.label()).or_default() += 1;
     }
@@ -152,6 +165,13 @@ impl Scanner {
                     claim_ref = %claim_ref,
                     "sandbox claimed outside this provider (not an orphan); audit-only"
                 ),
+                Verdict::Stray { key } => warn!(
+                    sandbox = %id,
+                    pod = %key,
+                    "stray sandbox: claimed by this node for a Pod, but its claim reply was lost; \
+                     returned before that Pod claims again or when it goes away, else it ends at \
+                     its deadline; audit-only"
+                ),
                 Verdict::Stale { key } => warn!(
                     sandbox = %id,
                     pod = %key,
@@ -181,8 +201,14 @@ impl Scanner {
     }
 
     /// Scan every `interval`, the first time after one interval, until
-    /// `stop`. `None` (a flag value ≤ 0) never scans and never lists.
-    pub async fn run(mut self, interval: Option<Duration>, mut stop: watch::Receiver<bool>) {
+    /// `stop` is cancelled. `None` (a flag value ≤ 0) never scans and never
+    /// lists: it returns at once.
+    pub async fn run(
+        mut self,
+        interval: Option<Duration>,
+        stop: CancellationToken,
+        heartbeat: Option<LoopHeartbeat>,
+    ) {
         let Some(every) = interval else {
             info!("orphan audit scan disabled (--orphan-scan-interval <= 0)");
             return;
@@ -190,9 +216,16 @@ impl Scanner {
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            if let Some(hb) = &heartbeat {
+                hb.beat();
+            }
             tokio::select! {
-                _ = ticker.tick() => { self.scan().await; }
-                _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
+                _ = ticker.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            tokio::select! {
+                _ = self.scan() => {}
+                _ = stop.cancelled() => return,
             }
         }
     }
@@ -226,11 +259,13 @@ mod tests {
             row("sb_held", "ns/a"),
             row("sb_ext", "other/x"),
             row("sb_orph", ""),
+            row("sb_lost", "ns/b#vk-sandbox:u-1"),
         ];
         let claims = vec![held("ns/a", "sb_held"), held("ns/gone", "sb_reaped")];
         let v = audit(&listing, &claims);
-        assert_eq!(v.len(), 3);
+        assert_eq!(v.len(), 4);
         assert!(!v.contains_key("sb_held"));
+        assert_eq!(v["sb_lost"], Verdict::Stray { key: "ns/b".into() });
         assert_eq!(v["sb_orph"], Verdict::Orphan);
         assert_eq!(
             v["sb_ext"],
@@ -246,7 +281,7 @@ mod tests {
         );
         assert_eq!(
             counts(&v),
-            BTreeMap::from([("orphan", 1), ("external", 1), ("stale", 1)])
+            BTreeMap::from([("orphan", 1), ("external", 1), ("stray", 1), ("stale", 1)])
         );
     }
 

@@ -511,16 +511,19 @@ async fn disabled_scan_never_lists() {
         .await
         .expect("claims store"),
     );
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let scanner = vk_sandbox::orphan::Scanner::new(sandboxd(&sim), claims.clone(), None);
     // `None` (a flag value <= 0) returns at once without listing.
-    tokio::time::timeout(Duration::from_secs(5), scanner.run(None, stop_rx.clone()))
-        .await
-        .expect("a disabled scan returns at once");
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        scanner.run(None, stop.clone(), None),
+    )
+    .await
+    .expect("a disabled scan returns at once");
     assert_eq!(sim.sim().requests().len(), 0);
     // Control: enabled, it lists.
     let scanner = vk_sandbox::orphan::Scanner::new(sandboxd(&sim), claims, None);
-    let running = tokio::spawn(scanner.run(Some(Duration::from_millis(50)), stop_rx));
+    let running = tokio::spawn(scanner.run(Some(Duration::from_millis(50)), stop.clone(), None));
     wait_for("a scan to list", Duration::from_secs(10), || async {
         let n = sim
             .sim()
@@ -535,6 +538,6 @@ async fn disabled_scan_never_lists() {
         }
     })
     .await;
-    let _ = stop_tx.send(true);
+    stop.cancel();
     running.await.expect("scanner task");
 }

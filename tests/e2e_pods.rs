@@ -186,6 +186,17 @@ impl Env {
             .count()
     }
 
+    /// Live sandboxes claimed for the Pod `key` (vk-sandbox tags its
+    /// claim_refs with the Pod UID).
+    fn claims_of(&self, key: &str) -> Vec<sandboxd_sim::ClaimRecord> {
+        self.sim
+            .sim()
+            .claims()
+            .into_iter()
+            .filter(|c| vk_sandbox::pods::claim_ref::display(&c.claim_ref) == key)
+            .collect()
+    }
+
     fn releases(&self) -> Vec<sandboxd_sim::RequestRecord> {
         self.sim
             .sim()
@@ -261,6 +272,28 @@ impl Env {
         .text()
         .await
         .expect("metrics body")
+    }
+
+    /// The ids the claims state holds, as a restart would load it: the
+    /// snapshot and journal are copied aside and opened there.
+    async fn effective_held_ids(&self) -> std::collections::HashSet<String> {
+        let copy = tempfile::tempdir().expect("tempdir");
+        let state = copy.path().join("claims.json");
+        for (from, to) in [
+            (self.vk.state_path.clone(), state.clone()),
+            (
+                PathBuf::from(format!("{}.journal", self.vk.state_path.display())),
+                copy.path().join("claims.json.journal"),
+            ),
+        ] {
+            if from.exists() {
+                std::fs::copy(&from, &to).expect("copy the claims state");
+            }
+        }
+        vk_sandbox::claims::ClaimsStore::open(&state)
+            .await
+            .expect("the claims state loads")
+            .held_ids()
     }
 
     fn state_text(&self) -> String {
@@ -350,7 +383,14 @@ async fn claim_run_preserve_and_adopt() {
     let body: Value = serde_json::from_str(&claims[0].body).expect("claim body");
     assert_eq!(body["template"], "base:24.04");
     assert_eq!(body["ttl_seconds"], 86400);
-    assert_eq!(body["claim_ref"], format!("{ns}/sb1"));
+    // The Pod key, tagged with the Pod's UID: only this node writes it.
+    assert_eq!(
+        body["claim_ref"],
+        format!(
+            "{ns}/sb1#vk-sandbox:{}",
+            created.metadata.uid.as_deref().unwrap_or_default()
+        )
+    );
     assert_eq!(
         claims[0].authorization.as_deref(),
         Some(format!("Bearer {TOKEN}").as_str())
@@ -533,20 +573,17 @@ async fn release_when_owner_gone_or_absent() {
             .iter()
             .all(|c| c.id != id && c.id != bare_id)
     );
+    // The claims state as a restart would load it (snapshot plus journal,
+    // read from a copy so the running process's files are untouched) no
+    // longer holds either claim.
     wait_for(
-        "the released claims to leave the state file",
+        "the released claims to leave the claims state",
         Duration::from_secs(10),
         || async {
-            let s = env.state_text();
-            // The journal keeps history; compact state is checked after restart elsewhere.
-            if std::fs::read_to_string(&env.vk.state_path)
-                .unwrap_or_default()
-                .contains(&id)
-                && !s.contains("remove")
-            {
-                Err("claim still recorded".to_string())
-            } else {
-                Ok(())
+            let held = env.effective_held_ids().await;
+            match [&id, &bare_id].iter().find(|i| held.contains(**i)) {
+                Some(still) => Err(format!("{still} still held: {held:?}")),
+                None => Ok(()),
             }
         },
     )
@@ -971,6 +1008,17 @@ async fn lease_expiry_confirmed_by_sandboxd() {
         .expect("terminated");
     assert_eq!(term.exit_code, 1);
     assert_eq!(term.reason.as_deref(), Some("SandboxLeaseExpired"));
+    // The dead VM's address and the Running conditions are gone.
+    assert_eq!(
+        (
+            st.pod_ip.as_deref(),
+            st.host_ip.as_deref(),
+            st.pod_ips.as_ref().map(Vec::len),
+            st.conditions.as_ref().map(Vec::len)
+        ),
+        (None, None, None, None),
+        "an expired Pod keeps no address or conditions"
+    );
     assert!(
         env.state_text().contains(&id),
         "the lease watch must not drop the claim"
@@ -995,7 +1043,7 @@ async fn lost_claim_reply_is_returned_before_claiming_again() {
         .await;
     let id = claim_id(&running);
     let key = format!("{}/p", env.ns);
-    let live: Vec<_> = env.sim.sim().claims_by_ref(&key);
+    let live: Vec<_> = env.claims_of(&key);
     assert_eq!(live.len(), 1, "exactly one sandbox for the Pod: {live:?}");
     assert_eq!(live[0].id, id);
     let releases = env.releases();
@@ -1009,6 +1057,109 @@ async fn lost_claim_reply_is_returned_before_claiming_again() {
         releases[0].authorization.as_deref(),
         Some(format!("Bearer {TOKEN}").as_str()),
         "strays are returned with the node token"
+    );
+    env.finish().await;
+}
+
+/// Neighbours on one sandboxd (decisions in docs/reliability.md, "Lost
+/// claim replies among neighbours"): sandbox-operator's aggregated
+/// apiserver claims with `claim_ref = <namespace>/<Sandbox>`, the key of
+/// the Pod this node then serves. Those sandboxes are never released: not
+/// when they are in the start-up listing, not when that Pod is claimed for,
+/// not when a Pod under such a key needs a fresh claim after a lost reply,
+/// not when the Pods go. The real lost reply is still returned.
+#[tokio::test(flavor = "multi_thread")]
+async fn neighbours_sandboxes_are_never_released() {
+    let Some(mut env) = setup("vk-neigh", &[]).await else {
+        return;
+    };
+    let neighbour = vk_sandbox::sandboxd::SandboxdClient::builder(env.sim.base_url())
+        .token(Some(TOKEN.into()))
+        .build()
+        .expect("neighbour client");
+    let mut foreign = Vec::new();
+    for name in ["a", "b"] {
+        let c = neighbour
+            .claim(&vk_sandbox::sandboxd::ClaimRequest {
+                template: "base:24.04".into(),
+                claim_ref: format!("{}/{name}", env.ns),
+                ..Default::default()
+            })
+            .await
+            .expect("neighbour claim");
+        foreign.push(c.id);
+    }
+    // Restart so the foreign rows are in vk-sandbox's start-up listing.
+    env.vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        env.vk
+            .process
+            .wait_exit(Duration::from_secs(10))
+            .is_some_and(|s| s.success())
+    );
+    env.vk.restart(&[
+        &format!("--sandboxd-url={}", env.sim.base_url()),
+        &format!("--sandboxd-token-file={}", env.token_file.display()),
+    ]);
+    env.wait_restarted().await;
+
+    // Pod a: a plain fresh claim under a key a neighbour also uses.
+    let a = env.create_pod(&env.pod("a", None, json!({}), false)).await;
+    let running_a = env
+        .wait_phase("a", "Running", Duration::from_secs(60))
+        .await;
+    // Pod b: its first claim's reply is lost, so it is claimed for again
+    // after looking for strays under its key.
+    let fault: sandboxd_sim::Fault =
+        serde_json::from_value(json!({"endpoint": "claim", "kind": "drop_after", "times": 1}))
+            .expect("fault");
+    env.sim.sim().arm_fault(fault).expect("arm");
+    let b = env.create_pod(&env.pod("b", None, json!({}), false)).await;
+    let running_b = env
+        .wait_phase("b", "Running", Duration::from_secs(60))
+        .await;
+    let b_uid = b.metadata.uid.clone().unwrap_or_default();
+    let strays: Vec<String> = env.releases().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(
+        strays.len(),
+        1,
+        "exactly the lost reply was returned: {strays:?}"
+    );
+    assert!(
+        !strays[0].contains(&claim_id(&running_b))
+            && !foreign.iter().any(|f| strays[0].contains(f)),
+        "the returned stray is neither b's sandbox nor a neighbour's: {strays:?}"
+    );
+    // Both bare Pods go: their own sandboxes are released, nothing else.
+    for (name, pod) in [("a", &a), ("b", &b)] {
+        env.pods()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete pod");
+        env.wait_gone(name, pod.metadata.uid.as_deref().unwrap_or_default())
+            .await;
+    }
+    let released: Vec<String> = env.releases().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(released.len(), 3, "{released:?}");
+    for id in [claim_id(&running_a), claim_id(&running_b)] {
+        assert!(
+            released.contains(&format!("/v1/sandboxes/{id}/release")),
+            "{id} not released: {released:?}"
+        );
+    }
+    let live: Vec<String> = env.sim.sim().claims().into_iter().map(|c| c.id).collect();
+    for f in &foreign {
+        assert!(live.contains(f), "the neighbour's sandbox {f} was released");
+        assert!(
+            !released.iter().any(|r| r.contains(f.as_str())),
+            "a release was sent for the neighbour's sandbox {f}"
+        );
+    }
+    assert!(
+        env.claims_of(&format!("{}/b", env.ns))
+            .iter()
+            .all(|c| !c.claim_ref.contains(&b_uid)),
+        "b's own sandboxes are all gone"
     );
     env.finish().await;
 }
@@ -1231,7 +1382,10 @@ async fn unanswered_claim_times_out_and_its_sandbox_is_returned() {
     let failures: Vec<String> = events(&env)
         .await
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("ProviderFailed"))
+        .filter(|e| {
+            e.reason.as_deref() == Some("ProviderCreateFailed")
+                && e.action.as_deref() == Some("ProviderFailed")
+        })
         .filter_map(|e| e.note)
         .collect();
     assert!(
@@ -1241,7 +1395,7 @@ async fn unanswered_claim_times_out_and_its_sandbox_is_returned() {
         "no ProviderFailed event for the timed-out claim: {failures:?}"
     );
     let id = claim_id(&running);
-    let live = env.sim.sim().claims_by_ref(&format!("{}/p", env.ns));
+    let live = env.claims_of(&format!("{}/p", env.ns));
     assert_eq!(live.len(), 1, "one sandbox for the Pod: {live:?}");
     assert_eq!(live[0].id, id);
     assert_eq!(

@@ -16,6 +16,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use reqwest::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use vk_sandbox::config::TlsFiles;
 use vk_sandbox::kubelet::auth::{Authenticator, Authorizer, Decision, RequestAttributes};
@@ -367,15 +368,45 @@ async fn http1_and_h2_are_served() {
 #[tokio::test]
 async fn tls_below_1_2_is_refused() {
     let server = start(&self_signed_tls(), None, None, Arc::default()).await;
-    let c = client_builder()
-        .tls_version_max(reqwest::tls::Version::TLS_1_1)
-        .build();
-    // rustls cannot even offer TLS 1.1: either the client refuses to build
-    // or the request fails; it never succeeds.
-    if let Ok(c) = c {
-        assert!(c.get(server.url("/healthz")).send().await.is_err());
-    }
+    // No TLS stack here can speak 1.1 any more, so send a TLS 1.1
+    // ClientHello by hand: the server must answer with a fatal alert, never
+    // a ServerHello.
+    let hello = tls11_client_hello();
+    let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    s.write_all(&hello).await.unwrap();
+    let mut answer = [0u8; 7];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut answer))
+        .await
+        .expect("the server answers")
+        .expect("read the answer");
+    assert_eq!(
+        answer[0], 0x15,
+        "an alert record, not a handshake: {answer:?}"
+    );
+    assert_eq!(answer[5], 2, "a fatal alert: {answer:?}");
+    assert_eq!(answer[6], 70, "protocol_version: {answer:?}");
     server.stop().await;
+}
+
+/// A minimal TLS 1.1 ClientHello (legacy version 0x0302, no
+/// supported_versions extension), in a TLS 1.0 record.
+fn tls11_client_hello() -> Vec<u8> {
+    let mut body = vec![0x03, 0x02];
+    body.extend_from_slice(&[7u8; 32]); // random
+    body.push(0); // session id
+    let suites: [u16; 3] = [0xc013, 0xc014, 0x002f];
+    body.extend_from_slice(&((suites.len() * 2) as u16).to_be_bytes());
+    for suite in suites {
+        body.extend_from_slice(&suite.to_be_bytes());
+    }
+    body.extend_from_slice(&[1, 0]); // compression: null
+    let mut handshake = vec![1u8];
+    handshake.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+    handshake.extend_from_slice(&body);
+    let mut record = vec![0x16, 0x03, 0x01];
+    record.extend_from_slice(&(handshake.len() as u16).to_be_bytes());
+    record.extend_from_slice(&handshake);
+    record
 }
 
 // The self-signed certificate verifies for 127.0.0.1 against itself.
@@ -679,10 +710,19 @@ async fn certificate_files_are_reloaded() {
         1,
         "one failure counted once"
     );
-    // Missing files keep it too.
+    // Missing files keep it too (and the watcher did look: a second
+    // failure is counted).
     std::fs::remove_file(&cert).unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(served_cn(&server).await, "second");
+    assert_eq!(
+        metrics
+            .kubelet_cert_reloads
+            .with_label_values(&["error"])
+            .get(),
+        2,
+        "the missing certificate was never noticed"
+    );
 
     // A good pair again: picked up.
     write_pair(dir.path(), "third");
@@ -694,6 +734,87 @@ async fn certificate_files_are_reloaded() {
         .expect("watcher stops")
         .unwrap();
     server.stop().await;
+}
+
+/// The daemon's own wiring: `KubeletApi::run` starts the certificate
+/// watcher by itself (the test above drives the watcher directly, so it
+/// would pass if `run` never started it).
+#[tokio::test]
+async fn the_daemon_reloads_rotated_certificates() {
+    install_crypto();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = write_pair(dir.path(), "first");
+    let args = [
+        "vk-sandbox".to_string(),
+        "--node-name=node-a".into(),
+        "--listen-addr=127.0.0.1:0".into(),
+        "--kubelet-auth=false".into(),
+        format!("--tls-cert={}", cert.display()),
+        format!("--tls-key={}", key.display()),
+        format!("--state-path={}", dir.path().join("claims.json").display()),
+    ];
+    let cli = vk_sandbox::config::parse_from(args, &|_| None).expect("flags");
+    let cfg = vk_sandbox::config::Config::from_args_without_state_check(&cli.run).expect("config");
+    // Auth is off: the Kubernetes client is never called.
+    let kube_client = kube::Client::try_from(kube::Config::new(
+        "http://127.0.0.1:9".parse().expect("url"),
+    ))
+    .expect("client");
+    let api = vk_sandbox::kubelet::KubeletApi::prepare(
+        &cfg,
+        &kube_client,
+        Arc::new(StaticPods::default()),
+        Metrics::new().unwrap(),
+    )
+    .await
+    .expect("prepare");
+    let addr = api.local_addr().expect("bound");
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let running = tokio::spawn(api.run(async move {
+        let _ = stop_rx.await;
+    }));
+    let cn = || async move {
+        let resp = client()
+            .get(format!("https://127.0.0.1:{}/healthz", addr.port()))
+            .send()
+            .await
+            .expect("request");
+        let der = resp
+            .extensions()
+            .get::<reqwest::tls::TlsInfo>()
+            .and_then(|i| i.peer_certificate().map(<[u8]>::to_vec))
+            .expect("peer certificate");
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        parsed
+            .subject()
+            .iter_common_name()
+            .next()
+            .and_then(|c| c.as_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(cn().await, "first");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    write_pair(dir.path(), "second");
+    // The daemon polls every few seconds.
+    let mut seen = String::new();
+    for _ in 0..150 {
+        seen = cn().await;
+        if seen == "second" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        seen, "second",
+        "the running daemon never served the rotated certificate"
+    );
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("stops")
+        .unwrap()
+        .expect("served");
 }
 
 #[tokio::test]
@@ -709,7 +830,6 @@ async fn shutdown_lets_in_flight_connections_finish_and_stops_listening() {
 
 #[tokio::test]
 async fn handshake_garbage_does_not_hurt_the_server() {
-    use tokio::io::AsyncWriteExt;
     let server = start(&self_signed_tls(), None, None, Arc::default()).await;
     for _ in 0..5 {
         let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();

@@ -75,7 +75,7 @@ pub fn is_unset(ts: Timestamp) -> bool {
 }
 
 /// RFC 3339, second precision, UTC (`2026-01-01T00:00:00Z`).
-fn format_time(ts: Timestamp) -> String {
+pub fn format_time(ts: Timestamp) -> String {
     to_second(ts).to_string()
 }
 

@@ -32,6 +32,7 @@
 //! store returns is what a restart gives back.
 
 pub mod format;
+pub mod state_lock;
 mod writer;
 
 use std::collections::{HashMap, HashSet};

@@ -26,10 +26,12 @@ pub fn desired(
     let mut entries: Vec<InventoryEntry> = listing
         .iter()
         .map(|row| {
+            // vk-sandbox's tag on its own claim_refs is dropped: readers of
+            // the inventory match entries to `<namespace>/<name>`.
             let name = if row.claim_ref.is_empty() {
                 row.id.clone()
             } else {
-                row.claim_ref.clone()
+                crate::pods::claim_ref::display(&row.claim_ref).to_string()
             };
             let phase = match row.state() {
                 SandboxState::Running => "Running",
@@ -167,6 +169,20 @@ mod tests {
             target: 4,
             golden: true,
         }
+    }
+
+    /// vk-sandbox's own claim_refs carry a tag (the Pod UID); entries show
+    /// the Pod key, as for rows written without it.
+    #[test]
+    fn tagged_claim_refs_show_the_pod_key() {
+        let listing = vec![row("sb_a", "ns1/a#vk-sandbox:u-1"), row("sb_c", "ns1/c")];
+        let inv = desired("vk-1", "", &listing, &info(vec![]), &[]);
+        let names: Vec<(&str, &str)> = inv
+            .entries
+            .iter()
+            .map(|e| (e.name.as_str(), e.claim_ref.as_str()))
+            .collect();
+        assert_eq!(names, vec![("ns1/a", "ns1/a"), ("ns1/c", "ns1/c")]);
     }
 
     #[test]

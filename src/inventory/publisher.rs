@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::admin::LoopHeartbeat;
 use crate::claims::ClaimsStore;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -139,7 +140,7 @@ impl Publisher {
 
     async fn apply(&self, want: &NodeInventory) -> Result<()> {
         let mut body = serde_json::to_value(want)
-            .map_err(|e| Error::Config(format!("encoding the NodeInventory: {e}")))?;
+            .map_err(|e| Error::Internal(format!("encoding the NodeInventory: {e}")))?;
         if let Some(obj) = body.as_object_mut() {
             obj.insert("apiVersion".into(), api_version(&self.group).into());
             obj.insert("kind".into(), KIND.into());
@@ -163,7 +164,12 @@ impl Publisher {
     }
 
     /// Publish now and then every `interval` until `stop`.
-    pub async fn run(mut self, interval: Duration, mut stop: watch::Receiver<bool>) {
+    pub async fn run(
+        mut self,
+        interval: Duration,
+        stop: CancellationToken,
+        heartbeat: Option<LoopHeartbeat>,
+    ) {
         let span = info_span!("inventory", node = %self.node, group = %self.group);
         async move {
             let mut ticker = tokio::time::interval(interval);
@@ -171,10 +177,16 @@ impl Publisher {
             loop {
                 tokio::select! {
                     _ = ticker.tick() => {}
-                    _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
+                    _ = stop.cancelled() => return,
+                }
+                if let Some(hb) = &heartbeat {
+                    hb.beat();
                 }
                 let started = Instant::now();
-                let result = self.tick().await;
+                let result = tokio::select! {
+                    r = self.tick() => r,
+                    _ = stop.cancelled() => return,
+                };
                 if let Err(e) = &result {
                     warn!(error = %e, retry_in = ?interval, "NodeInventory apply failed");
                 }

@@ -155,7 +155,7 @@ pub fn self_signed(node_name: &str, node_ip: Option<&str>) -> Result<(CertifiedK
     let cert = params.self_signed(&key).map_err(|e| fail("signing", e))?;
     let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
     let certified = CertifiedKey::from_der(vec![cert.der().clone()], key_der, &provider())
-        .map_err(|e| Error::Config(format!("self-signed kubelet certificate unusable: {e}")))?;
+        .map_err(|e| Error::Internal(format!("self-signed kubelet certificate unusable: {e}")))?;
     Ok((certified, cert.pem()))
 }
 
@@ -243,13 +243,13 @@ impl KubeletTls {
         let provider = provider();
         let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|e| Error::Config(format!("kubelet TLS versions: {e}")))?;
+            .map_err(|e| Error::Internal(format!("kubelet TLS versions: {e}")))?;
         let builder = match client_roots {
             Some(roots) => {
                 let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
                     .allow_unauthenticated()
                     .build()
-                    .map_err(|e| Error::Config(format!("kubelet client CA unusable: {e}")))?;
+                    .map_err(|e| Error::Internal(format!("kubelet client CA unusable: {e}")))?;
                 builder.with_client_cert_verifier(verifier)
             }
             None => builder.with_no_client_auth(),

@@ -13,8 +13,7 @@ use serde_json::{Value, json};
 pub const VIRTUAL_KUBELET_LABEL: (&str, &str) = ("type", "virtual-kubelet");
 pub const TAINT_KEY: &str = "virtual-kubelet.io/provider";
 pub const TAINT_VALUE: &str = "sandboxd";
-/// Field manager for every write vk-sandbox makes.
-pub const FIELD_MANAGER: &str = "vk-sandbox";
+pub use crate::identity::FIELD_MANAGER;
 
 /// What the Node is derived from (a projection of the configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,9 +10,12 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, instrument, warn};
 
 use super::desired::FIELD_MANAGER;
+use crate::admin::LoopHeartbeat;
+use crate::backoff::Backoff;
 use crate::{Error, Result};
 
 pub const NAMESPACE: &str = "kube-node-lease";
@@ -103,44 +106,56 @@ pub async fn renew_once(
             Err(e) => return Err(Error::kube(format!("renew Lease {NAMESPACE}/{node}"), e)),
         }
     }
-    Err(Error::Config(format!(
-        "renew Lease {NAMESPACE}/{node}: still conflicting after {MAX_QUICK_RETRIES} attempts"
-    )))
+    Err(Error::Conflict {
+        context: format!(
+            "renew Lease {NAMESPACE}/{node}: still conflicting after {MAX_QUICK_RETRIES} attempts"
+        ),
+    })
 }
 
-/// Renews the Lease every 10 s until `shutdown` fires. Failures back off
+/// Renews the Lease every 10 s until `stop` is cancelled. Failures back off
 /// (200 ms doubling to 7 s) and are reported through `on_result`; nothing
-/// here panics or gives up.
+/// here panics or gives up. `node_uid` follows the Node (it changes when
+/// the Node is deleted and registered again), so the Lease is always owned
+/// by the Node that exists.
 #[instrument(skip_all, fields(node = %node))]
 pub async fn run(
     client: Client,
     node: String,
-    node_uid: String,
-    mut shutdown: watch::Receiver<bool>,
+    node_uid: watch::Receiver<String>,
+    stop: CancellationToken,
+    heartbeat: Option<LoopHeartbeat>,
     on_result: impl Fn(&Result<()>) + Send,
 ) {
     let leases: Api<Lease> = Api::namespaced(client, NAMESPACE);
     let mut last: Option<Lease> = None;
-    let mut backoff = BACKOFF_START;
+    let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_CAP);
     loop {
-        let wait = match renew_once(&leases, &node, &node_uid, last.take()).await {
+        if let Some(hb) = &heartbeat {
+            hb.beat();
+        }
+        let uid = node_uid.borrow().clone();
+        let renewal = tokio::select! {
+            r = renew_once(&leases, &node, &uid, last.take()) => r,
+            _ = stop.cancelled() => return,
+        };
+        let wait = match renewal {
             Ok(l) => {
                 last = Some(l);
-                backoff = BACKOFF_START;
+                backoff.reset();
                 on_result(&Ok(()));
                 RENEW_INTERVAL
             }
             Err(e) => {
-                warn!(error = %e, retry_in = ?backoff, "node lease renewal failed");
+                let wait = backoff.failed();
+                warn!(error = %e, retry_in = ?wait, "node lease renewal failed");
                 on_result(&Err(e));
-                let w = backoff;
-                backoff = (backoff * 2).min(BACKOFF_CAP);
-                w
+                wait
             }
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.changed() => return,
+            _ = stop.cancelled() => return,
         }
     }
 }

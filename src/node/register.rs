@@ -7,9 +7,12 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument, warn};
 
 use super::desired::{self, FIELD_MANAGER, NodeSettings};
+use crate::admin::LoopHeartbeat;
+use crate::backoff::Backoff;
 use crate::{Error, Result};
 
 /// Whether an existing Node may be taken over: it is labelled as a virtual
@@ -53,7 +56,7 @@ pub async fn register(client: &Client, s: &NodeSettings) -> Result<Node> {
         // Created with a plain POST: the taint is then owned by an Update
         // manager, so later applies of labels alone never remove it.
         let new: Node = serde_json::from_value(desired::new_node(s))
-            .map_err(|e| Error::Config(format!("building Node {}: {e}", s.name)))?;
+            .map_err(|e| Error::Internal(format!("building Node {}: {e}", s.name)))?;
         let pp = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
@@ -102,7 +105,7 @@ pub async fn register(client: &Client, s: &NodeSettings) -> Result<Node> {
             {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
             op
         ]))
-        .map_err(|e| Error::Config(format!("building taint patch: {e}")))?;
+        .map_err(|e| Error::Internal(format!("building taint patch: {e}")))?;
         node = nodes
             .patch(&s.name, &PatchParams::default(), &Patch::<()>::Json(patch))
             .await
@@ -136,8 +139,11 @@ pub async fn apply_status(
 }
 
 /// Keeps the Node status fresh: every `interval`, and at once when
-/// readiness changes. Errors are logged and retried after a short back-off;
-/// the loop ends when `shutdown` fires.
+/// readiness changes. A Node deleted while vk-sandbox runs is registered
+/// again (and its new UID sent on `node_uid`, so the Lease follows it).
+/// Errors are logged and retried after a short back-off; the loop ends when
+/// `stop` is cancelled.
+#[allow(clippy::too_many_arguments)]
 #[instrument(skip_all, fields(node = %s.name))]
 pub async fn run_status_loop(
     client: Client,
@@ -145,36 +151,61 @@ pub async fn run_status_loop(
     mut observed: Node,
     mut ready: watch::Receiver<bool>,
     interval: Duration,
-    mut shutdown: watch::Receiver<bool>,
+    stop: CancellationToken,
+    heartbeat: Option<LoopHeartbeat>,
+    node_uid: watch::Sender<String>,
     on_result: impl Fn(&Result<()>, Duration) + Send,
 ) {
-    let nodes: Api<Node> = Api::all(client);
-    let mut backoff = Duration::from_millis(200);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(7));
     loop {
+        if let Some(hb) = &heartbeat {
+            hb.beat();
+        }
         let is_ready = *ready.borrow_and_update();
         let started = std::time::Instant::now();
-        let result = apply_status(&nodes, &s, is_ready, Some(&observed)).await;
+        let result = tokio::select! {
+            r = apply_status(&nodes, &s, is_ready, Some(&observed)) => r,
+            _ = stop.cancelled() => return,
+        };
+        let result = match result {
+            Err(Error::Kube { source, .. }) if is_not_found(&source) => {
+                warn!("the Node was deleted; registering it again");
+                match register(&client, &s).await {
+                    Ok(n) => {
+                        let uid = n.metadata.uid.clone().unwrap_or_default();
+                        node_uid.send_replace(uid);
+                        apply_status(&nodes, &s, is_ready, Some(&n)).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        };
         let took = started.elapsed();
         let wait = match result {
             Ok(n) => {
                 observed = n;
-                backoff = Duration::from_millis(200);
+                backoff.reset();
                 on_result(&Ok(()), took);
                 interval
             }
             Err(e) => {
                 warn!(error = %e, "node status update failed; retrying");
                 on_result(&Err(e), took);
-                backoff = (backoff * 2).min(Duration::from_secs(7));
-                backoff
+                backoff.failed()
             }
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             changed = ready.changed() => { if changed.is_err() { return; } }
-            _ = shutdown.changed() => return,
+            _ = stop.cancelled() => return,
         }
     }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
 #[cfg(test)]

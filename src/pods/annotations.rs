@@ -25,7 +25,8 @@ fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
-/// `<namespace>/<name>`: the Pod's key, and the claim's `claim_ref`.
+/// `<namespace>/<name>`: the Pod's key (the claim's `claim_ref` adds the
+/// Pod's UID to it, see [`super::claim_ref`]).
 pub fn key(pod: &Pod) -> String {
     format!(
         "{}/{}",
@@ -67,7 +68,10 @@ pub fn claim_request(pod: &Pod) -> Result<ClaimRequest, String> {
         net: annotation(pod, NET).unwrap_or_default().to_string(),
         size: annotation(pod, SIZE).unwrap_or_default().to_string(),
         ttl_seconds,
-        claim_ref: key(pod),
+        claim_ref: super::claim_ref::for_pod(
+            &key(pod),
+            pod.metadata.uid.as_deref().unwrap_or_default(),
+        ),
     })
 }
 
@@ -153,5 +157,9 @@ mod tests {
         assert_eq!(r.claim_ref, "ns/p");
         assert_eq!(r.template, "base:24.04");
         assert_eq!((r.net.as_str(), r.size.as_str()), ("egress", "medium"));
+        let mut with_uid = pod(&[(TEMPLATE, "base:24.04")]);
+        with_uid.metadata.uid = Some("u-1".into());
+        let r = claim_request(&with_uid).unwrap();
+        assert_eq!(r.claim_ref, "ns/p#vk-sandbox:u-1");
     }
 }

@@ -1,9 +1,21 @@
-//! Sandbox Pods bound to this node: the Pod contract (annotations), the
-//! statuses published, delete authorization, the provider that claims and
-//! releases, and the controller that drives it.
+//! Sandbox Pods bound to this node: the Pod contract (annotations and
+//! claim refs), the statuses published, delete authorization, the provider
+//! that claims and releases, and the controller that drives it.
+//!
+//! - [`controller`]: the kube-runtime Controller wiring and the reconcile;
+//! - [`plan`]: what one reconcile does (pure);
+//! - [`context`]: what reconciles share (Events, back-off, the start gate);
+//! - [`writes`]: every write to a Pod, each conditional on that Pod;
+//! - [`sweeps`]: the side loops (vanished Pods, lease expiry, refresh);
+//! - [`provider`]: claims and releases against sandboxd and the claims store.
 
 pub mod annotations;
 pub mod authority;
+pub mod claim_ref;
+pub mod context;
 pub mod controller;
+pub mod plan;
 pub mod provider;
 pub mod status;
+pub mod sweeps;
+pub mod writes;

@@ -14,9 +14,12 @@ use tracing::{info, warn};
 
 use super::annotations::{self, key};
 use super::authority::{self, OwnerResolver, Verdict};
+use super::claim_ref;
 use super::status::{self, ClaimView};
 use crate::claims::{Claim, ClaimState, ClaimsStore};
-use crate::sandboxd::{SandboxRow, SandboxdClient, SandboxdError, Secret, pod_ip_from_owner_addr};
+use crate::sandboxd::{
+    Op, ReleaseOutcome, SandboxRow, SandboxdClient, SandboxdError, Secret, pod_ip_from_owner_addr,
+};
 
 /// Compensating releases run on their own deadline, detached from the
 /// caller (behaviour.md §3.2 steps 5 and 10).
@@ -74,6 +77,28 @@ pub enum Deleted {
         id: String,
         reason: String,
     },
+    /// The owner is gone, but the claim holds no release credential (it
+    /// was recovered without one) and no node token is configured (sandboxd
+    /// in open mode): nothing here can release it. The row is dropped so
+    /// the Pod is not held Terminating; the sandbox ends at its deadline.
+    LeftToExpire {
+        id: String,
+        reason: String,
+    },
+}
+
+/// What is known about sandboxes this node may have claimed without
+/// learning their credential (lost claim replies; decisions in
+/// docs/reliability.md, "Lost claim replies among neighbours").
+#[derive(Debug, Default)]
+struct Strays {
+    /// Pods (key → UID) whose last claim had an unknown outcome in this
+    /// process: sandboxd may hold a sandbox tagged with that UID.
+    unknown: HashMap<String, String>,
+    /// Keys under which the last successful listing showed rows tagged as
+    /// ours that no stored claim holds (after a restart, the only trace of a
+    /// lost reply). Replaced by every successful listing.
+    listed: HashSet<String>,
 }
 
 pub struct Provider {
@@ -84,10 +109,12 @@ pub struct Provider {
     /// Pods this provider has claimed for or adopted, by key. Shared with
     /// the watch cache (the same `Arc`), not a second copy of each Pod.
     tracked: Mutex<HashMap<String, Arc<Pod>>>,
-    /// Keys whose last claim had an unknown outcome, or which sandboxd lists
-    /// under a claim_ref no stored claim holds: before claiming for them
-    /// again, stray sandboxes are returned (decisions.md D7).
-    suspects: Mutex<HashSet<String>>,
+    /// Keys to check for strays before claiming for them again.
+    strays: Mutex<Strays>,
+    /// Whether the last sandboxd listing succeeded; while it has not,
+    /// [`Provider::refresh_needed`] asks the side loop to list again, so
+    /// strays and quarantined rows are looked at as soon as sandboxd is back.
+    listing_ok: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -121,8 +148,40 @@ impl Provider {
             claims,
             owners: OwnerResolver::default(),
             tracked: Mutex::new(HashMap::new()),
-            suspects: Mutex::new(HashSet::new()),
+            strays: Mutex::new(Strays::default()),
+            listing_ok: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Lists sandboxd. Every successful listing also recomputes which keys
+    /// have stray rows of ours; a failed one marks the listing as needed
+    /// again (a failed list is never an empty one).
+    pub async fn list(&self) -> Result<Vec<SandboxRow>, SandboxdError> {
+        use std::sync::atomic::Ordering;
+        match self.sandboxd.list().await {
+            Ok(listing) => {
+                self.note_listing(&listing);
+                self.listing_ok.store(true, Ordering::Relaxed);
+                Ok(listing)
+            }
+            Err(e) => {
+                self.listing_ok.store(false, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether no listing has succeeded since start-up or since the last
+    /// failed one.
+    pub fn refresh_needed(&self) -> bool {
+        !self.listing_ok.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether sandboxd can be asked to release any sandbox by id (a node
+    /// token is configured). Without one (open mode) strays cannot be
+    /// returned and are left to their deadline.
+    fn can_release_by_id(&self) -> bool {
+        self.sandboxd.has_token()
     }
 
     pub fn tracked(&self, key: &str) -> Option<Arc<Pod>> {
@@ -169,34 +228,41 @@ impl Provider {
         }
     }
 
-    /// Marks keys for which sandboxd lists rows that no stored claim holds
-    /// (computed once at start-up from a successful listing).
-    pub fn note_suspects(&self, listing: &[SandboxRow]) {
-        let held = self.claims.held_ids();
-        let mut s = lock(&self.suspects);
-        for row in listing {
-            if !row.claim_ref.is_empty() && !held.contains(&row.id) {
-                s.insert(row.claim_ref.clone());
-            }
-        }
+    /// Recomputes the keys under which `listing` shows rows tagged as this
+    /// node's (see [`claim_ref`]) that no stored claim holds. Rows without
+    /// the tag (other clients of sandboxd, rows written by the Go
+    /// implementation) never count. Nothing is marked without a node token:
+    /// such strays could not be returned anyway.
+    pub fn note_listing(&self, listing: &[SandboxRow]) {
+        let keys: HashSet<String> = if self.can_release_by_id() {
+            let held = self.claims.held_ids();
+            listing
+                .iter()
+                .filter(|r| !held.contains(&r.id))
+                .filter_map(|r| {
+                    let p = claim_ref::parse(&r.claim_ref);
+                    p.ours.map(|_| p.key.to_string())
+                })
+                .collect()
+        } else {
+            HashSet::new()
+        };
+        lock(&self.strays).listed = keys;
     }
 
-    /// Runs §4.5 verification once: list sandboxd, lift or drop quarantined
-    /// rows. A failed list changes nothing.
-    pub async fn verify(&self) -> Result<(), SandboxdError> {
-        let snapshot = self.claims.quarantined();
-        if snapshot.is_empty() {
-            return Ok(());
-        }
-        let listing = self.sandboxd.list().await?;
-        match self.claims.apply_verification(&snapshot, &listing).await {
-            Ok(report) => info!(
-                ?report,
-                "claims from the previous run verified against sandboxd"
-            ),
-            Err(e) => warn!(error = %e, "verification could not be persisted; will retry"),
-        }
-        Ok(())
+    /// Whether a stray of ours may exist under `key`.
+    pub fn suspect(&self, key: &str) -> bool {
+        let s = lock(&self.strays);
+        s.unknown.contains_key(key) || s.listed.contains(key)
+    }
+
+    /// The Pods whose last claim had an unknown outcome, as (key, UID).
+    pub fn unknown_outcomes(&self) -> Vec<(String, String)> {
+        lock(&self.strays)
+            .unknown
+            .iter()
+            .map(|(k, u)| (k.clone(), u.clone()))
+            .collect()
     }
 
     /// The running status for a key's settled claim, if it holds one whose
@@ -217,7 +283,7 @@ impl Provider {
 
         // 2. A claim from a previous run must be vouched for by sandboxd.
         if let Some((_, ClaimState::Quarantined)) = self.claims.get(&k) {
-            self.verify().await.map_err(|e| {
+            self.refresh().await.map_err(|e| {
                 CreateFailure::provider(format!(
                     "a claim from a previous run is unverified and sandboxd cannot be listed; \
                      refusing to claim over a possibly live sandbox: {e}"
@@ -229,19 +295,14 @@ impl Provider {
         if let Some((claim, ClaimState::Settled)) = self.claims.get(&k)
             && claim.deadline.is_some_and(|d| d <= Timestamp::now())
         {
-            let listing = self.sandboxd.list().await.map_err(|e| {
+            let listing = self.list().await.map_err(|e| {
                 CreateFailure::provider(format!(
                     "the claim for {k} is past its cached deadline and sandboxd cannot be \
                      listed; refusing to replace it: {e}"
                 ))
             })?;
             match listing.iter().find(|r| r.id == claim.id) {
-                Some(row) => {
-                    let _ = self
-                        .claims
-                        .set_deadline(&k, &claim.id, row.deadline.expires_at())
-                        .await;
-                }
+                Some(row) => self.take_listed_deadline(&k, &claim, row).await,
                 None => {
                     let _ = self.claims.remove(&k, &claim.id).await;
                 }
@@ -265,7 +326,15 @@ impl Provider {
             });
         }
 
-        // 5. A stranded claim (an earlier commit and undo both failed).
+        // 5. A stranded claim (an earlier commit and undo both failed). One
+        // without a credential is a recovered claim whose commit failed: it
+        // is the Pod's running sandbox, not ours to return; drop the row and
+        // recover it again below.
+        if let Some((claim, ClaimState::Tentative)) = self.claims.get(&k)
+            && claim.token.is_empty()
+        {
+            let _ = self.claims.remove(&k, &claim.id).await;
+        }
         if let Some((claim, ClaimState::Tentative)) = self.claims.get(&k) {
             self.undo_release(&claim).await.map_err(|e| {
                 CreateFailure::provider(format!(
@@ -288,9 +357,9 @@ impl Provider {
         // 6–7. What to claim.
         let request = annotations::claim_request(pod).map_err(CreateFailure::provider)?;
 
-        // D7: return strays from an earlier claim whose reply was lost.
-        if lock(&self.suspects).contains(&k) {
-            self.return_strays(&k).await.map_err(|e| {
+        // D7: return strays of this Pod's earlier claims whose reply was lost.
+        if self.suspect(&k) {
+            self.return_strays(&k, uid(pod), None).await.map_err(|e| {
                 CreateFailure::provider(format!(
                     "cannot check for, or return, a sandbox an earlier claim for {k} may \
                      have left behind; refusing to claim twice: {e}"
@@ -303,7 +372,7 @@ impl Provider {
             Ok(c) => c,
             Err(e) => {
                 if e.is_outcome_unknown() {
-                    lock(&self.suspects).insert(k.clone());
+                    self.note_unknown_outcome(&k, uid(pod));
                 }
                 let reason = if e.is_capacity_miss() {
                     "NoWarmCapacity"
@@ -342,11 +411,27 @@ impl Provider {
             };
         }
         self.track(pod);
-        // 11. Running.
+        // 11. Running, from the row as stored (times at the store's
+        // precision), so a later re-publish computes the same status.
+        let claim = self.claims.get(&k).map(|(c, _)| c).unwrap_or(claim);
         Ok(Created::Claimed {
             id: claim.id.clone(),
             status: status::running(pod, &view(&claim)),
         })
+    }
+
+    fn note_unknown_outcome(&self, k: &str, uid: &str) {
+        if self.can_release_by_id() {
+            lock(&self.strays)
+                .unknown
+                .insert(k.to_string(), uid.to_string());
+        } else {
+            warn!(
+                pod = %k,
+                "the claim's outcome is unknown and no node token is configured (sandboxd open \
+                 mode): a sandbox it may have created cannot be returned and ends at its deadline"
+            );
+        }
     }
 
     /// The Pod names (claim-id annotation) a sandbox sandboxd lists under
@@ -370,13 +455,16 @@ impl Provider {
         if self.claims.held_ids().contains(id) {
             return Ok(None);
         }
-        let listing = self.sandboxd.list().await.map_err(|e| {
+        let listing = self.list().await.map_err(|e| {
             CreateFailure::provider(format!(
                 "{k} ran on sandbox {id}, which no stored claim holds, and sandboxd cannot be \
                  listed to check whether it lives; refusing to claim a second one: {e}"
             ))
         })?;
-        let Some(row) = listing.iter().find(|r| r.id == *id && r.claim_ref == k) else {
+        let Some(row) = listing
+            .iter()
+            .find(|r| r.id == *id && claim_ref::names_key(&r.claim_ref, k))
+        else {
             return Ok(None);
         };
         let address = pod
@@ -392,12 +480,15 @@ impl Provider {
             claimed_at: Timestamp::now(),
             deadline: row.deadline.expires_at(),
         };
-        self.claims.commit(k, claim.clone()).await.map_err(|e| {
-            CreateFailure::provider(format!(
+        if let Err(e) = self.claims.commit(k, claim.clone()).await {
+            // Nothing to undo (the sandbox is the Pod's, and there is no
+            // credential to lose): drop the row so the next try recovers it
+            // again instead of finding a stranded claim it cannot return.
+            let _ = self.claims.remove(k, id).await;
+            return Err(CreateFailure::provider(format!(
                 "persist the recovered claim of {k} on sandbox {id}: {e}"
-            ))
-        })?;
-        lock(&self.suspects).remove(k);
+            )));
+        }
         warn!(
             pod = %k,
             sandbox = %id,
@@ -412,13 +503,35 @@ impl Provider {
     }
 
     /// Release with the claim's own token, or the node token for a claim
-    /// recovered without one.
-    async fn release_claim(&self, claim: &Claim) -> Result<(), SandboxdError> {
+    /// recovered without one. `Ok(false)`: no credential can release it
+    /// (recovered claim, no node token).
+    async fn release_claim(&self, claim: &Claim) -> Result<bool, SandboxdError> {
         if claim.token.is_empty() {
-            self.sandboxd.release_as_node(&claim.id).await.map(|_| ())
+            if !self.can_release_by_id() {
+                return Ok(false);
+            }
+            self.release_by_id(&claim.id).await?;
         } else {
             let token = Secret::new(claim.token.clone());
-            self.sandboxd.release(&claim.id, &token).await.map(|_| ())
+            self.sandboxd.release(&claim.id, &token).await?;
+        }
+        Ok(true)
+    }
+
+    /// Release any sandbox by id with the node token. A `404` is proof that
+    /// it is gone only once a listing no longer shows it: a tenant token, or
+    /// any token against a sandboxd without `api_token`, gets the same
+    /// answer for a sandbox it may not touch.
+    async fn release_by_id(&self, id: &str) -> Result<(), SandboxdError> {
+        match self.sandboxd.release_as_node(id).await? {
+            ReleaseOutcome::Released => Ok(()),
+            ReleaseOutcome::AlreadyGone => {
+                if self.list().await?.iter().any(|r| r.id == id) {
+                    Err(SandboxdError::NotReleased { id: id.to_string() })
+                } else {
+                    Ok(())
+                }
+            }
         }
     }
 
@@ -426,32 +539,144 @@ impl Provider {
         let token = Secret::new(claim.token.clone());
         match tokio::time::timeout(UNDO_TIMEOUT, self.sandboxd.release(&claim.id, &token)).await {
             Ok(r) => r.map(|_| ()),
-            Err(_) => Err(SandboxdError::Config(format!(
-                "release of {} timed out after {UNDO_TIMEOUT:?}",
-                claim.id
-            ))),
+            Err(_) => Err(SandboxdError::Timeout {
+                op: Op::Release,
+                after: UNDO_TIMEOUT,
+            }),
         }
     }
 
-    /// Releases, with the node token, sandboxes sandboxd lists under `k`
-    /// that no stored claim holds. Only called right before claiming for
-    /// `k`, which holds no claim, so nothing live of ours is touched.
-    async fn return_strays(&self, k: &str) -> Result<(), SandboxdError> {
-        let listing = self.sandboxd.list().await?;
-        let held = self.claims.held_ids();
-        for row in listing
-            .iter()
-            .filter(|r| r.claim_ref == k && !held.contains(&r.id))
-        {
-            match self.sandboxd.release_as_node(&row.id).await {
-                Ok(_) => {
-                    info!(pod = %k, sandbox = %row.id, "returned a sandbox whose claim reply was lost")
-                }
-                Err(e) => return Err(e),
-            }
+    /// Returns, with the node token, the sandboxes sandboxd lists as
+    /// claimed by this node for the Pod (`k`, `uid`) that no stored claim
+    /// holds: lost claim replies of that Pod. `running_on` (the Pod's
+    /// claim-id annotation) is never touched. Only called when the Pod is
+    /// known to run on none of them: right before claiming for it, or when
+    /// it goes away without having run. Rows of other clients (no tag) and
+    /// of other Pods are never touched.
+    async fn return_strays(
+        &self,
+        k: &str,
+        uid: &str,
+        running_on: Option<&str>,
+    ) -> Result<(), SandboxdError> {
+        if !self.can_release_by_id() {
+            lock(&self.strays).unknown.remove(k);
+            return Ok(());
         }
-        lock(&self.suspects).remove(k);
+        let mut listing = self.list().await?;
+        let held = self.claims.held_ids();
+        let strays: Vec<String> = listing
+            .iter()
+            .filter(|r| {
+                claim_ref::made_for(&r.claim_ref, k, uid)
+                    && !held.contains(&r.id)
+                    && running_on != Some(r.id.as_str())
+            })
+            .map(|r| r.id.clone())
+            .collect();
+        for id in &strays {
+            self.release_by_id(id).await?;
+            info!(pod = %k, sandbox = %id, "returned a sandbox whose claim reply was lost");
+        }
+        // The listing as it stands now: the returned rows are gone.
+        listing.retain(|r| !strays.contains(&r.id));
+        self.note_listing(&listing);
+        let mut strays = lock(&self.strays);
+        if strays.unknown.get(k).is_some_and(|u| u == uid) {
+            strays.unknown.remove(k);
+        }
         Ok(())
+    }
+
+    /// A Pod that goes away without ever having run (deleted while
+    /// Pending, or vanished untracked): return what its lost claim replies
+    /// left behind, if it had any. Best effort: on failure the strays stay
+    /// listed and are retried by [`Provider::settle_unknown`].
+    pub async fn forget_never_ran(&self, pod: &Pod) -> Result<(), SandboxdError> {
+        let k = key(pod);
+        if !self.suspect(&k) {
+            return Ok(());
+        }
+        let running_on = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotations::CLAIM_ID))
+            .map(String::as_str);
+        self.return_strays(&k, uid(pod), running_on).await
+    }
+
+    /// A Pod whose claim had an unknown outcome is no longer in the API
+    /// (it never ran: had it, it would be tracked): return its strays and
+    /// forget it, so the unknown-outcome map does not grow.
+    pub async fn settle_unknown(&self, k: &str, uid: &str) -> Result<(), SandboxdError> {
+        self.return_strays(k, uid, None).await?;
+        let mut strays = lock(&self.strays);
+        if strays.unknown.get(k).is_some_and(|u| u == uid) {
+            strays.unknown.remove(k);
+        }
+        Ok(())
+    }
+
+    /// One §4.5 verification pass that also refreshes the stray keys: list
+    /// sandboxd once, then lift or drop the quarantined rows. A failed list
+    /// changes nothing.
+    pub async fn refresh(&self) -> Result<(), SandboxdError> {
+        let snapshot = self.claims.quarantined();
+        let listing = self.list().await?;
+        if snapshot.is_empty() {
+            return Ok(());
+        }
+        match self.claims.apply_verification(&snapshot, &listing).await {
+            Ok(report) => info!(
+                ?report,
+                "claims from the previous run verified against sandboxd"
+            ),
+            Err(e) => warn!(error = %e, "verification could not be persisted; will retry"),
+        }
+        Ok(())
+    }
+
+    /// The claim rows the lease watch must confirm (settled, past their
+    /// deadline, with a tracked Pod) and the listing to confirm them
+    /// against; `Ok(None)` when there are none (sandboxd is not called).
+    pub async fn expiry_check(
+        &self,
+        now: Timestamp,
+    ) -> Result<Option<(Vec<(String, Claim)>, Vec<SandboxRow>)>, SandboxdError> {
+        let candidates: Vec<(String, Claim)> =
+            super::plan::expiry_candidates(self.claims.all(), now, |k| self.tracked(k).is_some())
+                .into_iter()
+                .map(|(k, c, _)| (k, c))
+                .collect();
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+        let listing = self.list().await?;
+        Ok(Some((candidates, listing)))
+    }
+
+    /// A lease-expiry candidate is still listed: take the listing's
+    /// deadline (it may have been renewed, or become "none").
+    pub async fn take_listed_deadline(&self, k: &str, claim: &Claim, row: &SandboxRow) {
+        if let Err(e) = self
+            .claims
+            .set_deadline(k, &claim.id, row.deadline.expires_at())
+            .await
+        {
+            warn!(pod = %k, error = %e, "listed deadline not persisted; kept in memory");
+        }
+    }
+
+    /// Whether `k` still holds claim `id` (the key may change hands while a
+    /// listing is in flight).
+    pub fn holds_id(&self, k: &str, id: &str) -> bool {
+        self.claims.get(k).is_some_and(|(c, _)| c.id == id)
+    }
+
+    /// Whether any claim row still waits for a listing to vouch for it.
+    pub fn has_quarantined(&self) -> bool {
+        !self.claims.quarantined().is_empty()
     }
 
     /// Provider Delete (behaviour.md §3.4): preserve unless the owner is
@@ -480,16 +705,26 @@ impl Provider {
                 })
             }
             Verdict::Release(reason) => {
-                self.release_claim(&claim).await?;
+                let released = self.release_claim(&claim).await?;
                 if let Err(e) = self.claims.remove(&k, &claim.id).await {
                     warn!(pod = %k, error = %e, "release done but its record could not be removed");
                 }
                 self.untrack(&k, uid(pod));
-                info!(pod = %k, sandbox = %claim.id, %reason, "released sandbox");
-                Ok(Deleted::Released {
-                    id: claim.id,
-                    reason,
-                })
+                if released {
+                    info!(pod = %k, sandbox = %claim.id, %reason, "released sandbox");
+                    Ok(Deleted::Released {
+                        id: claim.id,
+                        reason,
+                    })
+                } else {
+                    warn!(pod = %k, sandbox = %claim.id, %reason,
+                          "no credential can release this recovered claim (no node token): \
+                           it ends at its deadline");
+                    Ok(Deleted::LeftToExpire {
+                        id: claim.id,
+                        reason,
+                    })
+                }
             }
         }
     }
@@ -533,6 +768,242 @@ mod tests {
         .expect("pod")
     }
 
+    const TOKEN: &str = "node-root-token";
+
+    /// An in-process simulator with a root token and a warm pool of four,
+    /// and a provider (node token configured) over a fresh claims store.
+    async fn provider_with_token() -> (sandboxd_sim::SimHandle, Provider, tempfile::TempDir) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+            api_token: TOKEN.into(),
+            pools: vec![
+                sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=4").expect("pool"),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("sim");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let claims = Arc::new(
+            ClaimsStore::open(&dir.path().join("claims.json"))
+                .await
+                .expect("store"),
+        );
+        let sandboxd = SandboxdClient::builder(sim.base_url())
+            .token(Some(TOKEN.into()))
+            .build()
+            .expect("client");
+        let provider = Provider::new(silent_client(), sandboxd, claims);
+        (sim, provider, dir)
+    }
+
+    /// Another client of the same sandboxd (sandbox-operator's aggregated
+    /// apiserver) claims with `claim_ref = <namespace>/<name>`.
+    async fn neighbour_claims(sim: &sandboxd_sim::SimHandle, claim_ref: &str) -> String {
+        SandboxdClient::builder(sim.base_url())
+            .token(Some(TOKEN.into()))
+            .build()
+            .expect("client")
+            .claim(&crate::sandboxd::ClaimRequest {
+                template: "base:24.04".into(),
+                claim_ref: claim_ref.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("neighbour claim")
+            .id
+    }
+
+    fn released(sim: &sandboxd_sim::SimHandle) -> Vec<String> {
+        sim.sim()
+            .requests()
+            .iter()
+            .filter_map(|r| {
+                r.path
+                    .strip_prefix("/v1/sandboxes/")
+                    .and_then(|p| p.strip_suffix("/release"))
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+
+    fn drop_next_claim_reply(sim: &sandboxd_sim::SimHandle) {
+        let fault: sandboxd_sim::Fault =
+            serde_json::from_value(json!({"endpoint": "claim", "kind": "drop_after", "times": 1}))
+                .expect("fault");
+        sim.sim().arm_fault(fault).expect("arm");
+    }
+
+    /// D7 among neighbours: a sandbox another client claimed under this
+    /// Pod's key is never a stray of ours, whether it was listed at
+    /// start-up or the Pod needs a fresh claim after a lost reply; the real
+    /// lost reply (tagged with this Pod's UID) is returned.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn neighbours_rows_are_never_returned_our_lost_reply_is() {
+        let (sim, provider, _dir) = provider_with_token().await;
+        let foreign = neighbour_claims(&sim, "ns/p").await;
+        // The start-up listing sees the foreign row.
+        provider.list().await.expect("list");
+        assert!(
+            !provider.suspect("ns/p"),
+            "a foreign row made the key suspect"
+        );
+
+        // A claim whose reply is lost, then the retry.
+        drop_next_claim_reply(&sim);
+        let pod = Arc::new(pod("u1"));
+        let lost = provider.create(&pod).await.expect_err("the reply was lost");
+        assert!(lost.message.contains("outcome unknown"), "{lost:?}");
+        assert!(provider.suspect("ns/p"));
+        let stray: Vec<String> = sim
+            .sim()
+            .claims()
+            .into_iter()
+            .filter(|c| c.claim_ref == "ns/p#vk-sandbox:u1")
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(stray.len(), 1, "the lost reply's sandbox exists, tagged");
+        let created = provider.create(&pod).await.expect("claim again");
+        let Created::Claimed { id, .. } = created else {
+            panic!("expected a fresh claim, got {created:?}");
+        };
+        assert_eq!(released(&sim), stray, "only the lost reply was returned");
+        assert!(
+            sim.sim().claims().iter().any(|c| c.id == foreign),
+            "the neighbour's sandbox was released"
+        );
+        assert!(sim.sim().claims().iter().any(|c| c.id == id));
+        assert!(!provider.suspect("ns/p"));
+        let node_auth = format!("Bearer {TOKEN}");
+        assert!(
+            sim.sim()
+                .requests()
+                .iter()
+                .filter(|r| r.path.ends_with("/release"))
+                .all(|r| r.authorization.as_deref() == Some(node_auth.as_str())),
+            "strays go back with the node token"
+        );
+    }
+
+    /// After a restart the only trace of a lost reply is the listing: a
+    /// tagged row no stored claim holds marks the key, and the next fresh
+    /// claim for that Pod returns it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_lost_reply_seen_only_in_the_listing_is_returned() {
+        let (sim, provider, _dir) = provider_with_token().await;
+        let ours = neighbour_claims(&sim, "ns/p#vk-sandbox:u1").await;
+        let other_pod = neighbour_claims(&sim, "ns/p#vk-sandbox:u0").await;
+        assert!(!provider.suspect("ns/p"));
+        provider.list().await.expect("list");
+        assert!(provider.suspect("ns/p"));
+        let created = provider.create(&Arc::new(pod("u1"))).await.expect("claim");
+        assert!(matches!(created, Created::Claimed { .. }), "{created:?}");
+        assert_eq!(released(&sim), vec![ours]);
+        // A stray of another Pod under the same name is not this Pod's to
+        // return (it may be a VM that Pod ran on): it is left alone.
+        assert!(sim.sim().claims().iter().any(|c| c.id == other_pod));
+    }
+
+    /// A Pod that goes away without having run returns its own strays, and
+    /// an unknown outcome is forgotten once settled.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_pod_that_never_ran_returns_its_strays_when_it_goes() {
+        let (sim, provider, _dir) = provider_with_token().await;
+        let foreign = neighbour_claims(&sim, "ns/p").await;
+        drop_next_claim_reply(&sim);
+        let p = pod("u1");
+        provider
+            .create(&Arc::new(p.clone()))
+            .await
+            .expect_err("the reply was lost");
+        assert_eq!(
+            provider.unknown_outcomes(),
+            vec![("ns/p".into(), "u1".into())]
+        );
+        provider.settle_unknown("ns/p", "u1").await.expect("settle");
+        assert!(provider.unknown_outcomes().is_empty());
+        let released = released(&sim);
+        assert_eq!(released.len(), 1, "{released:?}");
+        assert_ne!(released[0], foreign);
+        // forget_never_ran with nothing suspect calls nothing.
+        let before = sim.sim().requests().len();
+        provider.forget_never_ran(&p).await.expect("nothing to do");
+        assert_eq!(sim.sim().requests().len(), before);
+    }
+
+    /// Open mode (no node token): nothing can be released by id, so no key
+    /// is ever held back as suspect, and a create after a lost reply goes
+    /// on (the stray ends at its deadline).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn open_mode_never_waits_on_strays() {
+        let sim = sim_with_pool().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let claims = Arc::new(
+            ClaimsStore::open(&dir.path().join("claims.json"))
+                .await
+                .expect("store"),
+        );
+        let sandboxd = SandboxdClient::builder(sim.base_url())
+            .build()
+            .expect("client");
+        let provider = Provider::new(silent_client(), sandboxd, claims);
+        drop_next_claim_reply(&sim);
+        let pod = Arc::new(pod("u1"));
+        provider.create(&pod).await.expect_err("lost reply");
+        assert!(!provider.suspect("ns/p"));
+        provider.list().await.expect("list");
+        assert!(!provider.suspect("ns/p"), "open mode marked a key suspect");
+        let created = provider.create(&pod).await.expect("claim");
+        assert!(matches!(created, Created::Claimed { .. }));
+        assert!(released(&sim).is_empty());
+    }
+
+    /// A release by id answered 404 is proof of nothing while sandboxd
+    /// still lists the sandbox (a tenant token gets that answer): the row
+    /// is kept and the release reported as failed.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_404_on_release_by_id_is_not_proof_while_listed() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+            api_token: TOKEN.into(),
+            tenants: vec![
+                serde_json::from_value(json!({"name": "acme", "token": "tenant-token"}))
+                    .expect("tenant"),
+            ],
+            tenant_list: sandboxd_sim::config::TenantList::Own,
+            pools: vec![
+                sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool"),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("sim");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let claims = Arc::new(
+            ClaimsStore::open(&dir.path().join("claims.json"))
+                .await
+                .expect("store"),
+        );
+        let tenant = SandboxdClient::builder(sim.base_url())
+            .token(Some("tenant-token".into()))
+            .build()
+            .expect("client");
+        let provider = Provider::new(silent_client(), tenant, claims);
+        drop_next_claim_reply(&sim);
+        let pod = Arc::new(pod("u1"));
+        provider.create(&pod).await.expect_err("lost reply");
+        let again = provider
+            .create(&pod)
+            .await
+            .expect_err("the stray cannot go");
+        assert!(
+            again.message.contains("cannot release sandboxes by id"),
+            "{again:?}"
+        );
+        assert_eq!(sim.sim().claims().len(), 1, "the stray is still there");
+        assert!(provider.suspect("ns/p"), "the key stays suspect");
+    }
+
     /// Reliability finding: with the claims state lost, a Pod running on
     /// its sandbox must keep it (adopted, to be released with the node
     /// token), not see it returned as a stray and a second one claimed.
@@ -557,8 +1028,7 @@ mod tests {
                 .expect("store"),
         );
         let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
-        let listing = provider.sandboxd.list().await.expect("list");
-        provider.note_suspects(&listing);
+        provider.list().await.expect("list");
         let mut running = pod("u1");
         running
             .metadata
@@ -615,7 +1085,7 @@ mod tests {
 
         let claims = Arc::new(ClaimsStore::open(&path).await.expect("reopen"));
         let restarted = Provider::new(silent_client(), client(), Arc::clone(&claims));
-        restarted.verify().await.expect("verify");
+        restarted.refresh().await.expect("verify");
         let again = restarted
             .create(&Arc::new(pod("u1")))
             .await

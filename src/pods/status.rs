@@ -30,11 +30,12 @@ fn containers(pod: &Pod) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// Second precision, truncated, UTC: the claims store keeps claim times
+/// at whole seconds (truncated) and the apiserver stores metav1.Time at
+/// seconds, so the time sent, the time stored and the time read back after
+/// a restart are the same text (no second write to move it by a second).
 fn ts(t: Timestamp) -> String {
-    // Second precision, UTC, as the apiserver stores metav1.Time.
-    t.round(jiff::Unit::Second)
-        .map(|r| r.to_string())
-        .unwrap_or_else(|_| t.to_string())
+    crate::claims::format::format_time(t)
 }
 
 /// Running: the claim is settled and its lease has not ended.
@@ -75,7 +76,8 @@ pub fn running(pod: &Pod, c: &ClaimView) -> Value {
 }
 
 /// Lease expired (`SandboxLeaseExpired`): sandboxd no longer lists the
-/// claim and its deadline has passed. Terminal.
+/// claim and its deadline has passed. Terminal. The dead VM's address and
+/// the Running conditions are removed (sent as `null`).
 pub fn expired(pod: &Pod, c: &ClaimView, deadline: Timestamp) -> Value {
     let ended = ts(deadline);
     let statuses: Vec<Value> = containers(pod)
@@ -100,9 +102,12 @@ pub fn expired(pod: &Pod, c: &ClaimView, deadline: Timestamp) -> Value {
                 "sandbox lease ended at {ended}; the microVM is reaped at the deadline"
             ),
             "startTime": ts(c.claimed_at),
-            "conditions": [
-                {"type": "Ready", "status": "False", "reason": "SandboxLeaseExpired"},
-            ],
+            // The VM is gone: its address is no longer the Pod's.
+            "hostIP": null,
+            "hostIPs": null,
+            "podIP": null,
+            "podIPs": null,
+            "conditions": null,
             "containerStatuses": statuses,
         }
     })
@@ -182,7 +187,13 @@ mod tests {
         assert_eq!(s["podIP"], "10.0.0.5");
         assert_eq!(s["hostIP"], "10.0.0.5");
         assert_eq!(s["podIPs"], json!([{"ip": "10.0.0.5"}]));
-        assert_eq!(s["startTime"], "2026-01-01T00:00:01Z");
+        // Truncated, as the claims store keeps it (rounding it up made a
+        // second write follow for about half of all claims).
+        assert_eq!(s["startTime"], "2026-01-01T00:00:00Z");
+        assert_eq!(
+            s["containerStatuses"][0]["state"]["running"]["startedAt"],
+            "2026-01-01T00:00:00Z"
+        );
         assert_eq!(s["containerStatuses"].as_array().unwrap().len(), 2);
         assert_eq!(s["containerStatuses"][0]["imageID"], "sandboxd://sb_1");
         assert_eq!(s["containerStatuses"][1]["image"], "x");
@@ -215,6 +226,44 @@ mod tests {
         assert_eq!(t["exitCode"], 1);
         assert_eq!(t["reason"], "SandboxLeaseExpired");
         assert_eq!(t["finishedAt"], "2026-01-02T00:00:00Z");
+        for gone in ["podIP", "podIPs", "hostIP", "hostIPs", "conditions"] {
+            assert!(
+                s.get(gone).is_some_and(Value::is_null),
+                "{gone} must be cleared: {s}"
+            );
+        }
+        // Applied over a Running Pod, nothing of the VM's address is left.
+        let mut p = serde_json::to_value(pod()).unwrap();
+        json_patch::merge(&mut p, &running(&pod(), &c));
+        json_patch::merge(&mut p, &v);
+        let typed: Pod = serde_json::from_value(p).unwrap();
+        let st = typed.status.unwrap();
+        assert_eq!(
+            (st.pod_ip, st.host_ip, st.pod_ips, st.conditions),
+            (None, None, None, None)
+        );
+    }
+
+    /// One conversion of the claim time everywhere: the status carries the
+    /// second the claims store keeps (and a restart reads back).
+    #[test]
+    fn start_time_is_the_stored_second() {
+        for raw in [
+            "2026-01-01T00:00:00Z",
+            "2026-01-01T00:00:00.4Z",
+            "2026-01-01T00:00:00.5Z",
+            "2026-01-01T00:00:00.999999999Z",
+        ] {
+            let t: Timestamp = raw.parse().unwrap();
+            let stored = crate::claims::format::to_second(t);
+            let mut c = view();
+            c.claimed_at = t;
+            let from_fresh = running(&pod(), &c);
+            c.claimed_at = stored;
+            let from_stored = running(&pod(), &c);
+            assert_eq!(from_fresh, from_stored, "{raw}");
+            assert_eq!(from_fresh["status"]["startTime"], "2026-01-01T00:00:00Z");
+        }
     }
 
     #[test]

@@ -187,6 +187,7 @@ async fn access_reviews(
                         subresource: perm.subresource.clone(),
                         verb: Some(perm.verb.clone()),
                         namespace: perm.namespace.clone(),
+                        name: perm.name.clone(),
                         ..Default::default()
                     }),
                     ..Default::default()

@@ -16,6 +16,8 @@ pub enum Scope {
     AllNamespaces,
     /// A namespaced resource in one namespace.
     Namespace(&'static str),
+    /// One named object in one namespace.
+    Object(&'static str, &'static str),
 }
 
 /// When a rule applies.
@@ -50,7 +52,7 @@ pub const RULES: &[Rule] = &[
     Rule {
         groups: &[""],
         resources: &["nodes"],
-        verbs: &["create", "get", "list", "watch", "update", "patch"],
+        verbs: &["get", "create", "patch"],
         scope: Scope::Cluster,
         need: Need::Always,
         why: "register, adopt and label the virtual Node",
@@ -58,7 +60,7 @@ pub const RULES: &[Rule] = &[
     Rule {
         groups: &[""],
         resources: &["nodes/status"],
-        verbs: &["get", "update", "patch"],
+        verbs: &["patch"],
         scope: Scope::Cluster,
         need: Need::Always,
         why: "Node status heartbeats",
@@ -66,7 +68,7 @@ pub const RULES: &[Rule] = &[
     Rule {
         groups: &[""],
         resources: &["pods"],
-        verbs: &["get", "list", "watch", "delete"],
+        verbs: &["list", "watch", "delete"],
         scope: Scope::AllNamespaces,
         need: Need::Always,
         why: "watch the node's Pods and complete their termination",
@@ -74,34 +76,18 @@ pub const RULES: &[Rule] = &[
     Rule {
         groups: &[""],
         resources: &["pods/status"],
-        verbs: &["get", "update", "patch"],
+        verbs: &["patch"],
         scope: Scope::AllNamespaces,
         need: Need::Always,
         why: "report Pod status",
     },
     Rule {
-        groups: &["", "events.k8s.io"],
+        groups: &["events.k8s.io"],
         resources: &["events"],
-        verbs: &["create", "patch", "update"],
+        verbs: &["create", "patch"],
         scope: Scope::AllNamespaces,
         need: Need::Always,
-        why: "Events on Pods and the Node",
-    },
-    Rule {
-        groups: &[""],
-        resources: &["secrets", "configmaps", "services"],
-        verbs: &["get", "list", "watch"],
-        scope: Scope::AllNamespaces,
-        need: Need::Always,
-        why: "virtual-kubelet essentials; the cluster's client CA ConfigMap",
-    },
-    Rule {
-        groups: &["coordination.k8s.io"],
-        resources: &["leases"],
-        verbs: &["create", "get", "update", "patch"],
-        scope: Scope::Namespace("kube-node-lease"),
-        need: Need::Always,
-        why: "the node Lease",
+        why: "Events on Pods",
     },
     Rule {
         groups: &["agents.x-k8s.io"],
@@ -114,7 +100,7 @@ pub const RULES: &[Rule] = &[
     Rule {
         groups: INVENTORY_GROUPS,
         resources: &["nodeinventories"],
-        verbs: &["get", "list", "create", "update", "patch"],
+        verbs: &["create", "patch"],
         scope: Scope::Cluster,
         need: Need::PublishInventory,
         why: "publish the NodeInventory",
@@ -135,6 +121,22 @@ pub const RULES: &[Rule] = &[
         need: Need::KubeletAuth,
         why: "authorize kubelet API callers",
     },
+    Rule {
+        groups: &["coordination.k8s.io"],
+        resources: &["leases"],
+        verbs: &["get", "create", "update"],
+        scope: Scope::Namespace("kube-node-lease"),
+        need: Need::Always,
+        why: "the node Lease",
+    },
+    Rule {
+        groups: &[""],
+        resources: &["configmaps"],
+        verbs: &["get"],
+        scope: Scope::Object("kube-system", "extension-apiserver-authentication"),
+        need: Need::KubeletAuth,
+        why: "the cluster's client CA for kubelet API client certificates",
+    },
 ];
 
 /// One SelfSubjectAccessReview to make.
@@ -147,6 +149,8 @@ pub struct Permission {
     pub verb: String,
     /// `None`: cluster-scoped, or every namespace.
     pub namespace: Option<String>,
+    /// `Some`: only this object.
+    pub name: Option<String>,
 }
 
 impl Permission {
@@ -160,6 +164,9 @@ impl Permission {
         if !self.group.is_empty() {
             s.push('.');
             s.push_str(&self.group);
+        }
+        if let Some(name) = &self.name {
+            s.push_str(&format!(" {name}"));
         }
         if let Some(ns) = &self.namespace {
             s.push_str(&format!(" in namespace {ns}"));
@@ -182,9 +189,10 @@ pub fn required(inventory_group: Option<&str>, kubelet_auth: bool) -> Vec<Permis
             Need::KubeletAuth if kubelet_auth => rule.groups.to_vec(),
             Need::KubeletAuth => continue,
         };
-        let namespace = match rule.scope {
-            Scope::Namespace(ns) => Some(ns.to_string()),
-            Scope::Cluster | Scope::AllNamespaces => None,
+        let (namespace, name) = match rule.scope {
+            Scope::Namespace(ns) => (Some(ns.to_string()), None),
+            Scope::Object(ns, name) => (Some(ns.to_string()), Some(name.to_string())),
+            Scope::Cluster | Scope::AllNamespaces => (None, None),
         };
         for group in groups {
             for resource in rule.resources {
@@ -199,6 +207,7 @@ pub fn required(inventory_group: Option<&str>, kubelet_auth: bool) -> Vec<Permis
                         subresource: subresource.clone(),
                         verb: verb.to_string(),
                         namespace: namespace.clone(),
+                        name: name.clone(),
                     });
                 }
             }
@@ -274,49 +283,73 @@ mod tests {
     use crate::preflight::Status;
     use std::collections::BTreeSet;
 
-    /// `(group, resource, verb)` granted by the ClusterRole of
-    /// manifests/rbac.yaml.
-    fn manifest_grants() -> BTreeSet<(String, String, String)> {
+    /// `(where, group, resource, verb)` granted by the ClusterRole and
+    /// the Roles of manifests/rbac.yaml; `where` is `*` for the ClusterRole,
+    /// else the Role's namespace, plus `/name` for a rule limited to one
+    /// object.
+    fn manifest_grants() -> BTreeSet<(String, String, String, String)> {
         use serde::Deserialize;
         let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/rbac.yaml"));
         let mut grants = BTreeSet::new();
-        let mut roles = 0;
+        let mut cluster_roles = 0;
         for doc in serde_yaml::Deserializer::from_str(text) {
             let value = serde_yaml::Value::deserialize(doc).expect("rbac.yaml is YAML");
-            if value["kind"].as_str() != Some("ClusterRole") {
-                continue;
-            }
-            roles += 1;
-            let rules = value["rules"].as_sequence().expect("ClusterRole rules");
+            let scope = match value["kind"].as_str() {
+                Some("ClusterRole") => {
+                    cluster_roles += 1;
+                    "*".to_string()
+                }
+                Some("Role") => value["metadata"]["namespace"]
+                    .as_str()
+                    .expect("Role namespace")
+                    .to_string(),
+                _ => continue,
+            };
+            let rules = value["rules"].as_sequence().expect("rules");
             for rule in rules {
                 let list = |key: &str| -> Vec<String> {
                     rule[key]
                         .as_sequence()
-                        .unwrap_or_else(|| panic!("rule without {key}: {rule:?}"))
-                        .iter()
-                        .map(|v| v.as_str().expect("string").to_string())
-                        .collect()
+                        .map(|s| {
+                            s.iter()
+                                .map(|v| v.as_str().expect("string").to_string())
+                                .collect()
+                        })
+                        .unwrap_or_default()
                 };
-                for g in list("apiGroups") {
-                    for r in list("resources") {
-                        for v in list("verbs") {
-                            grants.insert((g.clone(), r.clone(), v));
+                let names = list("resourceNames");
+                let wheres: Vec<String> = if names.is_empty() {
+                    vec![scope.clone()]
+                } else {
+                    names.iter().map(|n| format!("{scope}/{n}")).collect()
+                };
+                for w in &wheres {
+                    for g in list("apiGroups") {
+                        for r in list("resources") {
+                            for v in list("verbs") {
+                                grants.insert((w.clone(), g.clone(), r.clone(), v));
+                            }
                         }
                     }
                 }
             }
         }
-        assert_eq!(roles, 1, "rbac.yaml holds exactly one ClusterRole");
+        assert_eq!(cluster_roles, 1, "rbac.yaml holds exactly one ClusterRole");
         grants
     }
 
-    fn table_grants() -> BTreeSet<(String, String, String)> {
+    fn table_grants() -> BTreeSet<(String, String, String, String)> {
         let mut set = BTreeSet::new();
         for rule in RULES {
+            let w = match rule.scope {
+                Scope::Cluster | Scope::AllNamespaces => "*".to_string(),
+                Scope::Namespace(ns) => ns.to_string(),
+                Scope::Object(ns, name) => format!("{ns}/{name}"),
+            };
             for g in rule.groups {
                 for r in rule.resources {
                     for v in rule.verbs {
-                        set.insert((g.to_string(), r.to_string(), v.to_string()));
+                        set.insert((w.clone(), g.to_string(), r.to_string(), v.to_string()));
                     }
                 }
             }
@@ -362,13 +395,35 @@ mod tests {
             .iter()
             .filter(|p| p.resource == "nodeinventories")
             .collect();
-        assert_eq!(inv.len(), 5);
+        assert_eq!(inv.len(), 2);
         assert!(inv.iter().all(|p| p.group == "extensions.agents.x-k8s.io"));
         assert!(
             full.iter()
                 .any(|p| p.resource == "subjectaccessreviews" && p.verb == "create")
         );
-        assert_eq!(full.len(), base.len() + 5 + 2);
+        let ca = full
+            .iter()
+            .find(|p| p.resource == "configmaps")
+            .expect("the client CA ConfigMap");
+        assert_eq!(
+            (
+                ca.namespace.as_deref(),
+                ca.name.as_deref(),
+                ca.verb.as_str()
+            ),
+            (
+                Some("kube-system"),
+                Some("extension-apiserver-authentication"),
+                "get"
+            )
+        );
+        assert!(
+            ca.target()
+                .contains("extension-apiserver-authentication in namespace kube-system"),
+            "{}",
+            ca.target()
+        );
+        assert_eq!(full.len(), base.len() + 2 + 2 + 1);
     }
 
     fn perm(resource: &str, verb: &str) -> Permission {
@@ -378,6 +433,7 @@ mod tests {
             subresource: None,
             verb: verb.into(),
             namespace: None,
+            name: None,
         }
     }
 

@@ -83,6 +83,22 @@ pub enum SandboxdError {
     #[error("sandboxd client: {0}")]
     Config(String),
 
+    /// A call did not finish within the caller's own deadline (beyond the
+    /// client's per-request timeout, e.g. a detached compensating release).
+    #[error("sandboxd {op}: no answer within {after:?}")]
+    Timeout { op: Op, after: std::time::Duration },
+
+    /// A release by id answered sandboxd's JSON `404` ("unknown sandbox")
+    /// while the listing still shows the sandbox: the node token may not
+    /// release by id. That is the answer a tenant token gets, and any token
+    /// when sandboxd runs without `api_token`. Not proof that it is gone.
+    #[error(
+        "sandboxd release of {id}: answered 404 \"unknown sandbox\" but sandboxd still lists it; \
+         the node token cannot release sandboxes by id (give vk-sandbox sandboxd's root api_token \
+         in --sandboxd-token-file, not a tenant token)"
+    )]
+    NotReleased { id: String },
+
     /// The node token file could not be read.
     #[error("read sandboxd token file {}: {source}", path.display())]
     TokenFile {
@@ -142,6 +158,8 @@ impl SandboxdError {
             SandboxdError::Decode { .. } => "sandboxd_decode",
             SandboxdError::InvalidRequest { .. } => "sandboxd_invalid_request",
             SandboxdError::Config(_) => "sandboxd_config",
+            SandboxdError::Timeout { .. } => "sandboxd_timeout",
+            SandboxdError::NotReleased { .. } => "sandboxd_not_released",
             SandboxdError::TokenFile { .. } => "sandboxd_token_file",
         }
     }
@@ -153,7 +171,9 @@ impl SandboxdError {
             SandboxdError::Http { op, .. }
             | SandboxdError::Transport { op, .. }
             | SandboxdError::Decode { op, .. }
-            | SandboxdError::InvalidRequest { op, .. } => Some(*op),
+            | SandboxdError::InvalidRequest { op, .. }
+            | SandboxdError::Timeout { op, .. } => Some(*op),
+            SandboxdError::NotReleased { .. } => Some(Op::Release),
             SandboxdError::Config(_) | SandboxdError::TokenFile { .. } => None,
         }
     }

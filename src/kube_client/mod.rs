@@ -1,6 +1,9 @@
-//! Kubernetes credentials, in the order decisions.md D1 gives: in-cluster
+//! The Kubernetes client: credentials in kube-rs's order (in-cluster
 //! service account first, then `--kubeconfig`, then `$KUBECONFIG`, then
-//! `~/.kube/config`.
+//! `~/.kube/config`), vk-sandbox's User-Agent, and a deadline on every call
+//! that is not a watch ([`deadline`]).
+
+pub mod deadline;
 
 use std::path::PathBuf;
 
@@ -71,7 +74,21 @@ pub async fn config(kubeconfig_flag: Option<PathBuf>) -> Result<(Config, Source)
 
 pub async fn client(kubeconfig_flag: Option<PathBuf>) -> Result<(Client, Source)> {
     let (cfg, source) = config(kubeconfig_flag).await?;
-    let client =
-        Client::try_from(cfg).map_err(|e| Error::kube("build the Kubernetes client", e))?;
-    Ok((client, source))
+    Ok((build(cfg, deadline::DEFAULT)?, source))
+}
+
+/// The client for `cfg`: vk-sandbox's User-Agent (the apiserver names the
+/// field manager of writes that name none after it), and every request but
+/// a watch bounded by `call_deadline` from sending it to the end of the
+/// reply's body.
+pub fn build(mut cfg: Config, call_deadline: std::time::Duration) -> Result<Client> {
+    cfg.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(crate::identity::USER_AGENT),
+    ));
+    let builder = kube::client::ClientBuilder::try_from(cfg)
+        .map_err(|e| Error::kube("build the Kubernetes client", e))?;
+    Ok(builder
+        .with_layer(&deadline::DeadlineLayer::new(call_deadline))
+        .build())
 }

@@ -1,0 +1,254 @@
+//! What every Pod reconcile shares: the provider, the Kubernetes client,
+//! Events, per-Pod back-off, and the gate that holds reconciles until the
+//! Node is registered.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::PostParams;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client, Resource};
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::provider::Provider;
+use crate::identity::{FIELD_MANAGER, REPORTING_CONTROLLER};
+use crate::metrics::Metrics;
+
+const BACKOFF_START: Duration = Duration::from_millis(500);
+const BACKOFF_CAP: Duration = Duration::from_secs(180);
+
+/// Event reasons. Failures use virtual-kubelet's reasons, which clusters
+/// running the Go implementation already alert and filter on; the precise
+/// cause is the Event's action and the first word of its note. The mapping
+/// is listed in docs/pod-contract.md.
+pub mod reason {
+    pub const CLAIMED: &str = "Claimed";
+    pub const ADOPTED: &str = "Adopted";
+    pub const PRESERVED: &str = "SandboxPreserved";
+    pub const RELEASED: &str = "SandboxReleased";
+    pub const LEFT_TO_EXPIRE: &str = "SandboxLeftToExpire";
+    pub const LEASE_EXPIRED: &str = "SandboxLeaseExpired";
+    /// virtual-kubelet's reason for a failed provider create.
+    pub const CREATE_FAILED: &str = "ProviderCreateFailed";
+    /// virtual-kubelet's reason for a failed provider delete.
+    pub const DELETE_FAILED: &str = "ProviderDeleteFailed";
+    /// The cause of a failed release (the action of a `ProviderDeleteFailed`).
+    pub const RELEASE_FAILED: &str = "ReleaseFailed";
+}
+
+pub struct Context {
+    pub provider: Arc<Provider>,
+    pub client: Client,
+    pub recorder: Recorder,
+    pub node: String,
+    pub metrics: Option<Arc<Metrics>>,
+    /// Liveness: reconciles and side loops report here.
+    pub health: Option<Arc<crate::admin::Health>>,
+    failures: Mutex<HashMap<ObjectRef<Pod>, u32>>,
+    /// Reconciles wait until this turns true (the Node is registered), so
+    /// the Node's own writes are not queued behind every Pod's.
+    gate: Option<watch::Receiver<bool>>,
+}
+
+impl Context {
+    pub fn new(client: Client, provider: Arc<Provider>, node: &str) -> Context {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: REPORTING_CONTROLLER.into(),
+                instance: Some(node.to_string()),
+            },
+        );
+        Context {
+            provider,
+            client,
+            recorder,
+            node: node.to_string(),
+            metrics: None,
+            health: None,
+            failures: Mutex::new(HashMap::new()),
+            gate: None,
+        }
+    }
+
+    /// Holds every reconcile until `open` turns true.
+    pub fn gated(mut self, open: watch::Receiver<bool>) -> Context {
+        self.gate = Some(open);
+        self
+    }
+
+    /// Whether reconciles may run: the gate is open (or there is none).
+    /// `false` only when the gate was dropped closed (shutting down).
+    pub async fn wait_open(&self) -> bool {
+        match &self.gate {
+            None => true,
+            Some(gate) => gate.clone().wait_for(|open| *open).await.is_ok(),
+        }
+    }
+
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Context {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    pub fn with_health(mut self, health: Arc<crate::admin::Health>) -> Context {
+        self.health = Some(health);
+        self
+    }
+
+    /// Records an Event on the Pod. Warnings go through kube's `Recorder`,
+    /// which folds a repeat (a retried failure) into a series on the first
+    /// Event; it remembers every Event for 6 minutes to do so. Normal
+    /// Events here happen once per Pod (claimed, adopted, released,
+    /// preserved), so they are created directly: nothing to fold, and a
+    /// burst of thousands of Pods is not remembered.
+    pub async fn event(
+        &self,
+        pod: &Pod,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let regarding = pod.object_ref(&());
+        let result = match type_ {
+            EventType::Warning => {
+                let ev = Event {
+                    type_,
+                    reason: reason.into(),
+                    note: Some(note),
+                    action: action.into(),
+                    secondary: None,
+                };
+                self.recorder.publish(&ev, &regarding).await
+            }
+            EventType::Normal => {
+                let ev = once_event(&regarding, &self.node, reason, note, jiff::Timestamp::now());
+                let ns = regarding.namespace.as_deref().unwrap_or("default");
+                let pp = PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                };
+                Api::<K8sEvent>::namespaced(self.client.clone(), ns)
+                    .create(&pp, &ev)
+                    .await
+                    .map(drop)
+            }
+        };
+        if let Err(e) = result {
+            warn!(error = %e, reason, "event not recorded");
+        }
+    }
+
+    /// The next retry delay for `pod`: 0.5 s doubling to 3 min.
+    pub fn backoff(&self, pod: &Pod) -> Duration {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(ObjectRef::from_obj(pod)).or_insert(0);
+        *n = n.saturating_add(1);
+        crate::backoff::nth(BACKOFF_START, BACKOFF_CAP, *n)
+    }
+
+    pub fn succeeded(&self, pod: &Pod) {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        f.remove(&ObjectRef::from_obj(pod));
+    }
+
+    /// Forgets the back-off of Pods that no longer exist, so the map does
+    /// not grow with every Pod that once failed and was then deleted.
+    pub fn prune_backoff(&self, present: impl Fn(&ObjectRef<Pod>) -> bool) {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        f.retain(|obj, _| present(obj));
+    }
+
+    /// How many Pods have a back-off recorded (tests, metrics).
+    pub fn backoff_len(&self) -> usize {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+}
+
+/// A Normal `events.k8s.io/v1` Event as kube's `Recorder` would write it
+/// (same reporting controller and instance, name `<object>.<nanos hex>`).
+pub fn once_event(
+    regarding: &ObjectReference,
+    node: &str,
+    reason: &str,
+    note: String,
+    now: jiff::Timestamp,
+) -> K8sEvent {
+    K8sEvent {
+        action: Some(reason.into()),
+        reason: Some(reason.into()),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(regarding.clone()),
+        note: Some(note),
+        metadata: ObjectMeta {
+            namespace: regarding.namespace.clone(),
+            name: Some(format!(
+                "{}.{:x}",
+                regarding.name.as_deref().unwrap_or(REPORTING_CONTROLLER),
+                now.as_nanosecond()
+            )),
+            ..Default::default()
+        },
+        reporting_controller: Some(REPORTING_CONTROLLER.into()),
+        reporting_instance: Some(node.into()),
+        type_: Some("Normal".into()),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": uid}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn once_event_matches_what_the_recorder_writes() {
+        let p = pod("u");
+        let now: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().expect("ts");
+        let ev = once_event(
+            &p.object_ref(&()),
+            "node-1",
+            "Claimed",
+            "claimed sandbox sb".into(),
+            now,
+        );
+        assert_eq!(ev.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(
+            ev.metadata.name,
+            Some(format!("p.{:x}", now.as_nanosecond()))
+        );
+        assert_eq!(ev.type_.as_deref(), Some("Normal"));
+        assert_eq!(
+            (ev.reason.as_deref(), ev.action.as_deref()),
+            (Some("Claimed"), Some("Claimed"))
+        );
+        assert_eq!(ev.reporting_controller.as_deref(), Some("vk-sandbox"));
+        assert_eq!(ev.reporting_instance.as_deref(), Some("node-1"));
+        let regarding = ev.regarding.expect("regarding");
+        assert_eq!(
+            (
+                regarding.name.as_deref(),
+                regarding.uid.as_deref(),
+                regarding.kind.as_deref()
+            ),
+            (Some("p"), Some("u"), Some("Pod"))
+        );
+        assert!(ev.series.is_none());
+    }
+}

@@ -1,0 +1,424 @@
+//! The Pod controller's side loops. Each runs as its own task, so a slow
+//! owner lookup or a sandboxd outage in one never holds up another, and
+//! each reports a heartbeat so `/livez` fails when one stalls:
+//!
+//! - **vanished** (every 2 s): provider Delete for tracked Pods that left
+//!   the API; strays of Pods whose claim had an unknown outcome and that
+//!   left without having run; back-off entries of Pods that are gone.
+//!   Failures back off per Pod (2 s doubling to 5 min).
+//! - **lease expiry** (every 30 s): settled claims past their deadline are
+//!   confirmed against sandboxd before their Pod is marked Failed.
+//! - **refresh** (every 15 s): lists sandboxd while claims of the previous
+//!   run are unverified or the last listing failed, so quarantined rows are
+//!   vouched for and stray keys recomputed as soon as sandboxd answers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::Store;
+use tracing::{info, warn};
+
+use super::annotations::key;
+use super::context::{Context, reason};
+use super::plan::terminal;
+use super::provider::view;
+use super::status;
+use super::writes::{self, Guard, Written};
+use crate::admin::{Health, LoopHeartbeat, STALL_MARGIN};
+use crate::backoff::Backoff;
+
+/// Periods of the side loops (tests shorten them).
+#[derive(Debug, Clone)]
+pub struct Periods {
+    pub vanished: Duration,
+    pub lease_expiry: Duration,
+    pub refresh: Duration,
+    /// How long past its period a loop may be silent before `/livez` fails.
+    pub stall_margin: Duration,
+}
+
+impl Default for Periods {
+    fn default() -> Periods {
+        Periods {
+            vanished: Duration::from_secs(2),
+            lease_expiry: Duration::from_secs(30),
+            refresh: Duration::from_secs(15),
+            stall_margin: STALL_MARGIN,
+        }
+    }
+}
+
+fn heartbeat(
+    health: Option<&Arc<Health>>,
+    name: &'static str,
+    period: Duration,
+    margin: Duration,
+) -> Option<LoopHeartbeat> {
+    health.map(|h| h.register_loop(name, period + margin))
+}
+
+fn beat(hb: &Option<LoopHeartbeat>) {
+    if let Some(hb) = hb {
+        hb.beat();
+    }
+}
+
+/// Per-item retry schedule of the vanished sweep.
+#[derive(Default)]
+struct Retries(HashMap<String, (Instant, Backoff)>);
+
+impl Retries {
+    fn due(&self, item: &str, now: Instant) -> bool {
+        self.0.get(item).is_none_or(|(at, _)| *at <= now)
+    }
+
+    fn failed(&mut self, item: &str, now: Instant) -> Duration {
+        let (at, backoff) = self.0.entry(item.to_string()).or_insert_with(|| {
+            (
+                now,
+                Backoff::new(Duration::from_secs(2), Duration::from_secs(300)),
+            )
+        });
+        let wait = backoff.failed();
+        *at = now + wait;
+        wait
+    }
+
+    fn succeeded(&mut self, item: &str) {
+        self.0.remove(item);
+    }
+
+    fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.0.retain(|k, _| keep(k));
+    }
+}
+
+/// One pass of the vanished sweep. `present` maps the key of every Pod in
+/// the watch cache to its UID.
+async fn sweep_vanished(
+    ctx: &Context,
+    present: &HashMap<String, Option<String>>,
+    retries: &mut Retries,
+    hb: &Option<LoopHeartbeat>,
+) {
+    let now = Instant::now();
+    for k in ctx.provider.tracked_keys() {
+        let Some(old) = ctx.provider.tracked(&k) else {
+            continue;
+        };
+        let gone = present.get(&k).is_none_or(|uid| *uid != old.metadata.uid);
+        let item = format!("tracked {k}");
+        if !gone || !retries.due(&item, now) {
+            continue;
+        }
+        match ctx.provider.delete(&old).await {
+            Ok(outcome) => {
+                retries.succeeded(&item);
+                info!(pod = %k, ?outcome, "tracked Pod vanished from the API");
+            }
+            Err(e) => {
+                let wait = retries.failed(&item, now);
+                warn!(pod = %k, error = %e, retry_in = ?wait, "release for a vanished Pod failed");
+            }
+        }
+        beat(hb);
+    }
+    for (k, uid) in ctx.provider.unknown_outcomes() {
+        let still = present
+            .get(&k)
+            .is_some_and(|u| u.as_deref() == Some(uid.as_str()));
+        let item = format!("unknown {k} {uid}");
+        if still || !retries.due(&item, now) {
+            continue;
+        }
+        match ctx.provider.settle_unknown(&k, &uid).await {
+            Ok(()) => retries.succeeded(&item),
+            Err(e) => {
+                let wait = retries.failed(&item, now);
+                warn!(pod = %k, error = %e, retry_in = ?wait,
+                      "strays of a vanished Pod whose claim outcome was unknown not returned yet");
+            }
+        }
+        beat(hb);
+    }
+    // Forget what belongs to Pods that are gone.
+    ctx.prune_backoff(|obj| {
+        present.contains_key(&format!(
+            "{}/{}",
+            obj.namespace.as_deref().unwrap_or("default"),
+            obj.name
+        ))
+    });
+    let tracked = ctx.provider.tracked_keys();
+    let unknown = ctx.provider.unknown_outcomes();
+    retries.retain(|item| {
+        tracked.iter().any(|k| item == format!("tracked {k}"))
+            || unknown
+                .iter()
+                .any(|(k, u)| item == format!("unknown {k} {u}"))
+    });
+}
+
+/// Lease expiry: settled claims past their deadline are confirmed against
+/// sandboxd (a failed list publishes nothing); one sandboxd no longer lists
+/// marks its Pod Failed, unless the key changed hands meanwhile.
+async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>, hb: &Option<LoopHeartbeat>) {
+    let (candidates, listing) = match ctx.provider.expiry_check(jiff::Timestamp::now()).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return,
+        Err(e) => {
+            warn!(error = %e, "lease check skipped: sandboxd cannot be listed (a failed list is not an empty one)");
+            return;
+        }
+    };
+    for (k, claim) in candidates {
+        beat(hb);
+        if let Some(row) = listing.iter().find(|r| r.id == claim.id) {
+            ctx.provider.take_listed_deadline(&k, &claim, row).await;
+            continue;
+        }
+        let (Some(tracked), Some(deadline)) = (ctx.provider.tracked(&k), claim.deadline) else {
+            continue;
+        };
+        if !ctx.provider.holds_id(&k, &claim.id) {
+            continue;
+        }
+        let Some(pod) = store
+            .state()
+            .into_iter()
+            .find(|p| key(p) == k && p.metadata.uid == tracked.metadata.uid)
+        else {
+            continue;
+        };
+        if terminal(&pod) {
+            continue;
+        }
+        let patch = status::expired(&pod, &view(&claim), deadline);
+        // From the cached version only: on a conflict the next tick decides
+        // again from the newer one.
+        let metrics = ctx.metrics.as_deref();
+        match writes::write_status(&ctx.client, metrics, &pod, &patch, Guard::Fresh).await {
+            Ok(Written::Written) => {
+                ctx.event(
+                    &pod,
+                    EventType::Warning,
+                    reason::LEASE_EXPIRED,
+                    reason::LEASE_EXPIRED,
+                    format!("sandbox {} lease ended at {deadline}", claim.id),
+                )
+                .await
+            }
+            Ok(_) => {}
+            Err(e) => warn!(pod = %k, error = %e, "could not publish the expired status"),
+        }
+    }
+}
+
+/// Starts the side loops as tasks of their own; they end when `stop` fires.
+/// They start only once the watch has synced, so an incomplete list never
+/// makes a tracked Pod look vanished.
+pub fn spawn(
+    ctx: Arc<Context>,
+    store: Store<Pod>,
+    health: Option<Arc<Health>>,
+    periods: Periods,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinSet<()> {
+    let mut set = tokio::task::JoinSet::new();
+    let margin = periods.stall_margin;
+    {
+        let (ctx, store, stop, health) = (
+            Arc::clone(&ctx),
+            store.clone(),
+            stop.clone(),
+            health.clone(),
+        );
+        set.spawn(async move {
+            tokio::select! {
+                _ = super::controller::wait_synced(&store) => {}
+                _ = stop.cancelled() => return,
+            }
+            let hb = heartbeat(
+                health.as_ref(),
+                "Pod vanished sweep",
+                periods.vanished,
+                margin,
+            );
+            let mut retries = Retries::default();
+            let mut tick = tokio::time::interval(periods.vanished);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.cancelled() => return,
+                }
+                beat(&hb);
+                let present: HashMap<String, Option<String>> = store
+                    .state()
+                    .iter()
+                    .map(|p| (key(p), p.metadata.uid.clone()))
+                    .collect();
+                tokio::select! {
+                    _ = sweep_vanished(&ctx, &present, &mut retries, &hb) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        });
+    }
+    {
+        let (ctx, store, stop, health) = (
+            Arc::clone(&ctx),
+            store.clone(),
+            stop.clone(),
+            health.clone(),
+        );
+        set.spawn(async move {
+            tokio::select! {
+                _ = super::controller::wait_synced(&store) => {}
+                _ = stop.cancelled() => return,
+            }
+            let hb = heartbeat(
+                health.as_ref(),
+                "lease expiry",
+                periods.lease_expiry,
+                margin,
+            );
+            let start = tokio::time::Instant::now() + periods.lease_expiry;
+            let mut tick = tokio::time::interval_at(start, periods.lease_expiry);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.cancelled() => return,
+                }
+                beat(&hb);
+                tokio::select! {
+                    _ = lease_expiry_tick(&ctx, &store, &hb) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        });
+    }
+    {
+        let (ctx, stop) = (Arc::clone(&ctx), stop.clone());
+        let hb = heartbeat(health.as_ref(), "sandboxd refresh", periods.refresh, margin);
+        set.spawn(async move {
+            let mut tick = tokio::time::interval(periods.refresh);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.cancelled() => return,
+                }
+                beat(&hb);
+                if !ctx.provider.has_quarantined() && !ctx.provider.refresh_needed() {
+                    continue;
+                }
+                tokio::select! {
+                    r = ctx.provider.refresh() => if let Err(e) = r {
+                        warn!(error = %e, "sandboxd listing failed; claims stay quarantined and strays unknown until it answers");
+                    },
+                    _ = stop.cancelled() => return,
+                }
+            }
+        });
+    }
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/livez` is wired to the real loops: a sandboxd listing that hangs
+    /// stalls the refresh loop, liveness names it, and it recovers once the
+    /// listing answers. The other loops keep turning meanwhile.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_stalled_loop_fails_liveness_until_it_turns_again() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig::default())
+            .await
+            .expect("sim");
+        let slow: sandboxd_sim::Fault = serde_json::from_value(
+            serde_json::json!({"endpoint": "list", "kind": "slow", "ms": 2500, "times": 1}),
+        )
+        .expect("fault");
+        sim.sim().arm_fault(slow).expect("arm");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let claims = Arc::new(
+            crate::claims::ClaimsStore::open(&dir.path().join("claims.json"))
+                .await
+                .expect("store"),
+        );
+        let sandboxd = crate::sandboxd::SandboxdClient::builder(sim.base_url())
+            .build()
+            .expect("client");
+        let (mock, handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        std::mem::forget(handle);
+        let client = kube::Client::new(mock, "default");
+        let provider = Arc::new(super::super::provider::Provider::new(
+            client.clone(),
+            sandboxd,
+            claims,
+        ));
+        let health = Health::new();
+        let ctx =
+            Arc::new(Context::new(client, provider, "node-a").with_health(Arc::clone(&health)));
+        let (store, _writer) = kube::runtime::reflector::store::<Pod>();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let periods = Periods {
+            vanished: Duration::from_millis(50),
+            lease_expiry: Duration::from_millis(50),
+            refresh: Duration::from_millis(100),
+            stall_margin: Duration::from_millis(400),
+        };
+        let mut loops = spawn(ctx, store, Some(Arc::clone(&health)), periods, stop.clone());
+        assert!(health.liveness().is_ok());
+        // The first refresh lists (nothing has been listed yet) and hangs.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let stalled = health
+            .liveness()
+            .expect_err("the hung listing stalls the loop");
+        assert!(
+            stalled
+                .iter()
+                .any(|s| s.contains("sandboxd refresh loop silent")),
+            "{stalled:?}"
+        );
+        // The listing answers; the loop turns again and liveness recovers.
+        let mut ok = false;
+        for _ in 0..40 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if health.liveness().is_ok() {
+                ok = true;
+                break;
+            }
+        }
+        assert!(ok, "liveness never recovered: {:?}", health.liveness());
+        stop.cancel();
+        while loops.join_next().await.is_some() {}
+    }
+
+    #[test]
+    fn retries_back_off_per_item_and_forget_what_is_gone() {
+        let mut r = Retries::default();
+        let t0 = Instant::now();
+        assert!(r.due("a", t0));
+        assert_eq!(r.failed("a", t0), Duration::from_secs(2));
+        assert!(!r.due("a", t0 + Duration::from_secs(1)));
+        assert!(r.due("a", t0 + Duration::from_secs(2)));
+        assert!(r.due("b", t0), "one item's failure holds no other back");
+        assert_eq!(r.failed("a", t0), Duration::from_secs(4));
+        r.retain(|i| i != "a");
+        assert!(r.due("a", t0));
+        r.failed("b", t0);
+        r.succeeded("b");
+        assert!(r.due("b", t0));
+    }
+}
