@@ -158,6 +158,117 @@ async fn refuses_to_adopt_a_physical_node() {
     let _ = nodes.delete(&name, &DeleteParams::default()).await;
 }
 
+/// A Node deleted while vk-sandbox runs is registered again (the Node is
+/// reconciled, not only registered at start), and the Lease follows the new
+/// Node: it is owned by the new UID, so garbage collection leaves it.
+#[tokio::test]
+async fn deleted_node_is_registered_again() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    let client = cluster.client.clone();
+    let vk = VkUnderTest::start(&cluster, "vk-renode", &["--node-status-interval=2s"]).await;
+    let first = vk.wait_ready(&client, Duration::from_secs(30)).await;
+    let first_uid = first.metadata.uid.clone().expect("uid");
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .delete(&vk.node, &DeleteParams::default())
+        .await
+        .expect("delete the Node");
+    let again = wait_for(
+        "the Node registered again",
+        Duration::from_secs(60),
+        || async {
+            match nodes.get_opt(&vk.node).await.map_err(|e| e.to_string())? {
+                Some(n) if n.metadata.uid.as_deref() != Some(first_uid.as_str()) => {
+                    match node_condition(&n, "Ready").as_deref() {
+                        Some("True") => Ok(n),
+                        other => Err(format!("Ready={other:?}")),
+                    }
+                }
+                Some(_) => Err("the old Node is still there".into()),
+                None => Err("no Node".into()),
+            }
+        },
+    )
+    .await;
+    let new_uid = again.metadata.uid.clone().expect("uid");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    wait_for(
+        "the Lease owned by the new Node",
+        Duration::from_secs(60),
+        || async {
+            let lease = leases
+                .get_opt(&vk.node)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no Lease")?;
+            let owners: Vec<String> = lease
+                .metadata
+                .owner_references
+                .unwrap_or_default()
+                .into_iter()
+                .map(|o| o.uid)
+                .collect();
+            if owners == vec![new_uid.clone()] {
+                Ok(())
+            } else {
+                Err(format!("owners {owners:?}, want {new_uid}"))
+            }
+        },
+    )
+    .await;
+    assert!(
+        vk.logs().contains("registering it again"),
+        "{}",
+        tail(&vk.logs(), 20)
+    );
+    vk.delete_node(&client).await;
+}
+
+/// One process per state path: a second vk-sandbox on the same
+/// `--state-path` refuses to start, naming the first one's PID, and the
+/// first keeps running.
+#[tokio::test]
+async fn second_process_on_the_same_state_path_refuses() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    let client = cluster.client.clone();
+    let mut vk = VkUnderTest::start(&cluster, "vk-lock", &[]).await;
+    vk.wait_ready(&client, Duration::from_secs(30)).await;
+    let (status, out) = run_to_exit(
+        &[
+            &format!("--kubeconfig={}", vk.kubeconfig.display()),
+            &format!("--node-name={}-twin", vk.node),
+            &format!("--state-path={}", vk.state_path.display()),
+            &format!("--listen-addr=127.0.0.1:{}", support::process::free_port()),
+            &format!("--admin-addr=127.0.0.1:{}", support::process::free_port()),
+        ],
+        &[],
+    );
+    assert!(!status.success(), "a second process started: {out}");
+    let pid = vk.process.pid();
+    assert!(
+        out.contains(&format!("in use by process {pid}")) && out.contains("--state-path"),
+        "the refusal names the holder and the flag: {out}"
+    );
+    let nodes: Api<Node> = Api::all(client.clone());
+    assert!(
+        nodes
+            .get_opt(&format!("{}-twin", vk.node))
+            .await
+            .expect("get")
+            .is_none(),
+        "the refused process registered a Node"
+    );
+    assert!(
+        vk.process.wait_exit(Duration::from_millis(200)).is_none(),
+        "the first process stopped"
+    );
+    vk.delete_node(&client).await;
+}
+
 /// Tests 7 (flag beats env), 13, 16, 17, 18 and the scheduler contract.
 #[tokio::test]
 async fn registers_node_lease_and_heartbeats() {

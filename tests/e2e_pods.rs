@@ -64,10 +64,28 @@ async fn setup(prefix: &str, extra: &[&str]) -> Option<Env> {
 }
 
 async fn setup_with_log(prefix: &str, extra: &[&str], rust_log: Option<&str>) -> Option<Env> {
+    setup_full(prefix, extra, rust_log, true).await
+}
+
+/// sandboxd in open mode (no token anywhere), vk-sandbox without a token.
+async fn setup_open(prefix: &str) -> Option<Env> {
+    setup_full(prefix, &[], None, false).await
+}
+
+async fn setup_full(
+    prefix: &str,
+    extra: &[&str],
+    rust_log: Option<&str>,
+    with_token: bool,
+) -> Option<Env> {
     let cluster = support::cluster().await?;
     install_crd(&cluster).await;
     let cfg = sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
+        api_token: if with_token {
+            TOKEN.into()
+        } else {
+            String::new()
+        },
         pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=8").expect("pool")],
         ..Default::default()
     };
@@ -77,10 +95,10 @@ async fn setup_with_log(prefix: &str, extra: &[&str], rust_log: Option<&str>) ->
     let dir = support::vk::test_dir(prefix);
     let token_file = dir.join("token");
     std::fs::write(&token_file, format!(" {TOKEN}\n")).expect("token file");
-    let mut args = vec![
-        format!("--sandboxd-url={}", sim.base_url()),
-        format!("--sandboxd-token-file={}", token_file.display()),
-    ];
+    let mut args = vec![format!("--sandboxd-url={}", sim.base_url())];
+    if with_token {
+        args.push(format!("--sandboxd-token-file={}", token_file.display()));
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let vk = VkUnderTest::start_with(
@@ -330,6 +348,17 @@ impl Env {
         self.cluster.drop_namespace(&self.ns).await;
         self.vk.delete_node(&self.cluster.client).await;
     }
+}
+
+/// The release token of a live sandbox (from the simulator).
+fn token_of(env: &Env, id: &str) -> String {
+    env.sim
+        .sim()
+        .claims()
+        .into_iter()
+        .find(|c| c.id == id)
+        .map(|c| c.token)
+        .unwrap_or_else(|| panic!("{id} is not live"))
 }
 
 fn claim_id(p: &Pod) -> String {
@@ -1161,6 +1190,98 @@ async fn neighbours_sandboxes_are_never_released() {
             .all(|c| !c.claim_ref.contains(&b_uid)),
         "b's own sandboxes are all gone"
     );
+    env.finish().await;
+}
+
+/// One `pods/status` write per Running Pod: the write that makes it
+/// Running, and nothing after it while nothing changes (the echo of our own
+/// write, a resync and the claim time read back are not drift).
+#[tokio::test(flavor = "multi_thread")]
+async fn one_status_write_per_running_pod() {
+    let Some(env) = setup("vk-writes", &[]).await else {
+        return;
+    };
+    const PODS: usize = 8;
+    for i in 0..PODS {
+        env.create_pod(&env.pod(&format!("w{i}"), None, json!({}), false))
+            .await;
+    }
+    for i in 0..PODS {
+        env.wait_phase(&format!("w{i}"), "Running", Duration::from_secs(60))
+            .await;
+    }
+    // Long enough for every echo and a late second write to have come.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let text = env.metrics().await;
+    let written = support::metric(
+        &text,
+        "vk_sandbox_pod_status_writes_total{result=\"written\"}",
+    );
+    assert_eq!(
+        written,
+        Some(PODS as f64),
+        "status writes for {PODS} Pods going Running:\n{}",
+        text.lines()
+            .filter(|l| l.starts_with("vk_sandbox_pod_status_writes_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    env.finish().await;
+}
+
+/// sandboxd in open mode (no token; releasing by id is impossible): Pods
+/// claim and run, a lost reply does not hold the Pod back (its stray is
+/// left to its deadline, never released), and Pods that go release their
+/// own sandboxes with their own tokens.
+#[tokio::test(flavor = "multi_thread")]
+async fn open_mode_end_to_end() {
+    let Some(env) = setup_open("vk-open").await else {
+        return;
+    };
+    let a = env.create_pod(&env.pod("a", None, json!({}), false)).await;
+    let running_a = env
+        .wait_phase("a", "Running", Duration::from_secs(60))
+        .await;
+    let fault: sandboxd_sim::Fault =
+        serde_json::from_value(json!({"endpoint": "claim", "kind": "drop_after", "times": 1}))
+            .expect("fault");
+    env.sim.sim().arm_fault(fault).expect("arm");
+    let b = env.create_pod(&env.pod("b", None, json!({}), false)).await;
+    let running_b = env
+        .wait_phase("b", "Running", Duration::from_secs(60))
+        .await;
+    let b_key = format!("{}/b", env.ns);
+    assert_eq!(env.claims_of(&b_key).len(), 2, "the stray and b's sandbox");
+    assert!(
+        env.releases().is_empty(),
+        "nothing can be released by id in open mode"
+    );
+    let own = [
+        (claim_id(&running_a), token_of(&env, &claim_id(&running_a))),
+        (claim_id(&running_b), token_of(&env, &claim_id(&running_b))),
+    ];
+    for (name, pod) in [("a", &a), ("b", &b)] {
+        env.pods()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete pod");
+        env.wait_gone(name, pod.metadata.uid.as_deref().unwrap_or_default())
+            .await;
+    }
+    let releases = env.releases();
+    assert_eq!(releases.len(), 2, "{releases:?}");
+    for (id, tok) in own {
+        let r = releases
+            .iter()
+            .find(|r| r.path == format!("/v1/sandboxes/{id}/release"))
+            .unwrap_or_else(|| panic!("{id} not released: {releases:?}"));
+        assert_eq!(
+            r.authorization.as_deref(),
+            Some(format!("Bearer {tok}").as_str())
+        );
+    }
+    let left = env.claims_of(&b_key);
+    assert_eq!(left.len(), 1, "the stray is left to its deadline: {left:?}");
     env.finish().await;
 }
 

@@ -1004,6 +1004,70 @@ mod tests {
         assert!(provider.suspect("ns/p"), "the key stays suspect");
     }
 
+    /// A claim recovered without its credential whose commit fails must not
+    /// wedge the key: the row is not left "stranded" (returning it would
+    /// need a token it does not have); once the state is writable again the
+    /// next try recovers it, and nothing is released or claimed twice.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn recovered_claim_whose_commit_fails_is_recovered_again() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+            api_token: TOKEN.into(),
+            pools: vec![
+                sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool"),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("sim");
+        let id = neighbour_claims(&sim, "ns/p#vk-sandbox:u1").await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state_dir = dir.path().join("state");
+        let parked = dir.path().join("parked");
+        let claims = Arc::new(
+            ClaimsStore::open(&state_dir.join("claims.json"))
+                .await
+                .expect("store"),
+        );
+        let sandboxd = SandboxdClient::builder(sim.base_url())
+            .token(Some(TOKEN.into()))
+            .build()
+            .expect("client");
+        let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
+        let mut running = pod("u1");
+        running
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::CLAIM_ID.to_string(), id.clone());
+        running.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            pod_ip: Some("10.0.0.5".into()),
+            ..Default::default()
+        });
+        let running = Arc::new(running);
+        // The state cannot be written: the directory's place is a file.
+        std::fs::rename(&state_dir, &parked).expect("park");
+        std::fs::write(&state_dir, "").expect("block");
+        let failed = provider.create(&running).await.expect_err("not persisted");
+        assert!(
+            failed.message.contains("persist the recovered claim"),
+            "{failed:?}"
+        );
+        assert!(
+            claims.get("ns/p").is_none(),
+            "a stranded token-less row was left"
+        );
+        std::fs::remove_file(&state_dir).expect("unblock");
+        std::fs::rename(&parked, &state_dir).expect("restore");
+        let created = provider.create(&running).await.expect("recovered");
+        assert!(
+            matches!(&created, Created::Adopted { id: got, .. } if *got == id),
+            "{created:?}"
+        );
+        assert!(released(&sim).is_empty(), "the Pod's sandbox was released");
+        assert_eq!(sim.sim().claims().len(), 1, "a second sandbox was claimed");
+    }
+
     /// Reliability finding: with the claims state lost, a Pod running on
     /// its sandbox must keep it (adopted, to be released with the node
     /// token), not see it returned as a stray and a second one claimed.

@@ -84,6 +84,12 @@ fn scenarios() -> Vec<(&'static str, &'static str, Scenario, bool)> {
             |w, s| Box::pin(scenarios::owner_churn(w, s)),
             true,
         ),
+        (
+            "neighbours",
+            "7 neighbours' claims (same claim_ref)",
+            |w, s| Box::pin(scenarios::neighbours(w, s)),
+            true,
+        ),
     ]
 }
 

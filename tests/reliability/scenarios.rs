@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use rand::Rng;
 use serde_json::json;
 
 use crate::world::{TOKEN, World};
@@ -367,4 +368,43 @@ pub async fn state_faults(w: &mut World, size: Size) {
     let _ = std::fs::remove_dir_all(&dir);
     w.faults += 1;
     w.create(1).await;
+}
+
+/// Scenario 7: neighbours on one sandboxd. Another client claims with
+/// `claim_ref = <namespace>/<name>` for Sandboxes this node serves, and for
+/// names about to be created here, while claim replies are lost and
+/// vk-sandbox is killed; none of the neighbour's sandboxes may be released
+/// (counted as wrongly released), and the real lost replies are returned.
+pub async fn neighbours(w: &mut World, size: Size) {
+    w.create(size.pick(3, 6)).await;
+    for _ in 0..size.pick(4, 12) {
+        let alive: Vec<String> = w
+            .owners
+            .iter()
+            .filter(|o| o.deleted_at.is_none())
+            .map(|o| o.name.clone())
+            .collect();
+        if !alive.is_empty() {
+            let pick = alive[w.rng.random_range(0..alive.len())].clone();
+            w.neighbour_claim(&pick).await;
+        }
+        let next = w.next_name();
+        w.neighbour_claim(&next).await;
+        if w.rng.random_bool(0.5) {
+            arm(
+                w,
+                json!({"endpoint": "claim", "kind": "drop_after", "times": 1}),
+            );
+        }
+        w.create_named(&next).await;
+        w.jitter(1200).await;
+        if w.rng.random_bool(0.5) {
+            w.kill_and_restart();
+            w.faults += 1;
+        }
+        if w.rng.random_bool(0.3) {
+            w.delete_random().await;
+        }
+        w.jitter(400).await;
+    }
 }

@@ -65,6 +65,9 @@ pub struct World {
     /// Processes started that should come up (each logs "virtual node
     /// ready" once up).
     pub starts: usize,
+    /// Sandboxes another client of sandboxd (a neighbour) claimed: never
+    /// vk-sandbox's to release.
+    pub foreign: Vec<String>,
     _controller: sandbox_controller::ControllerHandle,
 }
 
@@ -114,6 +117,7 @@ impl World {
             prefix: prefix.to_string(),
             slowest: Duration::ZERO,
             starts: 1,
+            foreign: Vec::new(),
             _controller: controller,
         }
     }
@@ -147,9 +151,36 @@ impl World {
     /// apiserver is unavailable (outage scenarios).
     pub async fn create(&mut self, n: usize) {
         for _ in 0..n {
-            self.next += 1;
-            let name = format!("{}-{}", self.prefix, self.next);
+            let name = self.next_name();
             self.create_named(&name).await;
+        }
+    }
+
+    /// The name the next created Sandbox gets.
+    pub fn next_name(&mut self) -> String {
+        self.next += 1;
+        format!("{}-{}", self.prefix, self.next)
+    }
+
+    /// Another client of the same sandboxd (as sandbox-operator's
+    /// aggregated apiserver does) claims with `claim_ref = <ns>/<name>`:
+    /// the key of the Pod of Sandbox `name`.
+    pub async fn neighbour_claim(&mut self, name: &str) {
+        let neighbour = vk_sandbox::sandboxd::SandboxdClient::builder(self.sim.base_url())
+            .token(Some(TOKEN.into()))
+            .build()
+            .expect("neighbour client");
+        // A capacity miss, or a fault armed for vk-sandbox's claim taken by
+        // the neighbour's instead: it got nothing, nothing to track.
+        if let Ok(c) = neighbour
+            .claim(&vk_sandbox::sandboxd::ClaimRequest {
+                template: "base:24.04".into(),
+                claim_ref: format!("{}/{name}", self.ns),
+                ..Default::default()
+            })
+            .await
+        {
+            self.foreign.push(c.id);
         }
     }
 
@@ -350,6 +381,30 @@ impl World {
             ));
         }
 
+        // (a') No release of a neighbour's sandbox, ever.
+        let foreign: BTreeSet<&str> = self.foreign.iter().map(String::as_str).collect();
+        for r in self.sim.sim().requests() {
+            if let Some(id) = released_id(&r.path)
+                && r.method == "POST"
+                && foreign.contains(id)
+            {
+                t.wrongly_released += 1;
+                t.notes.push(format!(
+                    "release of the neighbour's sandbox {id} at seq {}",
+                    r.seq
+                ));
+            }
+        }
+        if !self.foreign.is_empty() {
+            let live: BTreeSet<String> =
+                self.sim.sim().claims().into_iter().map(|c| c.id).collect();
+            t.notes.push(format!(
+                "{} neighbour sandboxes, {} still live",
+                self.foreign.len(),
+                self.foreign.iter().filter(|f| live.contains(*f)).count()
+            ));
+        }
+
         // (a) No release of a claim while its owner was alive.
         let originals: BTreeMap<&str, &Owner> = self
             .owners
@@ -418,7 +473,9 @@ impl World {
         let reported: BTreeSet<String> = logs
             .lines()
             .filter(|l| {
-                l.contains("possible orphan sandbox") || l.contains("claimed outside this provider")
+                l.contains("possible orphan sandbox")
+                    || l.contains("claimed outside this provider")
+                    || l.contains("stray sandbox")
             })
             .filter_map(|l| l.split("sandbox=").nth(1))
             .map(|s| {
@@ -473,6 +530,9 @@ impl World {
             }
         }
         for c in self.sim.sim().claims() {
+            if foreign.contains(c.id.as_str()) {
+                continue;
+            }
             if deleted_claims.contains(c.id.as_str()) {
                 t.leaked += 1;
                 t.notes
