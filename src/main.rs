@@ -115,25 +115,15 @@ fn task_ended(done: std::result::Result<Result<()>, tokio::task::JoinError>) -> 
     }
 }
 
-/// Says at start-up what the sandboxd token allows, when it limits what
-/// vk-sandbox can do (preflight checks the same, in more detail).
-async fn check_sandboxd_token(sandboxd: SandboxdClient) {
+/// Says at start-up what running without a sandboxd token means (a
+/// tenant token is named when sandboxd first refuses it; see
+/// `Provider::list`).
+fn warn_open_mode(sandboxd: &SandboxdClient) {
     if !sandboxd.has_token() {
         warn!(
             "no sandboxd token (--sandboxd-token-file unset): sandboxd must run in open mode; \
              sandboxes cannot be released by id, so a lost claim reply is left to its deadline \
              and a claim recovered without its credential cannot be released"
-        );
-        return;
-    }
-    if let Err(e) = sandboxd.info().await
-        && e.status() == Some(403)
-    {
-        warn!(
-            error = %e,
-            "the sandboxd token is not the node (root) token (a tenant token?): sandboxd \
-             refuses /v1/info, and releases by id are refused; give vk-sandbox sandboxd's \
-             root api_token in --sandboxd-token-file (vk-sandbox preflight checks it)"
         );
     }
 }
@@ -165,7 +155,7 @@ async fn run(cfg: Config) -> Result<()> {
         });
     }
     register_sampled_gauges(&metrics, &claims)?;
-    tokio::spawn(check_sandboxd_token(sandboxd.clone()));
+    warn_open_mode(&sandboxd);
     let provider = Arc::new(Provider::new(
         client.clone(),
         sandboxd.clone(),

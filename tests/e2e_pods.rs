@@ -1202,9 +1202,13 @@ async fn one_status_write_per_running_pod() {
         return;
     };
     const PODS: usize = 8;
+    // Spread over a second, so the claim times fall at every fraction of
+    // a second (a time rounded where the store truncates differs for half
+    // of them).
     for i in 0..PODS {
         env.create_pod(&env.pod(&format!("w{i}"), None, json!({}), false))
             .await;
+        tokio::time::sleep(Duration::from_millis(1000 / PODS as u64)).await;
     }
     for i in 0..PODS {
         env.wait_phase(&format!("w{i}"), "Running", Duration::from_secs(60))

@@ -115,6 +115,8 @@ pub struct Provider {
     /// [`Provider::refresh_needed`] asks the side loop to list again, so
     /// strays and quarantined rows are looked at as soon as sandboxd is back.
     listing_ok: std::sync::atomic::AtomicBool,
+    /// The tenant-token warning was logged (once per process).
+    said_not_root: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -150,6 +152,7 @@ impl Provider {
             tracked: Mutex::new(HashMap::new()),
             strays: Mutex::new(Strays::default()),
             listing_ok: std::sync::atomic::AtomicBool::new(false),
+            said_not_root: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -166,6 +169,15 @@ impl Provider {
             }
             Err(e) => {
                 self.listing_ok.store(false, Ordering::Relaxed);
+                if e.status() == Some(403) && !self.said_not_root.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        error = %e,
+                        "sandboxd refuses to list with this token: it is not the node (root) \
+                         token (a tenant token?); claims cannot be verified nor strays returned \
+                         until vk-sandbox is given sandboxd's root api_token in \
+                         --sandboxd-token-file (vk-sandbox preflight checks it)"
+                    );
+                }
                 Err(e)
             }
         }
