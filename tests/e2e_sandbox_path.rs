@@ -162,7 +162,8 @@ impl Env {
             .sim()
             .requests()
             .iter()
-            .filter(|r| r.path == "/v1/claim" && r.body.contains(&format!("\"{key}\"")))
+            // vk-sandbox tags its claim_ref with the Pod UID: `"<key>#vk-sandbox:<uid>"`.
+            .filter(|r| r.path == "/v1/claim" && r.body.contains(&format!("\"{key}#vk-sandbox:")))
             .count()
     }
 

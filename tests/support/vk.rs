@@ -155,8 +155,14 @@ impl VkUnderTest {
         .await
     }
 
-    /// Deletes the Node (its Lease goes with it through the owner reference).
+    /// Stops the process (a running vk-sandbox registers a deleted Node
+    /// again), then deletes the Node (its Lease goes with it through the
+    /// owner reference).
     pub async fn delete_node(&self, client: &Client) {
+        if self.process.child.is_some() {
+            self.process.signal(nix::sys::signal::Signal::SIGKILL);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let _ = Api::<Node>::all(client.clone())
             .delete(&self.node, &DeleteParams::default())
             .await;
