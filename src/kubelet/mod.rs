@@ -10,6 +10,7 @@
 //! tests and other wiring.
 
 pub mod auth;
+pub mod client_ca;
 pub mod pods;
 pub mod routes;
 pub mod server;
@@ -21,7 +22,8 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-pub use auth::{KubeletAuth, PeerIdentity, UserInfo, load_client_ca};
+pub use auth::{KubeletAuth, PeerIdentity, UserInfo};
+pub use client_ca::load_client_ca;
 pub use pods::{PodSource, StaticPods};
 pub use routes::{KubeletState, router};
 pub use server::serve;
