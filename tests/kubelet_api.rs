@@ -18,12 +18,13 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use reqwest::StatusCode;
+use support::kubelet::StaticPods;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use vk_sandbox::config::TlsFiles;
 use vk_sandbox::kubelet::auth::{Authenticator, Authorizer, Decision, RequestAttributes};
 use vk_sandbox::kubelet::tls::{self, KubeletTls};
-use vk_sandbox::kubelet::{KubeletAuth, KubeletState, StaticPods, UserInfo, router, serve};
+use vk_sandbox::kubelet::{KubeletAuth, KubeletState, UserInfo, router, serve};
 use vk_sandbox::metrics::Metrics;
 
 const NOT_IMPL_LOGS: &str = "error getting container logs?): vk-sandbox: not implemented; use the sandbox SDK for interactive access";

@@ -22,13 +22,14 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+use support::kubelet::StaticPods;
 use tokio::sync::oneshot;
 use vk_sandbox::config::{KubeletAuthConfig, TlsFiles};
 use vk_sandbox::kubelet::auth::{
     Authenticator, Authorizer, Decision, KubeAuthenticator, KubeAuthorizer, request_attributes,
 };
 use vk_sandbox::kubelet::{
-    KubeletAuth, KubeletState, KubeletTls, StaticPods, UserInfo, load_client_ca, router, serve,
+    KubeletAuth, KubeletState, KubeletTls, UserInfo, load_client_ca, router, serve,
 };
 use vk_sandbox::metrics::Metrics;
 

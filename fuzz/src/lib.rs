@@ -1159,10 +1159,20 @@ fn kubelet_router() -> axum::Router {
     ROUTER
         .get_or_init(|| {
             use std::sync::Arc;
-            use vk_sandbox::kubelet::{KubeletState, StaticPods, router};
+            use vk_sandbox::kubelet::{KubeletState, PodSource, router};
+            /// A node without Pods.
+            struct NoPods;
+            impl PodSource for NoPods {
+                fn node_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+                    Vec::new()
+                }
+                fn running_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+                    Vec::new()
+                }
+            }
             router(KubeletState {
                 node_name: "fuzz-node".into(),
-                pods: Arc::new(StaticPods::new(Vec::new(), Vec::new())),
+                pods: Arc::new(NoPods),
                 auth: None,
                 metrics: vk_sandbox::metrics::Metrics::new().expect("metrics"),
             })

@@ -74,11 +74,6 @@ impl Publisher {
         self
     }
 
-    pub fn with_resync(mut self, resync: Duration) -> Publisher {
-        self.resync = resync;
-        self
-    }
-
     fn skipped(&self, reason: &str) {
         if let Some(m) = &self.metrics {
             m.inventory_skips.with_label_values(&[reason]).inc();

@@ -11,9 +11,9 @@
 
 pub mod auth;
 pub mod client_ca;
-pub mod pods;
 pub mod routes;
 pub mod server;
+pub mod source;
 pub mod tls;
 
 use std::future::Future;
@@ -24,9 +24,9 @@ use tokio::net::TcpListener;
 
 pub use auth::{KubeletAuth, PeerIdentity, UserInfo};
 pub use client_ca::load_client_ca;
-pub use pods::{PodSource, StaticPods};
 pub use routes::{KubeletState, router};
 pub use server::serve;
+pub use source::PodSource;
 pub use tls::KubeletTls;
 
 use crate::config::Config;

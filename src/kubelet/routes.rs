@@ -28,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 
 use crate::kubelet::auth::{KubeletAuth, PeerIdentity};
-use crate::kubelet::pods::PodSource;
+use crate::kubelet::source::PodSource;
 use crate::metrics::Metrics;
 
 /// The shared tail of every not-implemented answer.

@@ -69,29 +69,9 @@ pub fn decide(owner: Option<&OwnerReference>, lookup: &OwnerLookup) -> Verdict {
     }
 }
 
-/// English plural of a Kind: the fallback when discovery cannot answer.
-pub fn plural_fallback(kind: &str) -> String {
-    let lower = kind.to_lowercase();
-    let consonant_y = lower.len() >= 2
-        && lower.ends_with('y')
-        && !matches!(
-            lower.as_bytes()[lower.len() - 2],
-            b'a' | b'e' | b'i' | b'o' | b'u'
-        );
-    if ["s", "x", "z", "ch", "sh"]
-        .iter()
-        .any(|s| lower.ends_with(s))
-    {
-        format!("{lower}es")
-    } else if consonant_y {
-        format!("{}ies", &lower[..lower.len() - 1])
-    } else {
-        format!("{lower}s")
-    }
-}
-
 /// Resolves owner kinds to resources through discovery, cached; falls back
-/// to [`plural_fallback`] when discovery cannot answer.
+/// to kube's English plural of the Kind (`ApiResource::from_gvk`) when
+/// discovery cannot answer.
 #[derive(Default)]
 pub struct OwnerResolver {
     cache: Mutex<HashMap<GroupVersionKind, ApiResource>>,
@@ -111,7 +91,7 @@ impl OwnerResolver {
             }
             Err(e) => {
                 tracing::debug!(error = %e, kind = %gvk.kind, "discovery failed; using the English plural");
-                ApiResource::from_gvk_with_plural(gvk, &plural_fallback(&gvk.kind))
+                ApiResource::from_gvk(gvk)
             }
         }
     }
@@ -238,7 +218,8 @@ mod tests {
             ("Mesh", "meshes"),
             ("Quiz", "quizes"),
         ] {
-            assert_eq!(plural_fallback(k), p, "{k}");
+            let gvk = GroupVersionKind::gvk("agents.x-k8s.io", "v1beta1", k);
+            assert_eq!(ApiResource::from_gvk(&gvk).plural, p, "{k}");
         }
     }
 
