@@ -224,6 +224,122 @@ mod tests {
     }
 
     #[test]
+    fn controller_ref_finds_the_controller_among_owners() {
+        let p = crate::pods::fixtures::owned_pod("p", "o1");
+        let r = controller_ref(&p).expect("the Sandbox is the controller");
+        assert_eq!((r.kind.as_str(), r.uid.as_str()), ("Sandbox", "o1"));
+    }
+
+    /// Delete authorization over a scripted apiserver: discovery, then a
+    /// GET of the controller owner, each answer read as the decision table
+    /// says.
+    #[tokio::test]
+    async fn each_owner_answer_is_read_as_the_table_says() {
+        use crate::pods::fixtures::*;
+        use serde_json::{Value, json};
+        let cases: Vec<(&str, Answer, bool)> = vec![
+            ("alive", sandbox("o1", false), false),
+            ("tearing down", sandbox("o1", true), true),
+            ("a new generation", sandbox("o2", false), true),
+            (
+                "gone",
+                status(404, "NotFound", json!({"name": "sb", "kind": "sandboxes"})),
+                true,
+            ),
+            (
+                "404 naming another object",
+                status(404, "NotFound", json!({"name": "other"})),
+                false,
+            ),
+            ("plain-text 404 (wrong path)", (404, Value::Null), false),
+            ("forbidden", status(403, "Forbidden", json!({})), false),
+            (
+                "server error",
+                status(500, "InternalError", json!({})),
+                false,
+            ),
+            (
+                "unavailable",
+                status(503, "ServiceUnavailable", json!({})),
+                false,
+            ),
+        ];
+        for (what, answer, want_release) in cases {
+            let api = ApiServer::new(move |s| match s.path() {
+                "/apis/agents.x-k8s.io/v1beta1" => sandbox_discovery(),
+                "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb" => answer.clone(),
+                _ => (404, Value::Null),
+            });
+            let pod = owned_pod("p1", "o1");
+            let resolver = OwnerResolver::default();
+            let lookup = within(resolver.lookup(&api.client, &pod)).await;
+            let verdict = decide(controller_ref(&pod), &lookup);
+            assert_eq!(
+                released(&verdict),
+                want_release,
+                "{what}: {lookup:?} -> {verdict:?}"
+            );
+            let gets: Vec<String> = api
+                .seen()
+                .iter()
+                .filter(|s| s.path().contains("/sandboxes/"))
+                .map(|s| format!("{} {}", s.method, s.path()))
+                .collect();
+            assert_eq!(
+                gets,
+                vec!["GET /apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb".to_string()],
+                "{what}"
+            );
+        }
+    }
+
+    /// Discovery is asked once per kind and cached; when it cannot answer,
+    /// the English plural is used.
+    #[tokio::test]
+    async fn discovery_is_cached_and_falls_back_to_the_plural() {
+        use crate::pods::fixtures::*;
+        use serde_json::Value;
+        let api = ApiServer::new(|s| match s.path() {
+            "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb" => sandbox("o1", false),
+            _ => (404, Value::Null),
+        });
+        let pod = owned_pod("p1", "o1");
+        let resolver = OwnerResolver::default();
+        for _ in 0..2 {
+            let lookup = within(resolver.lookup(&api.client, &pod)).await;
+            assert_eq!(
+                lookup,
+                OwnerLookup::Found {
+                    deleting: false,
+                    uid: "o1".into()
+                }
+            );
+        }
+        let discovery = api
+            .seen()
+            .iter()
+            .filter(|s| s.path() == "/apis/agents.x-k8s.io/v1beta1")
+            .count();
+        // Failed discovery is not cached (it may answer next time).
+        assert_eq!(discovery, 2);
+        let api = ApiServer::new(|s| match s.path() {
+            "/apis/agents.x-k8s.io/v1beta1" => sandbox_discovery(),
+            "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb" => sandbox("o1", false),
+            _ => (404, Value::Null),
+        });
+        let resolver = OwnerResolver::default();
+        for _ in 0..3 {
+            within(resolver.lookup(&api.client, &pod)).await;
+        }
+        let discovery = api
+            .seen()
+            .iter()
+            .filter(|s| s.path() == "/apis/agents.x-k8s.io/v1beta1")
+            .count();
+        assert_eq!(discovery, 1, "discovery is asked once per kind");
+    }
+
+    #[test]
     fn controller_ref_ignores_non_controllers() {
         let mut p = Pod::default();
         let mut r = owner("u");

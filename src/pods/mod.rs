@@ -19,3 +19,8 @@ pub mod provider;
 pub mod status;
 pub mod sweeps;
 pub mod writes;
+
+#[cfg(test)]
+mod fixture_tests;
+#[cfg(test)]
+pub(crate) mod fixtures;

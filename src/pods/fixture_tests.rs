@@ -1,0 +1,315 @@
+//! Reconcile against a scripted apiserver and the in-process simulator:
+//! claim → status write, preserve or release by the owner's answer, a
+//! conflicting status write, the grace-0 delete.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+
+use super::context::Context;
+use super::controller::reconcile;
+use super::fixtures::*;
+use super::provider::Provider;
+use crate::claims::ClaimsStore;
+use crate::sandboxd::SandboxdClient;
+
+const TOKEN: &str = "fixture-root-token";
+
+struct World {
+    api: ApiServer,
+    sim: sandboxd_sim::SimHandle,
+    ctx: Arc<Context>,
+    _dir: tempfile::TempDir,
+}
+
+/// The scripted apiserver answers `owner` for the Sandbox, 200 to every
+/// Pod status patch and delete, 201 to Events.
+async fn world(owner: Answer) -> World {
+    world_with(move |s| match (s.method.as_str(), s.path()) {
+        ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
+        ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb") => owner.clone(),
+        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => (200, pod_json()),
+        ("DELETE", "/api/v1/namespaces/ns/pods/sb") => (200, pod_json()),
+        ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
+        _ => (404, Value::Null),
+    })
+    .await
+}
+
+async fn world_with(answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static) -> World {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api = ApiServer::new(answer);
+    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+        api_token: TOKEN.into(),
+        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool")],
+        ..Default::default()
+    })
+    .await
+    .expect("sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let claims = Arc::new(
+        ClaimsStore::open(&dir.path().join("claims.json"))
+            .await
+            .expect("store"),
+    );
+    let sandboxd = SandboxdClient::builder(sim.base_url())
+        .token(Some(TOKEN.into()))
+        .build()
+        .expect("client");
+    let provider = Arc::new(Provider::new(api.client.clone(), sandboxd, claims));
+    let ctx = Arc::new(Context::new(api.client.clone(), provider, "node-a"));
+    World {
+        api,
+        sim,
+        ctx,
+        _dir: dir,
+    }
+}
+
+fn pod_json() -> Value {
+    serde_json::to_value(owned_pod("p1", "o1")).expect("json")
+}
+
+fn running_pod(claim_id: &str) -> Pod {
+    let mut p = owned_pod("p1", "o1");
+    p.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("sandbox.cocoonstack.io/claim-id".into(), claim_id.into());
+    p.status = serde_json::from_value(json!({"phase": "Running", "containerStatuses": [
+        {"name": "a", "ready": true, "restartCount": 0, "image": "base:24.04",
+         "imageID": format!("sandboxd://{claim_id}"), "state": {"running": {}}}]}))
+    .expect("status");
+    p
+}
+
+fn deleting(mut p: Pod, grace: i64) -> Pod {
+    p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-01-01T00:00:00Z".parse().expect("ts"),
+    ));
+    p.metadata.deletion_grace_period_seconds = Some(grace);
+    p
+}
+
+fn released(sim: &sandboxd_sim::SimHandle) -> Vec<String> {
+    sim.sim()
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/release"))
+        .map(|r| r.path.clone())
+        .collect()
+}
+
+/// Claim, then the one Running write: only onto this Pod (its UID, no
+/// resourceVersion), with the field manager, carrying the claim id.
+async fn claimed(w: &World) -> String {
+    let action = within(reconcile(
+        Arc::new(owned_pod("p1", "o1")),
+        Arc::clone(&w.ctx),
+    ))
+    .await
+    .expect("reconcile");
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(300)));
+    let writes = w.api.writes();
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    let patch = &writes[0];
+    assert_eq!(
+        (patch.method.as_str(), patch.path()),
+        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status")
+    );
+    assert!(
+        patch.uri.contains("fieldManager=vk-sandbox"),
+        "{}",
+        patch.uri
+    );
+    assert_eq!(patch.body["metadata"]["uid"], "p1");
+    assert!(patch.body["metadata"].get("resourceVersion").is_none());
+    assert_eq!(patch.body["status"]["phase"], "Running");
+    let id = patch.body["metadata"]["annotations"]["sandbox.cocoonstack.io/claim-id"]
+        .as_str()
+        .expect("claim id")
+        .to_string();
+    assert!(
+        w.sim.sim().claims().iter().any(|c| c.id == id),
+        "the written id is the claimed sandbox"
+    );
+    id
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_is_written_once_onto_this_pod() {
+    let w = world(sandbox("o1", false)).await;
+    claimed(&w).await;
+    // The echo of our write (already Running with this claim) writes nothing.
+    let id = w
+        .ctx
+        .provider
+        .tracked("ns/sb")
+        .map(|p| p.metadata.uid.clone());
+    assert_eq!(id, Some(Some("p1".to_string())));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_republish_onto_a_newer_version_conflicts_and_is_not_forced() {
+    let conflict = status(409, "Conflict", json!({"name": "sb", "kind": "pods"}));
+    let w = world_with(move |s| match (s.method.as_str(), s.path()) {
+        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status")
+            if s.body["metadata"].get("resourceVersion").is_some() =>
+        {
+            conflict.clone()
+        }
+        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => (200, pod_json()),
+        ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
+        _ => (404, Value::Null),
+    })
+    .await;
+    let id = claimed(&w).await;
+    // The cache shows the Pod drifted (not Ready): re-publish from it.
+    let mut drifted = running_pod(&id);
+    drifted.metadata.resource_version = Some("7".into());
+    let action = within(reconcile(Arc::new(drifted), Arc::clone(&w.ctx)))
+        .await
+        .expect("a conflict is not an error");
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(2)));
+    let writes = w.api.writes();
+    assert_eq!(writes.len(), 2, "{writes:#?}");
+    assert_eq!(writes[1].body["metadata"]["resourceVersion"], "7");
+    assert_eq!(writes[1].body["metadata"]["uid"], "p1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_refused_for_another_pod_is_dropped() {
+    let replaced = status(
+        422,
+        "Invalid",
+        json!({"name": "sb", "kind": "Pod", "causes": [
+            {"reason": "FieldValueInvalid", "message": "field is immutable", "field": "metadata.uid"}]}),
+    );
+    let w = world_with(move |s| match (s.method.as_str(), s.path()) {
+        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => replaced.clone(),
+        ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
+        _ => (404, Value::Null),
+    })
+    .await;
+    let action = within(reconcile(
+        Arc::new(owned_pod("p1", "o1")),
+        Arc::clone(&w.ctx),
+    ))
+    .await
+    .expect("a replaced Pod is not an error");
+    assert_eq!(action, Action::await_change());
+    let events = w
+        .api
+        .seen()
+        .iter()
+        .filter(|s| s.path().ends_with("/events"))
+        .count();
+    assert_eq!(events, 0, "no Claimed Event for a Pod that is gone");
+    // The claim stays with the key for the successor to adopt.
+    assert!(w.ctx.provider.holds("ns/sb"));
+}
+
+/// Pod deletion with the owner alive: the sandbox is kept for the next Pod,
+/// then the object is deleted with grace 0 and a UID precondition.
+#[tokio::test(flavor = "multi_thread")]
+async fn deletion_with_the_owner_alive_preserves() {
+    let w = world(sandbox("o1", false)).await;
+    let id = claimed(&w).await;
+    within(reconcile(
+        Arc::new(deleting(running_pod(&id), 30)),
+        Arc::clone(&w.ctx),
+    ))
+    .await
+    .expect("delete");
+    assert!(
+        released(&w.sim).is_empty(),
+        "released while the owner lives"
+    );
+    assert!(
+        w.ctx.provider.holds("ns/sb"),
+        "the claim is kept for adoption"
+    );
+    let del = w
+        .api
+        .writes()
+        .into_iter()
+        .find(|s| s.method == "DELETE")
+        .expect("the Pod object is deleted");
+    assert_eq!(del.body["gracePeriodSeconds"], 0);
+    assert_eq!(del.body["preconditions"]["uid"], "p1");
+}
+
+/// Pod deletion with the owner gone (404 naming it): released with the
+/// claim's own token.
+#[tokio::test(flavor = "multi_thread")]
+async fn deletion_with_the_owner_gone_releases() {
+    let w = world(status(
+        404,
+        "NotFound",
+        json!({"name": "sb", "kind": "sandboxes"}),
+    ))
+    .await;
+    let id = claimed(&w).await;
+    let token = w
+        .sim
+        .sim()
+        .claims()
+        .into_iter()
+        .find(|c| c.id == id)
+        .expect("live")
+        .token;
+    within(reconcile(
+        Arc::new(deleting(running_pod(&id), 30)),
+        Arc::clone(&w.ctx),
+    ))
+    .await
+    .expect("delete");
+    let releases: Vec<_> = w
+        .sim
+        .sim()
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/release"))
+        .collect();
+    assert_eq!(releases.len(), 1);
+    assert_eq!(releases[0].path, format!("/v1/sandboxes/{id}/release"));
+    assert_eq!(
+        releases[0].authorization.as_deref(),
+        Some(format!("Bearer {token}").as_str())
+    );
+    assert!(!w.ctx.provider.holds("ns/sb"));
+    assert!(w.api.writes().iter().any(|s| s.method == "DELETE"));
+}
+
+/// A Pod the apiserver already removes (grace 0 set) gets no second
+/// delete; one that never ran is deleted at once without asking the owner.
+#[tokio::test(flavor = "multi_thread")]
+async fn grace_zero_is_left_to_the_apiserver() {
+    let w = world(sandbox("o1", false)).await;
+    within(reconcile(
+        Arc::new(deleting(owned_pod("p1", "o1"), 0)),
+        Arc::clone(&w.ctx),
+    ))
+    .await
+    .expect("delete");
+    assert!(w.api.writes().is_empty(), "{:#?}", w.api.writes());
+    within(reconcile(
+        Arc::new(deleting(owned_pod("p1", "o1"), 30)),
+        Arc::clone(&w.ctx),
+    ))
+    .await
+    .expect("delete");
+    let writes = w.api.writes();
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    assert_eq!(writes[0].method, "DELETE");
+    assert!(
+        !w.api
+            .seen()
+            .iter()
+            .any(|s| s.path().contains("/sandboxes/")),
+        "a Pod that never ran does not need its owner asked"
+    );
+    assert!(w.sim.sim().requests().is_empty(), "sandboxd was called");
+}
