@@ -6,6 +6,7 @@ pub mod backoff;
 pub mod build_info;
 pub mod claims;
 pub mod config;
+pub mod crypto;
 pub mod error;
 pub mod identity;
 pub mod inventory;

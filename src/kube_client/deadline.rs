@@ -168,7 +168,7 @@ mod tests {
     /// not cut by it.
     #[tokio::test]
     async fn a_hung_apiserver_fails_the_call_at_its_deadline() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::crypto::install_provider();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");

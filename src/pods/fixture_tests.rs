@@ -39,7 +39,7 @@ async fn world(owner: Answer) -> World {
 }
 
 async fn world_with(answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static) -> World {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::crypto::install_provider();
     let api = ApiServer::new(answer);
     let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
         api_token: TOKEN.into(),

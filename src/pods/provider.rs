@@ -760,7 +760,7 @@ mod tests {
 
     /// An in-process simulator with a warm `base:24.04` pool of two.
     async fn sim_with_pool() -> sandboxd_sim::SimHandle {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::crypto::install_provider();
         sandboxd_sim::start_local(sandboxd_sim::SimConfig {
             pools: vec![
                 sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool"),
@@ -785,7 +785,7 @@ mod tests {
     /// An in-process simulator with a root token and a warm pool of four,
     /// and a provider (node token configured) over a fresh claims store.
     async fn provider_with_token() -> (sandboxd_sim::SimHandle, Provider, tempfile::TempDir) {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::crypto::install_provider();
         let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
             api_token: TOKEN.into(),
             pools: vec![
@@ -975,7 +975,7 @@ mod tests {
     /// is kept and the release reported as failed.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_404_on_release_by_id_is_not_proof_while_listed() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::crypto::install_provider();
         let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
             api_token: TOKEN.into(),
             tenants: vec![
@@ -1022,7 +1022,7 @@ mod tests {
     /// next try recovers it, and nothing is released or claimed twice.
     #[tokio::test(flavor = "multi_thread")]
     async fn recovered_claim_whose_commit_fails_is_recovered_again() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::crypto::install_provider();
         let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
             api_token: TOKEN.into(),
             pools: vec![

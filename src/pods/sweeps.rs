@@ -338,7 +338,7 @@ mod tests {
     /// listing answers. The other loops keep turning meanwhile.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_stalled_loop_fails_liveness_until_it_turns_again() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::crypto::install_provider();
         let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig::default())
             .await
             .expect("sim");

@@ -194,7 +194,7 @@ pub fn main(args: &RunArgs) -> ExitCode {
     }
     // One TLS crypto provider for kube and reqwest (decisions.md D1); an
     // already installed provider is the same one.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::crypto::install_provider();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -98,10 +98,7 @@ impl ClientBuilder {
         // reqwest is built without a bundled crypto provider; the project
         // uses ring everywhere. The binary installs it first thing; do it
         // here too so a client built elsewhere (tests, tools) cannot panic.
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            // Losing a race to another installer is fine: one is installed.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
+        crate::crypto::install_provider();
         let http = reqwest::Client::builder()
             .timeout(self.timeout)
             .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
