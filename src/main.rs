@@ -169,7 +169,7 @@ async fn run(cfg: Config) -> Result<()> {
     }
 
     // The Pod controller's store serves the kubelet API and gates readiness.
-    let pod_controller = controller::controller(&client, &cfg.node_name);
+    let (pod_controller, synced) = controller::controller(&client, &cfg.node_name);
     let store = pod_controller.store();
     register_pod_phase_gauge(&metrics, store.clone())?;
     let pods = Arc::new(NodePods {
@@ -200,7 +200,7 @@ async fn run(cfg: Config) -> Result<()> {
                 .with_health(Arc::clone(&health))
                 .gated(ready_rx.clone()),
         );
-        let fut = controller::run(pod_controller, ctx, stop.clone());
+        let fut = controller::run(pod_controller, synced.clone(), ctx, stop.clone());
         async move {
             fut.await;
             Ok(())
@@ -219,7 +219,7 @@ async fn run(cfg: Config) -> Result<()> {
     tokio::pin!(signal);
     let registered = tokio::select! {
         r = async {
-            controller::wait_synced(&store).await;
+            synced.wait().await;
             health.set_pod_watch_synced(true);
             node::register::register(&client, &settings).await
         } => Some(r?),

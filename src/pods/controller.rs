@@ -7,13 +7,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -276,47 +277,71 @@ pub fn slim(pod: &mut Pod) {
     }
 }
 
-/// Waits until the store has its initial list. Polled in short slices:
-/// kube-runtime's readiness signal wakes only one of several concurrent
-/// waiters (the controller's own applier is one), so a lone long wait could
-/// miss it.
-pub async fn wait_synced(store: &Store<Pod>) {
-    loop {
-        match tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready()).await {
-            Ok(Ok(())) => return,
-            Ok(Err(_)) => {
-                // The writer is gone (shutdown); nothing will ever sync.
-                std::future::pending::<()>().await;
-            }
-            Err(_) => {}
+/// Whether the Pod watch has delivered its initial list. Every waiter is
+/// woken when it has (kube-runtime's own readiness signal wakes only one of
+/// several concurrent waiters, so waiting on it cost start-up up to a
+/// polling period).
+#[derive(Debug, Clone)]
+pub struct Synced(watch::Receiver<bool>);
+
+impl Synced {
+    /// Resolves once the initial list is in the cache; never, if the watch
+    /// ends first (shutting down).
+    pub async fn wait(&self) {
+        let mut rx = self.0.clone();
+        if rx.wait_for(|synced| *synced).await.is_err() {
+            std::future::pending::<()>().await;
         }
+    }
+
+    /// Already synced (tests).
+    pub fn ready() -> Synced {
+        let (tx, rx) = watch::channel(true);
+        drop(tx);
+        Synced(rx)
     }
 }
 
 /// The Pod controller over `spec.nodeName=<node>`; its store also serves
-/// the kubelet API's `/pods` and the node's readiness.
-/// The Pods are [`slim`]med before the cache.
-pub fn controller(client: &Client, node: &str) -> Controller<Pod> {
+/// the kubelet API's `/pods` and the node's readiness. The Pods are
+/// [`slim`]med before the cache.
+pub fn controller(client: &Client, node: &str) -> (Controller<Pod>, Synced) {
     let api: Api<Pod> = Api::all(client.clone());
     let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let (reader, writer) = reflector::store();
+    let (synced_tx, synced_rx) = watch::channel(false);
+    // Signalled after the reflector has applied the initial list, so a
+    // waiter always finds the store complete.
     let pods = watcher(api, wc)
         .modify(slim)
         .reflect(writer)
+        .map_ok(move |event| {
+            if matches!(event, watcher::Event::InitDone) {
+                synced_tx.send_replace(true);
+            }
+            event
+        })
         .applied_objects();
-    Controller::for_stream(pods, reader).with_config(
+    let controller = Controller::for_stream(pods, reader).with_config(
         kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES),
-    )
+    );
+    (controller, Synced(synced_rx))
 }
 
 /// Runs the controller and its side loops until `stop` is cancelled.
-pub async fn run(controller: Controller<Pod>, ctx: Arc<Context>, stop: CancellationToken) {
-    run_with(controller, ctx, Periods::default(), stop).await
+pub async fn run(
+    controller: Controller<Pod>,
+    synced: Synced,
+    ctx: Arc<Context>,
+    stop: CancellationToken,
+) {
+    run_with(controller, synced, ctx, Periods::default(), stop).await
 }
 
 /// [`run`] with the side loops' periods given (tests shorten them).
 pub async fn run_with(
     controller: Controller<Pod>,
+    synced: Synced,
     ctx: Arc<Context>,
     periods: Periods,
     stop: CancellationToken,
@@ -325,6 +350,7 @@ pub async fn run_with(
     let mut side = sweeps::spawn(
         Arc::clone(&ctx),
         store,
+        synced,
         ctx.health.clone(),
         periods,
         stop.child_token(),

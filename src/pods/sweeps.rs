@@ -223,6 +223,7 @@ async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>, hb: &Option<LoopHe
 pub fn spawn(
     ctx: Arc<Context>,
     store: Store<Pod>,
+    synced: super::controller::Synced,
     health: Option<Arc<Health>>,
     periods: Periods,
     stop: tokio_util::sync::CancellationToken,
@@ -230,15 +231,16 @@ pub fn spawn(
     let mut set = tokio::task::JoinSet::new();
     let margin = periods.stall_margin;
     {
-        let (ctx, store, stop, health) = (
+        let (ctx, store, stop, health, synced) = (
             Arc::clone(&ctx),
             store.clone(),
             stop.clone(),
             health.clone(),
+            synced.clone(),
         );
         set.spawn(async move {
             tokio::select! {
-                _ = super::controller::wait_synced(&store) => {}
+                _ = synced.wait() => {}
                 _ = stop.cancelled() => return,
             }
             let hb = heartbeat(
@@ -269,15 +271,16 @@ pub fn spawn(
         });
     }
     {
-        let (ctx, store, stop, health) = (
+        let (ctx, store, stop, health, synced) = (
             Arc::clone(&ctx),
             store.clone(),
             stop.clone(),
             health.clone(),
+            synced.clone(),
         );
         set.spawn(async move {
             tokio::select! {
-                _ = super::controller::wait_synced(&store) => {}
+                _ = synced.wait() => {}
                 _ = stop.cancelled() => return,
             }
             let hb = heartbeat(
@@ -378,7 +381,14 @@ mod tests {
             refresh: Duration::from_millis(100),
             stall_margin: Duration::from_millis(400),
         };
-        let mut loops = spawn(ctx, store, Some(Arc::clone(&health)), periods, stop.clone());
+        let mut loops = spawn(
+            ctx,
+            store,
+            crate::pods::controller::Synced::ready(),
+            Some(Arc::clone(&health)),
+            periods,
+            stop.clone(),
+        );
         assert!(health.liveness().is_ok());
         // The first refresh lists (nothing has been listed yet) and hangs.
         tokio::time::sleep(Duration::from_millis(1200)).await;
