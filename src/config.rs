@@ -90,6 +90,10 @@ pub enum Command {
     /// Takes the same flags and environment as the run command; exits 1
     /// when any check fails.
     Preflight(RunArgs),
+    /// Inspect the claims state without changing it (safe while the daemon
+    /// runs): list, show, verify against sandboxd, export as a Go
+    /// claims.json.
+    Claims(crate::claims_cli::ClaimsArgs),
 }
 
 /// Every flag of the run command (behaviour.md §1.1 plus D1/D5 additions).
@@ -281,8 +285,17 @@ pub enum LogFormat {
 /// non-empty value from `env` becomes the argument's default, and the
 /// variable's name is appended to the help text.
 pub fn command(env: &dyn Fn(&str) -> Option<String>) -> clap::Command {
-    let with_env = |cmd: clap::Command| {
-        cmd.mut_args(|arg| {
+    with_env(Cli::command(), env)
+}
+
+/// [`command`]'s environment defaults on `cmd` and, recursively, on its
+/// subcommands (`preflight`, `claims list`, …).
+fn with_env(cmd: clap::Command, env: &dyn Fn(&str) -> Option<String>) -> clap::Command {
+    let subcommands: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    let mut cmd = cmd.mut_args(|arg| {
             let Some(var) = arg.get_env().and_then(|v| v.to_str()).map(str::to_owned) else {
                 return arg;
             };
@@ -294,9 +307,11 @@ pub fn command(env: &dyn Fn(&str) -> Option<String>) -> clap::Command {
                 arg = arg.default_value(value);
             }
             arg
-        })
-    };
-    with_env(Cli::command()).mut_subcommand("preflight", with_env)
+    });
+    for name in subcommands {
+        cmd = cmd.mut_subcommand(name, |c| with_env(c, env));
+    }
+    cmd
 }
 
 /// Parse `args` (argv, including the program name) with environment

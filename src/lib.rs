@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod build_info;
 pub mod claims;
+pub mod claims_cli;
 pub mod config;
 pub mod error;
 pub mod inventory;
