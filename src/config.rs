@@ -82,6 +82,8 @@ pub struct Cli {
 }
 
 /// Subcommands; without one, `vk-sandbox [flags]` runs the daemon.
+// Parsed once per process: the size of the preflight variant is no cost.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {
     /// Check, without changing anything, that this configuration can start:
@@ -296,17 +298,17 @@ fn with_env(cmd: clap::Command, env: &dyn Fn(&str) -> Option<String>) -> clap::C
         .map(|c| c.get_name().to_string())
         .collect();
     let mut cmd = cmd.mut_args(|arg| {
-            let Some(var) = arg.get_env().and_then(|v| v.to_str()).map(str::to_owned) else {
-                return arg;
-            };
-            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
-            let mut arg = arg
-                .env(None::<&'static str>)
-                .help(format!("{help} [env: {var}]"));
-            if let Some(value) = env(&var).filter(|v| !v.is_empty()) {
-                arg = arg.default_value(value);
-            }
-            arg
+        let Some(var) = arg.get_env().and_then(|v| v.to_str()).map(str::to_owned) else {
+            return arg;
+        };
+        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+        let mut arg = arg
+            .env(None::<&'static str>)
+            .help(format!("{help} [env: {var}]"));
+        if let Some(value) = env(&var).filter(|v| !v.is_empty()) {
+            arg = arg.default_value(value);
+        }
+        arg
     });
     for name in subcommands {
         cmd = cmd.mut_subcommand(name, |c| with_env(c, env));

@@ -473,7 +473,10 @@ pub fn pending_oldest<'a>(
         }
         let bound = status
             .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "True"))
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+            })
             .and_then(|c| c.last_transition_time.as_ref());
         let Some(since) = bound.or(pod.metadata.creation_timestamp.as_ref()) else {
             continue;
@@ -570,24 +573,25 @@ mod tests {
         use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
         let at = |s: &str| Time(s.parse().expect("ts"));
-        let pod = |phase: Option<&str>, reason: Option<&str>, created: &str, bound: Option<&str>| {
-            let mut p = Pod::default();
-            p.metadata.creation_timestamp = Some(at(created));
-            p.status = Some(PodStatus {
-                phase: phase.map(Into::into),
-                reason: reason.map(Into::into),
-                conditions: bound.map(|b| {
-                    vec![PodCondition {
-                        type_: "PodScheduled".into(),
-                        status: "True".into(),
-                        last_transition_time: Some(at(b)),
-                        ..Default::default()
-                    }]
-                }),
-                ..Default::default()
-            });
-            p
-        };
+        let pod =
+            |phase: Option<&str>, reason: Option<&str>, created: &str, bound: Option<&str>| {
+                let mut p = Pod::default();
+                p.metadata.creation_timestamp = Some(at(created));
+                p.status = Some(PodStatus {
+                    phase: phase.map(Into::into),
+                    reason: reason.map(Into::into),
+                    conditions: bound.map(|b| {
+                        vec![PodCondition {
+                            type_: "PodScheduled".into(),
+                            status: "True".into(),
+                            last_transition_time: Some(at(b)),
+                            ..Default::default()
+                        }]
+                    }),
+                    ..Default::default()
+                });
+                p
+            };
         let mut deleting = pod(Some("Pending"), None, "2026-01-01T00:00:00Z", None);
         deleting.metadata.deletion_timestamp = Some(at("2026-01-01T00:00:01Z"));
         let pods = [
@@ -612,7 +616,10 @@ mod tests {
         let now: jiff::Timestamp = "2026-01-01T01:00:00Z".parse().expect("ts");
         assert_eq!(
             pending_oldest(&pods, now),
-            vec![("NoWarmCapacity".to_string(), 600), ("none".to_string(), 60)]
+            vec![
+                ("NoWarmCapacity".to_string(), 600),
+                ("none".to_string(), 60)
+            ]
         );
         assert!(pending_oldest(&pods[3..], now).is_empty());
     }

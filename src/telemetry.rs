@@ -71,7 +71,9 @@ mod tests {
     fn capture(format: LogFormat) -> String {
         let buffer = Buffer::default();
         let writer = buffer.clone();
-        let sub = subscriber(format, EnvFilter::new("debug"), false, move || writer.clone());
+        let sub = subscriber(format, EnvFilter::new("debug"), false, move || {
+            writer.clone()
+        });
         tracing::subscriber::with_default(sub, || {
             let outer = tracing::info_span!("reconcile", node = "n1", pod = "ns/p");
             let _o = outer.enter();

@@ -70,7 +70,14 @@ fn list_a_go_written_state_without_tokens() {
     let table = text(&out.stdout);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 4, "{table}");
-    for h in ["KEY", "SANDBOX", "POD UID", "CLAIMED AT", "DEADLINE", "STATE"] {
+    for h in [
+        "KEY",
+        "SANDBOX",
+        "POD UID",
+        "CLAIMED AT",
+        "DEADLINE",
+        "STATE",
+    ] {
         assert!(lines[0].contains(h), "{table}");
     }
     assert!(!lines[0].contains("TOKEN"), "{table}");
@@ -81,7 +88,10 @@ fn list_a_go_written_state_without_tokens() {
     assert!(lines[1].contains("2026-01-01T00:00:00Z") && lines[1].ends_with("active"));
     assert!(lines[2].contains("2026-01-02T00:00:00Z") && lines[2].ends_with("expired"));
     // No claimedAt, no deadline in the Go file: shown as unset.
-    assert!(lines[3].starts_with("ns/c") && lines[3].contains(" - "), "{table}");
+    assert!(
+        lines[3].starts_with("ns/c") && lines[3].contains(" - "),
+        "{table}"
+    );
     assert!(!table.contains("secret"), "a token was printed:\n{table}");
     assert!(!text(&out.stderr).contains("secret"));
     assert!(
@@ -144,7 +154,15 @@ fn show_one_claim_or_say_which_keys_exist() {
         assert!(shown.lines().any(|l| l == line), "no {line:?} in\n{shown}");
     }
     let out = vk(
-        &["claims", "show", "ns/a", &state, "-o", "json", "--show-tokens"],
+        &[
+            "claims",
+            "show",
+            "ns/a",
+            &state,
+            "-o",
+            "json",
+            "--show-tokens",
+        ],
         &[],
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -166,7 +184,11 @@ fn show_one_claim_or_say_which_keys_exist() {
 fn export_of_a_go_state_is_the_go_file_byte_for_byte() {
     let (dir, path) = go_state();
     let out = vk(
-        &["claims", "export", &format!("--state-path={}", path.display())],
+        &[
+            "claims",
+            "export",
+            &format!("--state-path={}", path.display()),
+        ],
         &[],
     );
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
@@ -179,7 +201,11 @@ fn export_of_a_go_state_is_the_go_file_byte_for_byte() {
     )
     .expect("write");
     let out = vk(
-        &["claims", "export", &format!("--state-path={}", path.display())],
+        &[
+            "claims",
+            "export",
+            &format!("--state-path={}", path.display()),
+        ],
         &[],
     );
     assert_eq!(text(&out.stdout), GO_STATE);
@@ -290,7 +316,8 @@ fn a_running_daemon_is_detected_through_its_lock() {
     let lock_path = dir.path().join("claims.json.lock");
     fs::write(&lock_path, b"31337\n").expect("lock file");
     let lock = fs::File::open(&lock_path).expect("open");
-    lock.try_lock().expect("exclusive lock, as the daemon holds it");
+    lock.try_lock()
+        .expect("exclusive lock, as the daemon holds it");
     let state = format!("--state-path={}", path.display());
     let out = vk(&["claims", "list", &state], &[]);
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
@@ -347,13 +374,14 @@ async fn verify_against_the_sandboxd_simulator() {
     let gone = claim_for("ns/gone").await;
     let stray = claim_for("ns/listed").await; // a second claim under a held key
     let _other = claim_for("other/pod").await;
-    client.release(&gone.id, &gone.token).await.expect("release");
+    client
+        .release(&gone.id, &gone.token)
+        .await
+        .expect("release");
 
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.json");
-    let row = |c: &vk_sandbox::sandboxd::Claim| {
-        serde_json::json!({"id": c.id, "token": c.token.expose(), "podUID": "u"})
-    };
+    let row = |c: &vk_sandbox::sandboxd::Claim| serde_json::json!({"id": c.id, "token": c.token.expose(), "podUID": "u"});
     let state_json = serde_json::json!({"claims": {
         "ns/listed": row(&listed),
         "ns/gone": row(&gone),
@@ -368,7 +396,8 @@ async fn verify_against_the_sandboxd_simulator() {
     let run = move |args: Vec<String>, env: Vec<(String, String)>| {
         tokio::task::spawn_blocking(move || {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let env: Vec<(&str, &str)> =
+                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             vk(&args, &env)
         })
     };
@@ -418,8 +447,15 @@ async fn verify_against_the_sandboxd_simulator() {
     assert!(table.contains("ok: held and listed"), "{table}");
     assert!(table.contains("MISSING: held, not listed"), "{table}");
     assert!(table.contains("NOT HELD: listed under this key"), "{table}");
-    assert!(table.contains("INCONSISTENT: 1 held and listed, 1 held and missing, 1 listed and not held"), "{table}");
-    assert!(!table.contains(listed.token.expose()), "a token was printed");
+    assert!(
+        table
+            .contains("INCONSISTENT: 1 held and listed, 1 held and missing, 1 listed and not held"),
+        "{table}"
+    );
+    assert!(
+        !table.contains(listed.token.expose()),
+        "a token was printed"
+    );
 
     // Consistent once the stray is returned and the gone row dropped.
     client.release_as_node(&stray.id).await.expect("release");
@@ -427,18 +463,22 @@ async fn verify_against_the_sandboxd_simulator() {
     fs::write(&path, consistent.to_string()).expect("state");
     let out = run(args(&[]), env.clone()).await.expect("join");
     assert_eq!(code(&out), 0, "{}{}", text(&out.stdout), text(&out.stderr));
-    assert!(text(&out.stdout).contains("consistent: 1 held and listed, 0 held and missing, 0 listed and not held"));
+    assert!(
+        text(&out.stdout)
+            .contains("consistent: 1 held and listed, 0 held and missing, 0 listed and not held")
+    );
 
     // sandboxd unreachable or refusing: exit 2, never "consistent".
-    let out = run(
-        args(&["--sandboxd-url=http://127.0.0.1:1"]),
-        env.clone(),
-    )
-    .await
-    .expect("join");
+    let out = run(args(&["--sandboxd-url=http://127.0.0.1:1"]), env.clone())
+        .await
+        .expect("join");
     assert_eq!(code(&out), 2);
     assert!(out.stdout.is_empty());
-    assert!(text(&out.stderr).contains("cannot list sandboxd at http://127.0.0.1:1"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cannot list sandboxd at http://127.0.0.1:1"),
+        "{}",
+        text(&out.stderr)
+    );
     let wrong = dir.path().join("wrong");
     fs::write(&wrong, "nope").expect("token");
     let out = run(

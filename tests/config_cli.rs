@@ -321,7 +321,8 @@ fn json_log_lines_for_log_shippers() {
         ts.parse::<jiff::Timestamp>()
             .unwrap_or_else(|e| panic!("timestamp {ts}: {e}"));
         assert!(
-            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&l["level"].as_str().unwrap_or("")),
+            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"]
+                .contains(&l["level"].as_str().unwrap_or("")),
             "{l}"
         );
         assert!(l["target"].as_str().is_some_and(|t| !t.is_empty()), "{l}");
@@ -339,13 +340,26 @@ fn json_log_lines_for_log_shippers() {
     let last = lines.last().expect("lines");
     assert_eq!(last["level"], "ERROR", "{stderr}");
     assert_eq!(last["message"], "vk-sandbox failed");
-    assert!(last["error"].as_str().is_some_and(|e| !e.is_empty()), "{last}");
+    assert!(
+        last["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{last}"
+    );
 
     // The text format: plain lines, the fatal error repeated for people.
     let (out, text) = run(command(dir.path(), &["--log-format=text"]));
     assert_eq!(out.status.code(), Some(1), "{text}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_err()));
+    assert!(
+        stderr
+            .lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_err())
+    );
     assert!(stderr.contains(" INFO "), "{stderr}");
-    assert!(stderr.lines().last().is_some_and(|l| l.starts_with("vk-sandbox: ")), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("vk-sandbox: ")),
+        "{stderr}"
+    );
 }

@@ -155,9 +155,11 @@ pub fn run(command: &ClaimsCommand, out: &mut dyn Write, err: &mut dyn Write) ->
 
 fn state_paths(arg: &StateArg) -> Result<StatePaths, String> {
     if arg.state_path.is_empty() {
-        return Err("--state-path (env VK_STATE_PATH) is empty; give the daemon's state \
+        return Err(
+            "--state-path (env VK_STATE_PATH) is empty; give the daemon's state \
                     path, e.g. /var/lib/vk-sandbox/claims.json"
-            .into());
+                .into(),
+        );
     }
     Ok(StatePaths::new(&PathBuf::from(&arg.state_path)))
 }
@@ -202,7 +204,11 @@ fn write_out(out: &mut dyn Write, text: &[u8]) -> Result<(), String> {
         .map_err(|e| format!("cannot write the output: {e}"))
 }
 
-fn execute(command: &ClaimsCommand, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8, String> {
+fn execute(
+    command: &ClaimsCommand,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<u8, String> {
     let now = jiff::Timestamp::now();
     match command {
         ClaimsCommand::List { view, show_tokens } => {
@@ -247,7 +253,10 @@ fn execute(command: &ClaimsCommand, out: &mut dyn Write, err: &mut dyn Write) ->
             let text = match view.output {
                 Output::Table => report.text(),
                 Output::Json => {
-                    report.json(&paths, &daemon, &sandboxd.sandboxd_url).to_string() + "\n"
+                    report
+                        .json(&paths, &daemon, &sandboxd.sandboxd_url)
+                        .to_string()
+                        + "\n"
                 }
             };
             write_out(out, text.as_bytes())?;

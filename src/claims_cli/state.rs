@@ -325,7 +325,10 @@ mod tests {
             .map(|e| e.file_name())
             .collect();
         assert_eq!(before.len(), after.len(), "no file created");
-        assert_eq!(probe_daemon(&with_suffix(&path, ".lock")), Daemon::NoLockFile);
+        assert_eq!(
+            probe_daemon(&with_suffix(&path, ".lock")),
+            Daemon::NoLockFile
+        );
         assert!(!with_suffix(&path, ".lock").exists());
     }
 
@@ -362,7 +365,9 @@ mod tests {
         // The probe left no lock behind: an exclusive lock is free again.
         assert_eq!(probe_daemon(&lock), Daemon::NotRunning);
         let again = File::open(&lock).expect("open");
-        again.try_lock().expect("the probe released its shared lock");
+        again
+            .try_lock()
+            .expect("the probe released its shared lock");
     }
 
     #[test]
@@ -394,9 +399,10 @@ mod tests {
         );
     }
 
-    /// Reads racing a daemon that commits and compacts all the time: every
-    /// read succeeds and sees a state the daemon had (claims are committed
-    /// one after another, so each read sees k0..kj, and j never goes back).
+    /// Reads racing a daemon that commits, removes and compacts all the
+    /// time: every read succeeds and sees a state the daemon had. Step i
+    /// commits k(i) and then removes k(i-5), so every state the daemon has
+    /// is a window of consecutive keys, at most 6 long, that only moves up.
     #[test]
     fn reads_racing_commits_and_compactions_are_consistent() {
         use crate::claims::{ClaimsStore, StoreOptions};
@@ -406,53 +412,68 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime");
-        let total = 300;
+        let total = 400usize;
+        let key = |i: usize| format!("ns/k{i:04}");
         let writer_path = path.clone();
         let (opened_tx, opened_rx) = std::sync::mpsc::channel();
         let writer = std::thread::spawn(move || {
             runtime.block_on(async {
-                // Compact whenever the journal outgrows the snapshot.
+                // The snapshot stays small: a compaction every few steps.
                 let options = StoreOptions {
                     compact_min_bytes: 0,
-                    compact_ratio: 1,
+                    compact_ratio: 2,
                 };
                 let store = ClaimsStore::open_with(&writer_path, options)
                     .await
                     .expect("open");
                 let _ = opened_tx.send(());
                 for i in 0..total {
-                    store
-                        .commit(&format!("ns/k{i:04}"), claim(&format!("sb_{i}")))
-                        .await
-                        .expect("commit");
+                    let id = format!("sb_{i}");
+                    store.commit(&key(i), claim(&id)).await.expect("commit");
+                    if i >= 5 {
+                        let old = format!("sb_{}", i - 5);
+                        assert!(store.remove(&key(i - 5), &old).await.expect("remove"));
+                    }
                 }
                 store.stats().rewrites
             })
         });
         opened_rx.recv().expect("store opened");
         let paths = StatePaths::new(&path);
-        let mut last = 0;
+        let (mut low, mut high) = (0, 0);
         let mut reads = 0;
         let mut retried = 0;
         while !writer.is_finished() || reads == 0 {
             let view = read(&paths).expect("every read succeeds");
-            let keys: Vec<&String> = view.loaded.rows.keys().collect();
-            for (i, k) in keys.iter().enumerate() {
-                assert_eq!(**k, format!("ns/k{i:04}"), "not a state the daemon had");
+            let index: Vec<usize> = view
+                .loaded
+                .rows
+                .keys()
+                .map(|k| k["ns/k".len()..].parse().expect("index"))
+                .collect();
+            if let (Some(&first), Some(&last)) = (index.first(), index.last()) {
+                assert_eq!(
+                    index,
+                    (first..=last).collect::<Vec<_>>(),
+                    "not a state the daemon had"
+                );
+                assert!(index.len() <= 6, "not a state the daemon had: {index:?}");
+                assert!(
+                    first >= low && last >= high,
+                    "went back from {low}..={high} to {index:?}"
+                );
+                (low, high) = (first, last);
             }
-            assert!(
-                keys.len() >= last,
-                "went back from {last} to {} claims",
-                keys.len()
-            );
-            last = keys.len();
             reads += 1;
             retried += view.attempts - 1;
         }
         let rewrites = writer.join().expect("writer");
-        assert!(rewrites > 10, "only {rewrites} compactions");
+        assert!(rewrites > 50, "only {rewrites} compactions");
         let view = read(&paths).expect("final read");
-        assert_eq!(view.loaded.rows.len(), total);
+        assert_eq!(
+            view.loaded.rows.keys().cloned().collect::<Vec<_>>(),
+            (total - 5..total).map(key).collect::<Vec<_>>()
+        );
         eprintln!("{reads} reads, {retried} restarted by a compaction, {rewrites} compactions");
     }
 }

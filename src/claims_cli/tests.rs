@@ -82,7 +82,10 @@ fn verification_sorts_every_sandbox() {
             ("ns/reaped".into(), "sb_reaped".into(), true)
         ]
     );
-    assert_eq!(v.listed_not_held, vec![("ns/gone".into(), "sb_stray".into())]);
+    assert_eq!(
+        v.listed_not_held,
+        vec![("ns/gone".into(), "sb_stray".into())]
+    );
     assert_eq!(v.external, vec![("sb_ext".into(), "other/x".into())]);
     assert_eq!(v.orphans, vec!["sb_orphan".to_string()]);
     assert!(!v.consistent());

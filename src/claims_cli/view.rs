@@ -179,7 +179,13 @@ pub fn list_json(
     })
 }
 
-pub fn show_text(key: &str, c: &Claim, source: Source, now: Timestamp, show_tokens: bool) -> String {
+pub fn show_text(
+    key: &str,
+    c: &Claim,
+    source: Source,
+    now: Timestamp,
+    show_tokens: bool,
+) -> String {
     let token = if show_tokens {
         dash(Some(c.token.clone()))
     } else if c.token.is_empty() {

@@ -123,7 +123,9 @@ fn main() -> ExitCode {
             continue;
         }
         if key == "apiserver" && cluster_control().is_none() {
-            println!("SKIPPED {title}: VK_CLUSTER_CONTROL does not name e2e/cluster.sh (not the local plane)");
+            println!(
+                "SKIPPED {title}: VK_CLUSTER_CONTROL does not name e2e/cluster.sh (not the local plane)"
+            );
             continue;
         }
         planned.push((key, title, body));
@@ -134,12 +136,20 @@ fn main() -> ExitCode {
     let rows = runtime.block_on(async {
         let mut rows = Vec::new();
         for (key, title, body) in planned {
-            let mut row = Row { title, runs, tally: Tally::default(), converge_max: Duration::ZERO };
+            let mut row = Row {
+                title,
+                runs,
+                tally: Tally::default(),
+                converge_max: Duration::ZERO,
+            };
             for run in 0..runs {
                 let run_seed = seed.wrapping_add(run as u64 * 7919);
                 let cluster = support::cluster().await?;
                 let t0 = Instant::now();
-                progress.step(&format!("{title}: run {} of {runs}, seed {run_seed}", run + 1));
+                progress.step(&format!(
+                    "{title}: run {} of {runs}, seed {run_seed}",
+                    run + 1
+                ));
                 let mut w = World::new(cluster, &format!("rel-{key}"), run_seed, 64).await;
                 body(&mut w, size).await;
                 let t = w.finish(Duration::from_secs(240)).await;
