@@ -82,7 +82,8 @@ if ((${#missing[@]})); then
   else
     SUDO=
   fi
-  $SUDO apt-get update -qq
+  $SUDO apt-get update -qq ||
+    die "apt-get update failed (no network to the Debian mirrors?); install ${missing[*]} by hand, then retry"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
     die "apt-get could not install ${missing[*]}; install them by hand, then retry"
   for cmd in "${!pkgs[@]}"; do
@@ -95,9 +96,12 @@ else
 fi
 
 progress_step "local Kubernetes control plane"
-plane=$("$here/controlplane/build.sh" 2>&1 | tee /dev/stderr | tail -n 1)
-case "$plane" in
-  *cached*) done_plane="control plane cached" ;;
-  *) done_plane="control plane built" ;;
-esac
+stamp="$("$here/cluster.sh" bin)/.built"
+before=$(stat -c %Y "$stamp" 2>/dev/null || true)
+"$here/controlplane/build.sh" >&2
+if [[ -n "$before" && "$(stat -c %Y "$stamp" 2>/dev/null || true)" == "$before" ]]; then
+  done_plane="control plane cached"
+else
+  done_plane="control plane built"
+fi
 progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}"
