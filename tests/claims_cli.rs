@@ -95,7 +95,7 @@ fn list_a_go_written_state_without_tokens() {
     assert!(!table.contains("secret"), "a token was printed:\n{table}");
     assert!(!text(&out.stderr).contains("secret"));
     assert!(
-        text(&out.stderr).contains("does not exist"),
+        text(&out.stderr).contains("no state lock at"),
         "the lock's absence is said: {}",
         text(&out.stderr)
     );
@@ -127,7 +127,8 @@ fn list_a_go_written_state_without_tokens() {
     assert_eq!(claims[2]["claimedAt"], Value::Null);
     assert_eq!(claims[2]["deadline"], Value::Null);
     assert!(claims.iter().all(|c| c.get("token").is_none()));
-    assert_eq!(v["daemon"]["running"], false);
+    assert_eq!(v["daemon"]["running"], Value::Null, "no lock file: unknown");
+    assert_eq!(v["daemon"]["lockFile"], false);
     assert_eq!(v["statePath"], path.display().to_string());
 
     assert_eq!(before, files(dir.path()), "the state was changed");
@@ -341,6 +342,9 @@ fn a_running_daemon_is_detected_through_its_lock() {
         "{}",
         text(&out.stderr)
     );
+    let out = vk(&["claims", "list", &state, "-o", "json"], &[]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["daemon"], serde_json::json!({"running": false}));
     assert_eq!(fs::read(&lock_path).expect("lock"), b"31337\n");
 }
 

@@ -220,7 +220,8 @@ impl Daemon {
             }
             Daemon::NotRunning => "no daemon running on this state".to_string(),
             Daemon::NoLockFile => format!(
-                "no daemon running on this state ({} does not exist)",
+                "no state lock at {}: no daemon of this build runs on it (the Go vk-sandbox \
+                 and builds before the lock take none, so one of those might)",
                 lock.display()
             ),
             Daemon::Unknown(why) => format!("whether a daemon runs is unknown: {why}"),

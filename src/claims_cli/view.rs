@@ -147,7 +147,8 @@ pub fn claim_json(
 fn daemon_json(daemon: &Daemon) -> Value {
     match daemon {
         Daemon::Running { pid } => json!({"running": true, "pid": pid}),
-        Daemon::NotRunning | Daemon::NoLockFile => json!({"running": false}),
+        Daemon::NotRunning => json!({"running": false}),
+        Daemon::NoLockFile => json!({"running": null, "lockFile": false}),
         Daemon::Unknown(why) => json!({"running": null, "problem": why}),
     }
 }
