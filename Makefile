@@ -32,8 +32,8 @@ help: ## List the targets
 all: deps fmt lint test build ## deps fmt lint test build
 
 .PHONY: deps
-deps: ## Install what builds and tests need (Rust components, Debian packages, the Go-built control plane)
-	./e2e/deps.sh
+deps: ## Install what builds and tests need (Rust components, Debian packages, the Go-built control plane); seconds when done
+	./e2e/deps.sh all
 
 .PHONY: fmt
 fmt: ## Format the code
@@ -93,11 +93,15 @@ cluster-down: ## Stop the local control plane
 	./e2e/cluster.sh down
 
 .PHONY: test
-test: fmt-check lint ## fmt check, clippy, unit + integration + e2e tests on the local control plane
+test: ## Set-up (e2e/deps.sh test), fmt check, clippy, unit + integration + e2e tests on the local control plane
+	./e2e/deps.sh test
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	./e2e/run-tests.sh
 
 .PHONY: reliability
 reliability: ## Reliability suite, full size (kills, eviction storm, sandboxd/apiserver/state faults, owner churn): report table
+	./e2e/deps.sh test
 	./e2e/run-tests.sh --reliability
 
 .PHONY: test-unit
@@ -113,7 +117,8 @@ fuzz: ## Fuzz each target in fuzz/ for FUZZ_SECONDS (default 60) on nightly; fai
 	./e2e/fuzz.sh $(FUZZ_SECONDS)
 
 .PHONY: demo
-demo: ## Local control plane + sandboxd simulator + vk-sandbox + a Sandbox going Running
+demo: ## Set-up (e2e/deps.sh demo), local control plane + sandboxd simulator + vk-sandbox + a Sandbox going Running
+	./e2e/deps.sh demo
 	./e2e/demo.sh up
 
 .PHONY: demo-down
@@ -121,7 +126,7 @@ demo-down: ## Stop everything `make demo` started
 	./e2e/demo.sh down
 
 .PHONY: bench
-bench: ## Benchmarks on the local plane + simulator (claim latency, throughput, claims-store commits, memory, apiserver load, start-up): one table, written into docs/benchmarks.md; BENCH_SCALE=k for bigger runs
+bench: deps ## Benchmarks on the local plane + simulator (claim latency, throughput, claims-store commits, memory, apiserver load, start-up): one table, written into docs/benchmarks.md; BENCH_SCALE=k for bigger runs
 	./benches/run.sh
 
 .PHONY: clean

@@ -91,6 +91,22 @@ struct Plan {
     idle_window: Duration,
 }
 
+#[path = "../tests/support/progress.rs"]
+mod progress;
+use progress::Progress;
+
+/// The steps of `plan` with the parts `wants` picks, as `run` takes them.
+fn planned_steps(plan: &Plan) -> usize {
+    let mut total = 0;
+    if !wants("claim") && wants("memory") {
+        total += 1;
+    }
+    if wants("claim") {
+        total += plan.repeats + plan.bursts.len() * 3 + 1 + plan.delayed_bursts.len();
+    }
+    total + usize::from(wants("startup")) + usize::from(wants("load"))
+}
+
 impl Plan {
     fn new(k: f64) -> Plan {
         let n = |base: f64| ((base * k).round() as usize).max(1);
@@ -1814,6 +1830,7 @@ async fn run() -> Report {
     let plan = Plan::new(k);
     let env = Env::new().await;
     let t0 = Instant::now();
+    let mut progress = Progress::new("bench", planned_steps(&plan), t0);
     let sim = start_sim(0).await;
 
     // The load probe idles (on its own apiserver) while the rest runs.
@@ -1823,6 +1840,9 @@ async fn run() -> Report {
         None
     };
     let probe_ready = Instant::now();
+    if probe.is_none() && wants("load") {
+        progress.total -= 1;
+    }
 
     let ns = env.namespace("bench").await;
     let rtt = status_rtt(&env, &ns, 20).await;
@@ -1837,11 +1857,7 @@ async fn run() -> Report {
 
     let mut rows: Vec<(String, Vec<BurstResult>)> = Vec::new();
     if !wants("claim") && wants("memory") {
-        eprintln!(
-            "bench: memory only: one burst of {} [{:.0} s]",
-            plan.hold,
-            t0.elapsed().as_secs_f64()
-        );
+        progress.step(&format!("memory only: one burst of {}", plan.hold));
         let r = burst(
             &env,
             &vk,
@@ -1868,12 +1884,11 @@ async fn run() -> Report {
         let repeats = if delay == 0 { plan.repeats } else { 1 };
         let mut rs = Vec::new();
         for i in 0..repeats {
-            eprintln!(
-                "bench: idle, sandboxd delay {label}, run {}/{repeats} ({} Pods one at a time) [{:.0} s]",
+            progress.step(&format!(
+                "idle, sandboxd delay {label}, run {}/{repeats} ({} Pods one at a time)",
                 i + 1,
-                plan.idle,
-                t0.elapsed().as_secs_f64()
-            );
+                plan.idle
+            ));
             rs.push(
                 idle(
                     &env,
@@ -1898,11 +1913,10 @@ async fn run() -> Report {
             let reps = if delay == 0 { 3 } else { 1 };
             let mut rs = Vec::new();
             for i in 0..reps {
-                eprintln!(
-                    "bench: burst of {n}, sandboxd delay {label}, run {}/{reps} [{:.0} s]",
-                    i + 1,
-                    t0.elapsed().as_secs_f64()
-                );
+                progress.step(&format!(
+                    "burst of {n}, sandboxd delay {label}, run {}/{reps}",
+                    i + 1
+                ));
                 let hold = delay == 0 && n == plan.hold && i == 0;
                 let tag = format!("b{delay}-{n}-{i}");
                 let mem = hold.then_some(&mut memory);
@@ -1920,11 +1934,7 @@ async fn run() -> Report {
         ..Default::default()
     });
     let startup = if wants("startup") {
-        eprintln!(
-            "bench: start-up with {} claims [{:.0} s]",
-            plan.startup,
-            t0.elapsed().as_secs_f64()
-        );
+        progress.step(&format!("start-up with {} claims", plan.startup));
         Some(startup(&env, &sim, plan.startup).await)
     } else {
         None
@@ -1937,11 +1947,7 @@ async fn run() -> Report {
                 eprintln!("bench: idle window of the load probe: {idle_left:?} more");
                 tokio::time::sleep(idle_left).await;
             }
-            eprintln!(
-                "bench: apiserver load, {} lifecycles [{:.0} s]",
-                plan.lifecycle,
-                t0.elapsed().as_secs_f64()
-            );
+            progress.step(&format!("apiserver load, {} lifecycles", plan.lifecycle));
             Some(load_probe_finish(&env, &sim, p, plan.lifecycle).await)
         }
         None => None,
@@ -1951,7 +1957,12 @@ async fn run() -> Report {
         .delete(&node, &DeleteParams::default())
         .await
         .ok();
-    eprintln!("bench: done in {:.0} s", t0.elapsed().as_secs_f64());
+    eprintln!(
+        "bench: cluster benchmarks done: {} of {} steps in {}",
+        progress.step,
+        progress.total,
+        progress.elapsed()
+    );
     Report {
         rtt,
         rows,

@@ -18,12 +18,18 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# shellcheck source=e2e/lib/progress.sh
+source "$root/e2e/lib/progress.sh"
 cargo=${CARGO:-cargo}
 logs="$root/target/bench-logs"
 mkdir -p "$logs" "$root/target/bench-claims"
 command -v jq >/dev/null || { echo "bench: jq is needed (apt-get install jq)" >&2; exit 1; }
 
-echo "bench: building (release; log $logs/build.log)" >&2
+steps=4
+[[ -z "${BENCH_VK_BIN:-}" ]] && steps=5
+progress_start bench "$steps"
+progress_step "building the benchmarks (release; log $logs/build.log)"
+progress_heartbeat "still building the benchmarks (tail -f $logs/build.log)"
 "$cargo" bench --no-run --bench claims_commit --bench cluster --message-format json \
   2>"$logs/build.log" >"$logs/build.json" ||
   { tail -n 40 "$logs/build.log" >&2; exit 1; }
@@ -41,21 +47,29 @@ if [[ -z "${BENCH_VK_BIN:-}" ]]; then
     aarch64) musl=aarch64-unknown-linux-musl ;;
     *) echo "bench: no musl target for $(uname -m); set BENCH_VK_BIN" >&2; exit 1 ;;
   esac
-  echo "bench: building the static musl release binary (what is shipped; log $logs/musl.log)" >&2
+  progress_step "building the static musl release binary (what is shipped; log $logs/musl.log)"
+  progress_heartbeat "still building the musl binary (tail -f $logs/musl.log)"
   ./e2e/musl-build.sh "$musl" "$root/target/bench-bin/vk-sandbox" >"$logs/musl.log" 2>&1 ||
     { tail -n 40 "$logs/musl.log" >&2; exit 1; }
   export BENCH_VK_BIN="$root/target/bench-bin/vk-sandbox"
 fi
 
-echo "bench: claims store (Criterion; log $logs/claims_commit.log)" >&2
+progress_heartbeat_stop
+progress_step "claims store commits (Criterion; log $logs/claims_commit.log)"
 # Only this run's figures go into the table.
 rm -rf "$root/target/criterion/claims_commit"
 CLAIMS_BENCH_DIR="$root/target/bench-claims" "$claims_commit" --bench >"$logs/claims_commit.log" 2>&1 ||
   { tail -n 40 "$logs/claims_commit.log" >&2; exit 1; }
 
+progress_step "local control plane and audit apiserver"
 kubeconfig="${VK_TEST_KUBECONFIG:-$(./e2e/cluster.sh up)}"
 audit=$(./e2e/cluster.sh audit-apiserver up)
 trap './e2e/cluster.sh audit-apiserver down >/dev/null 2>&1 || true' EXIT
 
-echo "bench: cluster benchmarks (progress below, table at the end)" >&2
+progress_step "cluster benchmarks (their steps below, the table at the end)"
 VK_TEST_KUBECONFIG="$kubeconfig" BENCH_AUDIT="$audit" "$cluster" --bench
+if [[ "${BENCH_DOC:-}" == "-" || -n "${BENCH_ONLY:-}" ]]; then
+  progress_summary "done: the table above (not written into docs/benchmarks.md)"
+else
+  progress_summary "done: the table above, written into docs/benchmarks.md"
+fi

@@ -143,9 +143,10 @@ check_manifests() {
 
 # -------------------------------------------------------------- systemd
 host_bin() {
-  local bin=${VK_HOST_BIN:-$root/target/debug/vk-sandbox}
+  local bin=${VK_HOST_BIN:-${CARGO_TARGET_DIR:-$root/target}/debug/vk-sandbox}
   if [[ ! -x "$bin" ]]; then
-    log "building $bin"
+    # On stderr: stdout is the path.
+    log "building $bin" >&2
     cargo build --bin vk-sandbox >&2
   fi
   echo "$bin"

@@ -264,6 +264,9 @@ Then try:
   kubectl -n $ns get pod $sandbox -o jsonpath='{.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}{"\n"}'
   sandboxd-sim ctl claims                      # live claims (one, whatever you delete)
   sandboxd-sim ctl requests --path /v1/        # claim / release requests sandboxd received
+  # vk-sandbox's claims state (snapshot + journal), read-only; and against sandboxd's listing
+  $bindir/vk-sandbox claims list --state-path $dir/vk-state/claims.json
+  $bindir/vk-sandbox claims verify --state-path $dir/vk-state/claims.json --sandboxd-url $sim_url --sandboxd-token-file $dir/sandboxd.token
   # delete the Sandbox: the Pod is garbage-collected and vk-sandbox releases the VM
   kubectl -n $ns delete sandbox $sandbox; kubectl -n $ns get pods -w
   sandboxd-sim ctl requests --path /v1/sandboxes/

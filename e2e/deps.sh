@@ -1,39 +1,107 @@
 #!/usr/bin/env bash
-# Installs what vk-sandbox's build and tests need on a fresh Debian machine:
-# Rust components, a few Debian packages, and the Go-built local control
-# plane (cached in .cache/, so a warm machine skips it).
+# Installs what vk-sandbox's build, demo and tests need on a fresh Debian
+# machine with Rust and Go: Rust components, a few Debian packages, and the
+# Go-built local control plane (cached in .cache/, stamp-checked). Every
+# step is skipped when already done, so a warm machine passes in seconds;
+# `make test` and `make demo` run it first.
+#
+#   e2e/deps.sh [all|test|demo]
+#     all (make deps), test (make test): everything below
+#     demo (make demo): the demo's share: no clippy/musl/Debian test tools
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=e2e/lib/progress.sh
+source "$here/lib/progress.sh"
 
+profile=${1:-all}
+case "$profile" in
+  all | test | demo) ;;
+  *) echo "usage: e2e/deps.sh [all|test|demo]" >&2; exit 2 ;;
+esac
+
+die() { echo "deps: error: $*" >&2; exit 1; }
+
+progress_start deps 3
+done_rust="" done_debian="" done_plane=""
+
+progress_step "Rust toolchain and components"
+command -v cargo >/dev/null 2>&1 ||
+  die "cargo is not installed: install Rust (https://rustup.rs), then retry"
 if command -v rustup >/dev/null 2>&1; then
-  rustup component add rustfmt clippy >/dev/null 2>&1 || rustup component add rustfmt clippy
+  components=(rustfmt clippy)
+  installed=$(rustup component list --installed 2>/dev/null || true)
+  missing=()
+  for c in "${components[@]}"; do
+    grep -q "^$c" <<<"$installed" || missing+=("$c")
+  done
+  if ((${#missing[@]})); then
+    progress_note "adding Rust components: ${missing[*]}"
+    rustup component add "${missing[@]}"
+    done_rust+="added ${missing[*]}; "
+  fi
   # The static binary `make test` checks (e2e/check-packaging.sh) and the
   # Dockerfile ships.
-  rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
-    || rustup target add x86_64-unknown-linux-musl
+  if [[ "$profile" != demo ]] && ! rustup target list --installed | grep -qx x86_64-unknown-linux-musl; then
+    progress_note "adding the Rust target x86_64-unknown-linux-musl"
+    rustup target add x86_64-unknown-linux-musl
+    done_rust+="added the musl target; "
+  fi
+elif [[ "$profile" != demo ]]; then
+  for tool in rustfmt cargo-clippy; do
+    command -v "$tool" >/dev/null 2>&1 ||
+      die "$tool is missing and rustup is not installed to add it (install Rust with rustup)"
+  done
 fi
+done_rust=${done_rust:-"Rust components present; "}
 
-# Debian packages: command -> package.
-declare -A pkgs=(
-  [openssl]=openssl
-  [curl]=curl
-  [promtool]=prometheus
-  [systemd-analyze]=systemd
-  [setpriv]=util-linux
-  [shellcheck]=shellcheck
-  [file]=file
-  [musl-gcc]=musl-tools
-)
+progress_step "Debian packages"
+# command -> package. The demo needs curl and openssl (the cluster's PKI).
+declare -A pkgs=([openssl]=openssl [curl]=curl)
+if [[ "$profile" != demo ]]; then
+  pkgs+=(
+    [promtool]=prometheus
+    [systemd-analyze]=systemd
+    [setpriv]=util-linux
+    [shellcheck]=shellcheck
+    [file]=file
+    [musl-gcc]=musl-tools
+    [jq]=jq
+  )
+fi
 missing=()
 for cmd in "${!pkgs[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkgs[$cmd]}")
 done
 if ((${#missing[@]})); then
-  echo "deps: installing Debian packages: ${missing[*]}"
-  if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  progress_note "installing Debian packages: ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null 2>&1 ||
+      die "not root and no sudo: install ${missing[*]} as root (apt-get install ${missing[*]}), then retry"
+    SUDO=sudo
+  else
+    SUDO=
+  fi
+  $SUDO apt-get update -qq ||
+    die "apt-get update failed (no network to the Debian mirrors?); install ${missing[*]} by hand, then retry"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
+    die "apt-get could not install ${missing[*]}; install them by hand, then retry"
+  for cmd in "${!pkgs[@]}"; do
+    command -v "$cmd" >/dev/null 2>&1 ||
+      die "$cmd is still not on PATH after installing ${pkgs[$cmd]} (PATH=$PATH)"
+  done
+  done_debian="installed ${missing[*]}; "
+else
+  done_debian="Debian packages present; "
 fi
 
-"$here/controlplane/build.sh"
-echo "deps: ok"
+progress_step "local Kubernetes control plane"
+stamp="$("$here/cluster.sh" bin)/.built"
+before=$(stat -c %Y "$stamp" 2>/dev/null || true)
+"$here/controlplane/build.sh" >&2
+if [[ -n "$before" && "$(stat -c %Y "$stamp" 2>/dev/null || true)" == "$before" ]]; then
+  done_plane="control plane cached"
+else
+  done_plane="control plane built"
+fi
+progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}"

@@ -7,6 +7,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 cd "$root"
+# shellcheck source=e2e/lib/progress.sh
+source "$here/lib/progress.sh"
 
 e2e_only=false
 reliability=false
@@ -18,6 +20,16 @@ case "${1:-}" in
   *) echo "usage: e2e/run-tests.sh [--e2e-only|--reliability]" >&2; exit 2 ;;
 esac
 
+if $reliability; then
+  name=reliability steps=2
+  [[ -z "${VK_SKIP_FUZZ:-}" ]] && steps=3
+elif $e2e_only; then
+  name=e2e steps=2
+else
+  name=tests steps=3
+fi
+progress_start "$name" "$steps"
+
 started=false
 cleanup() {
   if $started && [[ -z "${VK_KEEP_CLUSTER:-}" ]]; then "$here/cluster.sh" down || true; fi
@@ -25,8 +37,9 @@ cleanup() {
 trap cleanup EXIT
 
 if [[ -n "${VK_TEST_KUBECONFIG:-}" ]]; then
-  echo "tests: using the cluster of VK_TEST_KUBECONFIG=$VK_TEST_KUBECONFIG"
+  progress_step "using the cluster of VK_TEST_KUBECONFIG=$VK_TEST_KUBECONFIG"
 else
+  progress_step "local control plane (e2e/cluster.sh up)"
   if ! "$here/cluster.sh" status 2>/dev/null | grep -q 'apiserver: ready'; then started=true; fi
   VK_TEST_KUBECONFIG=$("$here/cluster.sh" up)
   export VK_TEST_KUBECONFIG
@@ -38,15 +51,19 @@ export VK_REQUIRE_CLUSTER=1
 export VK_K8S_BIN_DIR="${VK_K8S_BIN_DIR:-$("$here/cluster.sh" bin)}"
 
 status=0
+failed=()
 if $reliability; then
-  VK_RELIABILITY="${VK_RELIABILITY:-full}" cargo test --test reliability || status=$?
+  progress_step "reliability suite (${VK_RELIABILITY:-full}; its scenarios and runs below)"
+  VK_RELIABILITY="${VK_RELIABILITY:-full}" cargo test --test reliability || { status=$?; failed+=("reliability suite"); }
   # Scenario 7, bad input: every fuzz target for a bounded time
   # (VK_SKIP_FUZZ=1 skips; the first sanitizer build is long).
   if [[ -z "${VK_SKIP_FUZZ:-}" ]]; then
-    "$here/fuzz.sh" "${FUZZ_SECONDS:-60}" || status=$?
+    progress_step "fuzzing every target for ${FUZZ_SECONDS:-60}s (e2e/fuzz.sh)"
+    "$here/fuzz.sh" "${FUZZ_SECONDS:-60}" || { status=$?; failed+=(fuzzing); }
   fi
 elif $e2e_only; then
-  cargo test --workspace --test 'e2e_*' -- --test-threads 4 || status=$?
+  progress_step "end-to-end tests"
+  cargo test --workspace --test 'e2e_*' -- --test-threads 4 || { status=$?; failed+=("e2e tests"); }
 else
   # Least privilege: remember where vk-sandbox's audit log stands, run the
   # suite, then check every verb manifests/rbac.yaml grants was used.
@@ -56,21 +73,29 @@ else
     audit_log=$("$here/cluster.sh" vk-audit-log)
     [[ -f "$audit_log" ]] && audit_from=$(stat -c %s "$audit_log")
   fi
-  cargo test --workspace --no-fail-fast || status=$?
+  progress_step "unit, integration and end-to-end tests (cargo test --workspace)"
+  cargo test --workspace --no-fail-fast || { status=$?; failed+=("cargo test"); }
   if [[ -n "$audit_log" && -f "$audit_log" ]]; then
     echo "tests: RBAC usage check against $audit_log (from byte $audit_from)"
     VK_RBAC_AUDIT_LOG="$audit_log" VK_RBAC_AUDIT_FROM="$audit_from" \
-      cargo test --test rbac_usage -- every_granted_verb_was_used || status=$?
+      cargo test --test rbac_usage -- every_granted_verb_was_used \
+      || { status=$?; failed+=("RBAC usage check"); }
   elif [[ -n "$audit_log" ]]; then
     echo "tests: RBAC usage check skipped: the control plane writes no audit log of" \
       "vk-sandbox (it was started by an older e2e/cluster.sh; restart it: make cluster-down)"
   fi
   # Manifests (server-side dry-run), systemd unit, static binary as UID
   # 65532, shell scripts.
-  "$here/check-packaging.sh" || status=$?
+  progress_step "packaging checks (e2e/check-packaging.sh)"
+  "$here/check-packaging.sh" || { status=$?; failed+=("packaging checks"); }
 fi
 if (( status != 0 )) && [[ -n "${VK_CLUSTER_LOGS:-}" ]]; then
   echo "tests: failed; control plane logs follow (full logs in $VK_CLUSTER_LOGS)"
   "$here/cluster.sh" logs || true
+fi
+if ((status == 0)); then
+  progress_summary "passed (${steps} steps)"
+else
+  progress_summary "FAILED: ${failed[*]} (the output above says which)"
 fi
 exit $status

@@ -82,6 +82,8 @@ pub struct Cli {
 }
 
 /// Subcommands; without one, `vk-sandbox [flags]` runs the daemon.
+// Parsed once per process: the size of the preflight variant is no cost.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {
     /// Check, without changing anything, that this configuration can start:
@@ -90,6 +92,10 @@ pub enum Command {
     /// Takes the same flags and environment as the run command; exits 1
     /// when any check fails.
     Preflight(RunArgs),
+    /// Inspect the claims state without changing it (safe while the daemon
+    /// runs): list, show, verify against sandboxd, export as a Go
+    /// claims.json.
+    Claims(crate::claims_cli::ClaimsArgs),
 }
 
 /// Every flag of the run command (behaviour.md §1.1 plus D1/D5 additions).
@@ -281,22 +287,33 @@ pub enum LogFormat {
 /// non-empty value from `env` becomes the argument's default, and the
 /// variable's name is appended to the help text.
 pub fn command(env: &dyn Fn(&str) -> Option<String>) -> clap::Command {
-    let with_env = |cmd: clap::Command| {
-        cmd.mut_args(|arg| {
-            let Some(var) = arg.get_env().and_then(|v| v.to_str()).map(str::to_owned) else {
-                return arg;
-            };
-            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
-            let mut arg = arg
-                .env(None::<&'static str>)
-                .help(format!("{help} [env: {var}]"));
-            if let Some(value) = env(&var).filter(|v| !v.is_empty()) {
-                arg = arg.default_value(value);
-            }
-            arg
-        })
-    };
-    with_env(Cli::command()).mut_subcommand("preflight", with_env)
+    with_env(Cli::command(), env)
+}
+
+/// [`command`]'s environment defaults on `cmd` and, recursively, on its
+/// subcommands (`preflight`, `claims list`, …).
+fn with_env(cmd: clap::Command, env: &dyn Fn(&str) -> Option<String>) -> clap::Command {
+    let subcommands: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    let mut cmd = cmd.mut_args(|arg| {
+        let Some(var) = arg.get_env().and_then(|v| v.to_str()).map(str::to_owned) else {
+            return arg;
+        };
+        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+        let mut arg = arg
+            .env(None::<&'static str>)
+            .help(format!("{help} [env: {var}]"));
+        if let Some(value) = env(&var).filter(|v| !v.is_empty()) {
+            arg = arg.default_value(value);
+        }
+        arg
+    });
+    for name in subcommands {
+        cmd = cmd.mut_subcommand(name, |c| with_env(c, env));
+    }
+    cmd
 }
 
 /// Parse `args` (argv, including the program name) with environment

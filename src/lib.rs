@@ -5,6 +5,7 @@ pub mod admin;
 pub mod backoff;
 pub mod build_info;
 pub mod claims;
+pub mod claims_cli;
 pub mod config;
 pub mod crypto;
 pub mod error;

@@ -31,6 +31,9 @@ fn main() -> ExitCode {
     if let Some(config::Command::Preflight(args)) = &cli.command {
         return vk_sandbox::preflight::main(args);
     }
+    if let Some(config::Command::Claims(args)) = &cli.command {
+        return vk_sandbox::claims_cli::main(args);
+    }
     telemetry::init(cli.run.log_format);
     // One TLS crypto provider for kube, reqwest and the servers (D1).
     if rustls::crypto::ring::default_provider()
@@ -44,7 +47,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             error!("{e}");
-            eprintln!("vk-sandbox: {e}");
+            plain_error(cli.run.log_format, &e);
             return ExitCode::from(1);
         }
     };
@@ -65,9 +68,18 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             error!(error = %e, "vk-sandbox failed");
-            eprintln!("vk-sandbox: {e}");
+            plain_error(cli.run.log_format, &e);
             ExitCode::from(1)
         }
+    }
+}
+
+/// The fatal error once more as a plain line, for people reading a
+/// terminal or journal; JSON logs stay one object per line (the error is in
+/// the last one).
+fn plain_error(format: config::LogFormat, e: &Error) {
+    if format == config::LogFormat::Text {
+        eprintln!("vk-sandbox: {e}");
     }
 }
 
@@ -367,11 +379,13 @@ fn register_sampled_gauges(metrics: &Metrics, claims: &Arc<ClaimsStore>) -> Resu
     )?)
 }
 
-/// Pods bound to this node by phase, read from the watch cache at each scrape.
+/// Pods bound to this node by phase, and the oldest Pending one's age by
+/// status reason, read from the watch cache at each scrape.
 fn register_pod_phase_gauge(
     metrics: &Metrics,
     store: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Pod>,
 ) -> Result<()> {
+    let pending = store.clone();
     metrics.register_sampled(SampledGauge::new(
         "vk_sandbox_pods",
         "Pods bound to this node, by phase.",
@@ -391,6 +405,16 @@ fn register_pod_phase_gauge(
                 *by_phase.entry(phase).or_default() += 1;
             }
             by_phase.into_iter().collect()
+        },
+    )?)?;
+    metrics.register_sampled(SampledGauge::new(
+        vk_sandbox::metrics::PODS_PENDING_OLDEST,
+        "How long the oldest Pending Pod bound to this node has been Pending, by Pod status \
+         reason (none when it has none yet).",
+        "reason",
+        move || {
+            let pods = pending.state();
+            vk_sandbox::metrics::pending_oldest(pods.iter().map(|p| &**p), jiff::Timestamp::now())
         },
     )?)
 }

@@ -297,3 +297,69 @@ fn missing_state_file_is_created_empty_and_private() {
     assert_eq!(mode(&file), 0o600);
     assert_eq!(mode(&dir.path().join("state")), 0o700);
 }
+
+/// `--log-format=json` (issue 17): every line on stderr is one JSON object
+/// with the fields log shippers expect, span fields included; the fatal
+/// error is the last object, not an extra plain line. The dead kubeconfig
+/// stops start-up after the kubelet certificate was made (inside the
+/// `prepare` and `init` spans).
+#[test]
+fn json_log_lines_for_log_shippers() {
+    let dir = tempdir();
+    let mut cmd = command(dir.path(), &["--log-format=json"]);
+    cmd.env("SANDBOXD_URL", "http://127.0.0.1:1");
+    let (out, text) = run(cmd);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(lines.len() >= 3, "{stderr}");
+    for l in &lines {
+        let ts = l["timestamp"].as_str().unwrap_or_else(|| panic!("{l}"));
+        ts.parse::<jiff::Timestamp>()
+            .unwrap_or_else(|e| panic!("timestamp {ts}: {e}"));
+        assert!(
+            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"]
+                .contains(&l["level"].as_str().unwrap_or("")),
+            "{l}"
+        );
+        assert!(l["target"].as_str().is_some_and(|t| !t.is_empty()), "{l}");
+        assert!(l["message"].as_str().is_some_and(|m| !m.is_empty()), "{l}");
+    }
+    let tls = lines
+        .iter()
+        .find(|l| l["message"] == "kubelet cert absent; self-signing")
+        .unwrap_or_else(|| panic!("no self-signing line in\n{stderr}"));
+    assert_eq!(tls["target"], "vk_sandbox::kubelet::tls");
+    assert_eq!(tls["span"]["name"], "init");
+    assert_eq!(tls["span"]["node"], "vk-sandboxd");
+    assert_eq!(tls["spans"][0]["name"], "prepare");
+    assert!(tls["spans"][0]["addr"].as_str().is_some(), "{tls}");
+    let last = lines.last().expect("lines");
+    assert_eq!(last["level"], "ERROR", "{stderr}");
+    assert_eq!(last["message"], "vk-sandbox failed");
+    assert!(
+        last["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{last}"
+    );
+
+    // The text format: plain lines, the fatal error repeated for people.
+    let (out, text) = run(command(dir.path(), &["--log-format=text"]));
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_err())
+    );
+    assert!(stderr.contains(" INFO "), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("vk-sandbox: ")),
+        "{stderr}"
+    );
+}

@@ -73,23 +73,40 @@ impl StateLock {
     }
 }
 
-/// Whether a daemon holds the lock of `state_path` now, and its PID if it
-/// wrote one. Takes the lock shared for an instant; never creates the
-/// file.
-pub fn holder(state_path: &Path) -> Result<Option<Option<u32>>> {
-    let path = lock_path(state_path);
-    let mut file = match File::open(&path) {
+/// Whether a daemon holds a state lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Daemon {
+    /// The lock is held; the PID written in the lock file, if readable.
+    Running { pid: Option<u32> },
+    /// The lock file exists and nobody holds it.
+    NotRunning,
+    /// No lock file: no daemon has run on this state path yet, or one built
+    /// before the state lock existed (which cannot be detected).
+    NoLockFile,
+    /// The lock could not be probed.
+    Unknown(String),
+}
+
+/// Probes the lock file `lock` without ever holding it: opened read-only
+/// (never created), a shared lock tried and released at once (one held for
+/// longer would keep a daemon from starting).
+pub fn probe(lock: &Path) -> Daemon {
+    let mut file = match File::open(lock) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Daemon::NoLockFile,
+        Err(e) => return Daemon::Unknown(format!("cannot open {}: {e}", lock.display())),
     };
     match file.try_lock_shared() {
         Ok(()) => {
             let _ = file.unlock();
-            Ok(None)
+            Daemon::NotRunning
         }
-        Err(TryLockError::WouldBlock) => Ok(Some(read_pid(&mut file))),
-        Err(TryLockError::Error(e)) => Err(Error::io(format!("lock {}", path.display()), e)),
+        Err(TryLockError::WouldBlock) => Daemon::Running {
+            pid: read_pid(&mut file),
+        },
+        Err(TryLockError::Error(e)) => {
+            Daemon::Unknown(format!("cannot lock {}: {e}", lock.display()))
+        }
     }
 }
 
@@ -108,18 +125,19 @@ mod tests {
     fn a_second_holder_is_refused_by_name() {
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path().join("claims.json");
-        assert_eq!(holder(&state).expect("probe"), None);
+        let lock = lock_path(&state);
+        assert_eq!(probe(&lock), Daemon::NoLockFile);
         let first = StateLock::acquire(&state).expect("first");
         assert_eq!(first.path(), dir.path().join("claims.json.lock"));
         let pid = std::process::id();
-        assert_eq!(holder(&state).expect("probe"), Some(Some(pid)));
+        assert_eq!(probe(&lock), Daemon::Running { pid: Some(pid) });
         // flock locks belong to the open file: a second open in the same
         // process conflicts as a second process would.
         let err = StateLock::acquire(&state).expect_err("second").to_string();
         assert!(err.contains(&format!("process {pid}")), "{err}");
         assert!(err.contains("--state-path"), "{err}");
         drop(first);
-        assert_eq!(holder(&state).expect("probe"), None);
+        assert_eq!(probe(&lock), Daemon::NotRunning);
         let again = StateLock::acquire(&state).expect("free again");
         drop(again);
     }

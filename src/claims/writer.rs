@@ -30,7 +30,7 @@ use jiff::Timestamp;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use super::format::{self, JournalOp};
+use super::format::{self, JournalOp, LoadError, StateFile};
 use super::{Claim, ClaimState, StoreOptions, StoreStats};
 use crate::error::{Error, Result};
 
@@ -152,82 +152,62 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
     }
 }
 
-fn decode_journal_file(path: &Path, bytes: &[u8], now: Timestamp) -> Result<format::Journal> {
-    let j = format::decode_journal(bytes, now).map_err(|problem| Error::State {
-        path: path.to_path_buf(),
-        problem: format!("{problem}; {FIX}"),
-    })?;
-    if j.torn_tail_bytes > 0 {
-        warn!(
-            journal = %path.display(),
-            bytes = j.torn_tail_bytes,
-            "claims journal ends in an incomplete record (a write cut short by a crash, \
-             never acknowledged); ignoring it"
-        );
-    }
-    Ok(j)
-}
-
-/// Read the snapshot and replay the journal(s) that continue it. Touches
-/// nothing on disk. The snapshot is returned with its `base`.
+/// Read the snapshot and replay the journal(s) that continue it
+/// ([`format::load_state`]). Touches nothing on disk.
 pub(super) fn load(paths: &Paths, now: Timestamp) -> Result<BTreeMap<String, Claim>> {
     let snapshot = read_optional(&paths.snapshot)?;
     let journal = read_optional(&paths.journal)?;
     let journal_old = read_optional(&paths.journal_old)?;
-    let mut rows = match &snapshot {
-        Some(bytes) => format::decode_snapshot(bytes, now).map_err(|problem| Error::State {
-            path: paths.snapshot.clone(),
-            problem: format!("{problem}; {FIX}"),
-        })?,
-        None => BTreeMap::new(),
+    let files = format::StateBytes {
+        snapshot: snapshot.as_deref(),
+        journal_old: journal_old.as_deref(),
+        journal: journal.as_deref(),
     };
-    let base = snapshot.as_deref().map(format::snapshot_base);
-    let from_snapshot = rows.len();
-    let mut frames = 0;
-    // A rewrite moves the journal to `.journal.old` before renaming the new
-    // snapshot into place. If the crash came before that rename, the old
-    // journal still continues this snapshot and is replayed; after it, the
-    // snapshot already holds everything the old journal did (the writer's
-    // memory is a superset of what it journaled) and it is skipped.
-    if let Some(bytes) = &journal_old {
-        let j = decode_journal_file(&paths.journal_old, bytes, now)?;
-        if j.base.is_some() && j.base == base {
-            frames += j.frames;
-            format::replay(&mut rows, j.ops);
-        } else {
-            info!(
-                journal = %paths.journal_old.display(),
-                "skipping a journal already folded into the snapshot (a rewrite was interrupted)"
-            );
-        }
+    let path_of = |file: StateFile| match file {
+        StateFile::Snapshot => paths.snapshot.clone(),
+        StateFile::JournalOld => paths.journal_old.clone(),
+        StateFile::Journal => paths.journal.clone(),
+    };
+    let loaded = format::load_state(files, now).map_err(|e| match e {
+        LoadError::Malformed(file, problem) => Error::State {
+            path: path_of(file),
+            problem: format!("{problem}; {FIX}"),
+        },
+        LoadError::JournalDoesNotContinue => Error::State {
+            path: paths.journal.clone(),
+            problem: format!(
+                "does not continue {}: that file was replaced since the journal was \
+                 started (restored from a backup, edited, or written by another program \
+                 such as the Go vk-sandbox after a rollback). The journal may hold release \
+                 credentials the snapshot lacks: merge them by hand, or move the journal \
+                 aside if the snapshot is authoritative, then restart",
+                paths.snapshot.display()
+            ),
+        },
+    })?;
+    for (file, bytes) in &loaded.torn_tails {
+        warn!(
+            journal = %path_of(*file).display(),
+            bytes,
+            "claims journal ends in an incomplete record (a write cut short by a crash, \
+             never acknowledged); ignoring it"
+        );
     }
-    if let Some(bytes) = &journal {
-        let j = decode_journal_file(&paths.journal, bytes, now)?;
-        if j.base.is_some() && j.base != base {
-            return Err(Error::State {
-                path: paths.journal.clone(),
-                problem: format!(
-                    "does not continue {}: that file was replaced since the journal was \
-                     started (restored from a backup, edited, or written by another program \
-                     such as the Go vk-sandbox after a rollback). The journal may hold release \
-                     credentials the snapshot lacks: merge them by hand, or move the journal \
-                     aside if the snapshot is authoritative, then restart",
-                    paths.snapshot.display()
-                ),
-            });
-        }
-        frames += j.frames;
-        format::replay(&mut rows, j.ops);
+    if loaded.skipped_journal_old {
+        info!(
+            journal = %paths.journal_old.display(),
+            "skipping a journal already folded into the snapshot (a rewrite was interrupted)"
+        );
     }
     info!(
         path = %paths.snapshot.display(),
         snapshot_found = snapshot.is_some(),
-        snapshot_rows = from_snapshot,
-        journal_frames = frames,
-        rows = rows.len(),
+        snapshot_rows = loaded.snapshot_rows,
+        journal_frames = loaded.frames,
+        rows = loaded.rows.len(),
         "claims state loaded; every row is quarantined until sandboxd vouches for it"
     );
-    Ok(rows)
+    Ok(loaded.rows)
 }
 
 type FileId = (u64, u64);

@@ -196,39 +196,31 @@ pub fn read(path: &Path) -> Result<Summary, String> {
     let snapshot = read_optional(path)?;
     let journal = read_optional(&journal_path)?;
     let journal_old = read_optional(&journal_old_path)?;
-    let mut rows = match &snapshot {
-        Some(bytes) => format::decode_snapshot(bytes, now)
-            .map_err(|problem| format!("{}: {problem}", path.display()))?,
-        None => Default::default(),
+    let files = format::StateBytes {
+        snapshot: snapshot.as_deref(),
+        journal_old: journal_old.as_deref(),
+        journal: journal.as_deref(),
     };
-    let base = snapshot.as_deref().map(format::snapshot_base);
-    let mut frames = 0;
-    if let Some(bytes) = &journal_old {
-        let j = format::decode_journal(bytes, now)
-            .map_err(|problem| format!("{}: {problem}", journal_old_path.display()))?;
-        if j.base.is_some() && j.base == base {
-            frames += j.frames;
-            format::replay(&mut rows, j.ops);
+    let loaded = format::load_state(files, now).map_err(|e| match e {
+        format::LoadError::Malformed(file, problem) => {
+            let at = match file {
+                format::StateFile::Snapshot => path,
+                format::StateFile::JournalOld => &journal_old_path,
+                format::StateFile::Journal => &journal_path,
+            };
+            format!("{}: {problem}", at.display())
         }
-    }
-    if let Some(bytes) = &journal {
-        let j = format::decode_journal(bytes, now)
-            .map_err(|problem| format!("{}: {problem}", journal_path.display()))?;
-        if j.base.is_some() && j.base != base {
-            return Err(format!(
-                "{} does not continue {} (the snapshot was replaced since the journal started: \
-                 restored, edited, or written by the Go vk-sandbox after a rollback)",
-                journal_path.display(),
-                path.display()
-            ));
-        }
-        frames += j.frames;
-        format::replay(&mut rows, j.ops);
-    }
+        format::LoadError::JournalDoesNotContinue => format!(
+            "{} does not continue {} (the snapshot was replaced since the journal started: \
+             restored, edited, or written by the Go vk-sandbox after a rollback)",
+            journal_path.display(),
+            path.display()
+        ),
+    })?;
     Ok(Summary {
         snapshot_found: snapshot.is_some(),
-        journal_frames: frames,
-        rows: rows.len(),
+        journal_frames: loaded.frames,
+        rows: loaded.rows.len(),
     })
 }
 

@@ -120,26 +120,42 @@ fn main() -> ExitCode {
         .build()
         .expect("tokio runtime");
     let started = Instant::now();
+    let mut planned = Vec::new();
+    for (key, title, body, short) in scenarios() {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|k| k == key)) {
+            continue;
+        }
+        if size == Size::Short && !short {
+            continue;
+        }
+        if key == "apiserver" && cluster_control().is_none() {
+            println!(
+                "SKIPPED {title}: VK_CLUSTER_CONTROL does not name e2e/cluster.sh (not the local plane)"
+            );
+            continue;
+        }
+        planned.push((key, title, body));
+    }
+    let runs = size.pick(1, 3);
+    let total_runs = planned.len() * runs;
+    let mut progress = support::progress::Progress::new("reliability", total_runs, started);
     let rows = runtime.block_on(async {
         let mut rows = Vec::new();
-        for (key, title, body, short) in scenarios() {
-            if only.as_ref().is_some_and(|o| !o.iter().any(|k| k == key)) {
-                continue;
-            }
-            if size == Size::Short && !short {
-                continue;
-            }
-            if key == "apiserver" && cluster_control().is_none() {
-                println!("SKIPPED {title}: VK_CLUSTER_CONTROL does not name e2e/cluster.sh (not the local plane)");
-                continue;
-            }
-            let runs = size.pick(1, 3);
-            let mut row = Row { title, runs, tally: Tally::default(), converge_max: Duration::ZERO };
+        for (key, title, body) in planned {
+            let mut row = Row {
+                title,
+                runs,
+                tally: Tally::default(),
+                converge_max: Duration::ZERO,
+            };
             for run in 0..runs {
                 let run_seed = seed.wrapping_add(run as u64 * 7919);
                 let cluster = support::cluster().await?;
                 let t0 = Instant::now();
-                println!("== {title}: run {} of {runs}, seed {run_seed}", run + 1);
+                progress.step(&format!(
+                    "{title}: run {} of {runs}, seed {run_seed}",
+                    run + 1
+                ));
                 let mut w = World::new(cluster, &format!("rel-{key}"), run_seed, 64).await;
                 body(&mut w, size).await;
                 let t = w.finish(Duration::from_secs(240)).await;
@@ -177,15 +193,35 @@ fn main() -> ExitCode {
     } else {
         println!("report written to {}", out.display());
     }
+    let rows_len = rows.len();
     let failed = rows.iter().any(|r| {
         let t = &r.tally;
         t.wrongly_released + t.leaked + t.creds_lost + t.not_converged + t.bad_state_file > 0
     });
+    let mut total = Tally::default();
+    for r in rows {
+        add(&mut total, r.tally);
+    }
+    let summary = format!(
+        "{} scenarios, {total_runs} runs, {} Pods, {} faults, seed {seed} (total {})",
+        rows_len,
+        total.pods,
+        total.faults,
+        progress.elapsed()
+    );
     if failed {
-        println!("FAILED: an invariant column is not zero (seed {seed})");
+        println!(
+            "reliability: FAILED: an invariant column is not zero: {} wrongly released, {} leaked, \
+             {} credentials lost, {} not converged, {} bad state files; {summary}",
+            total.wrongly_released,
+            total.leaked,
+            total.creds_lost,
+            total.not_converged,
+            total.bad_state_file
+        );
         ExitCode::FAILURE
     } else {
-        println!("reliability suite passed");
+        println!("reliability: passed, every invariant held: {summary}");
         ExitCode::SUCCESS
     }
 }

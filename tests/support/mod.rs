@@ -166,6 +166,7 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
 
 pub mod kubelet;
 pub mod process;
+pub mod progress;
 pub mod prometheus;
 pub mod rbac;
 pub mod vk;
