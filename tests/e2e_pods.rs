@@ -40,11 +40,8 @@ struct Env {
 }
 
 async fn install_crd(cluster: &TestCluster) {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crds/agents.x-k8s.io_sandboxes.yaml");
-    support::rbac::apply_manifest(&cluster.client, &path)
-        .await
-        .unwrap_or_else(|e| panic!("install the Sandbox CRD: {e}"));
+    // The Pods here are made by hand; only the Sandbox kind must be served.
+    support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
     let api: Api<DynamicObject> = Api::all_with(cluster.client.clone(), &sandbox_resource());
     wait_for(
         "the Sandbox CRD to be served",
