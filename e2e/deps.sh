@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what vk-sandbox's build and tests need on a fresh Debian machine:
-# Rust components, a few Debian packages, and the Go-built local control
-# plane (cached in .cache/, so a warm machine skips it).
+# Rust components, a few Debian packages, the Go-built local control plane
+# and the upstream agent-sandbox controller (both cached in .cache/, so a
+# warm machine skips them).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -36,4 +37,14 @@ if ((${#missing[@]})); then
 fi
 
 "$here/controlplane/build.sh"
+# The Sandbox controller of the tests and the demo. Its source is not in
+# this repository (see e2e/agent-sandbox.sh); where it is absent the tests
+# fall back to the stand-in, unless VK_REQUIRE_REAL_CONTROLLER=1 (CI).
+agent_status=0
+agent=$("$here/agent-sandbox.sh" build) || agent_status=$?
+case $agent_status in
+  0) echo "deps: upstream agent-sandbox controller: $agent" ;;
+  3) echo "deps: note: $agent" ;;
+  *) echo "deps: error: building the upstream agent-sandbox controller failed" >&2; exit 1 ;;
+esac
 echo "deps: ok"

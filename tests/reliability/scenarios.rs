@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use rand::Rng;
 use serde_json::json;
 
 use crate::world::{TOKEN, World};
@@ -367,4 +368,117 @@ pub async fn state_faults(w: &mut World, size: Size) {
     let _ = std::fs::remove_dir_all(&dir);
     w.faults += 1;
     w.create(1).await;
+}
+
+/// Retries an API write through vk-sandbox's and the apiserver's hiccups
+/// (bounded); panics naming `what` when it keeps failing.
+async fn retry_write<T, F, Fut>(what: &str, mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match call().await {
+            Ok(v) => return v,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+/// Scenario 7: warm-pool churn with the upstream controller: a
+/// SandboxWarmPool on this node, SandboxClaims adopting its Sandboxes and
+/// being deleted, the pool scaled up and down, all during `kill -9` bursts
+/// of vk-sandbox. The Sandboxes are the controllers' (found by listing);
+/// none may lose its VM while it lives, and every one that went must have
+/// its VM released.
+pub async fn warm_pool_churn(w: &mut World, size: Size) {
+    use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+    use support::controller as c;
+    if !c::upstream_or_skip("scenario 7 (warm-pool churn)") {
+        return;
+    }
+    w.discover = true;
+    let max = size.pick(3, 5) as i32;
+    let node = w.vk.node.clone();
+    let templates = w.dynamic("SandboxTemplate");
+    let pools = w.dynamic("SandboxWarmPool");
+    let claims = w.dynamic("SandboxClaim");
+    let tpl: DynamicObject =
+        serde_json::from_value(c::contract_template("churn", "base:24.04", Some(&node)))
+            .expect("template json");
+    retry_write("create SandboxTemplate", || {
+        templates.create(&PostParams::default(), &tpl)
+    })
+    .await;
+    let pool: DynamicObject =
+        serde_json::from_value(c::warm_pool("churn", "churn", max)).expect("pool json");
+    retry_write("create SandboxWarmPool", || {
+        pools.create(&PostParams::default(), &pool)
+    })
+    .await;
+    support::wait_for(
+        "the warm pool's Sandboxes",
+        Duration::from_secs(120),
+        || async {
+            w.discover_sandboxes().await?;
+            let n = w.owners.iter().filter(|o| o.deleted_at.is_none()).count();
+            if n >= max as usize {
+                Ok(())
+            } else {
+                Err(format!("{n} of {max}"))
+            }
+        },
+    )
+    .await;
+    settle(w, Duration::from_secs(120)).await;
+    let mut made = 0;
+    let mut live_claims: Vec<String> = Vec::new();
+    for round in 0..size.pick(5, 15) {
+        // A claim or two adopt warm Sandboxes.
+        for _ in 0..w.rng.random_range(1..=2) {
+            made += 1;
+            let name = format!("claim-{made}");
+            let claim: DynamicObject =
+                serde_json::from_value(c::sandbox_claim(&name, "churn")).expect("claim json");
+            retry_write("create SandboxClaim", || {
+                claims.create(&PostParams::default(), &claim)
+            })
+            .await;
+            live_claims.push(name);
+        }
+        w.jitter(800).await;
+        // An older claim goes (its Sandbox and VM with it).
+        if live_claims.len() > 2 && w.rng.random_bool(0.6) {
+            let i = w.rng.random_range(0..live_claims.len() - 1);
+            let name = live_claims.remove(i);
+            let dp = if round % 2 == 0 {
+                DeleteParams::foreground()
+            } else {
+                DeleteParams::background()
+            };
+            let _ = claims.delete(&name, &dp).await;
+        }
+        // The pool is resized.
+        let replicas = w.rng.random_range(0..=max);
+        let patch = json!({"spec": {"replicas": replicas}});
+        retry_write("scale SandboxWarmPool", || {
+            pools.patch("churn", &PatchParams::default(), &Patch::Merge(&patch))
+        })
+        .await;
+        w.jitter(1500).await;
+        w.kill_and_restart();
+        w.faults += 1;
+        w.jitter(600).await;
+    }
+    // Back to a full pool before the invariants are checked.
+    let patch = json!({"spec": {"replicas": max}});
+    retry_write("scale SandboxWarmPool", || {
+        pools.patch("churn", &PatchParams::default(), &Patch::Merge(&patch))
+    })
+    .await;
 }

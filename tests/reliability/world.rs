@@ -1,6 +1,7 @@
 //! One scenario's world: the shared control plane, a namespace, the
 //! sandboxd simulator, vk-sandbox as a process, the Sandbox controller
-//! stand-in, and the record of every owner (Sandbox) the scenario made.
+//! (upstream agent-sandbox; the stand-in only where its source is absent),
+//! and the record of every owner (Sandbox) the scenario made.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
@@ -12,10 +13,9 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sandbox_controller::Options;
 use sandbox_controller::types::Sandbox;
 use sandboxd_sim::SimHandle;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::support::TestCluster;
 use crate::support::vk::{VkUnderTest, tail};
@@ -31,8 +31,14 @@ pub struct Owner {
     /// The claim its Pod first ran on.
     pub claim: Option<String>,
     /// Simulator request-log watermark taken just before the harness
-    /// deleted it: releases of its claim before that are wrong.
+    /// deleted it: releases of its claim before that are wrong. For a
+    /// Sandbox the controllers made (`managed`), the watermark when it was
+    /// first seen gone.
     pub deleted_at: Option<u64>,
+    /// Made and deleted by the agent-sandbox controllers (a warm pool's
+    /// Sandbox, possibly adopted by a claim), found by listing: any release
+    /// of its claim is wrong while it still exists at the end.
+    pub managed: bool,
 }
 
 /// The invariant figures of one run.
@@ -65,7 +71,10 @@ pub struct World {
     /// Processes started that should come up (each logs "virtual node
     /// ready" once up).
     pub starts: usize,
-    _controller: sandbox_controller::ControllerHandle,
+    /// Sandboxes are also made by the controllers (warm pools): list them
+    /// to find owners the harness did not create.
+    pub discover: bool,
+    _controller: crate::support::controller::SandboxController,
 }
 
 impl World {
@@ -88,19 +97,12 @@ impl World {
         // vk-sandbox first: its ServiceAccount kubeconfig is made with API
         // discovery, which can answer 404 for a moment after a new CRD.
         let vk = VkUnderTest::start(&cluster, prefix, &args).await;
-        sandbox_controller::crd::install(&cluster.client, Duration::from_secs(60))
-            .await
-            .unwrap_or_else(|e| panic!("install the Sandbox CRD: {e}"));
+        crate::support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
         vk.wait_ready(&cluster.client, Duration::from_secs(60))
             .await;
         let ns = cluster.namespace(prefix).await;
-        let controller = sandbox_controller::spawn(
-            cluster.client.clone(),
-            Options {
-                namespace: Some(ns.clone()),
-                ..Options::default()
-            },
-        );
+        let controller =
+            crate::support::controller::start(&cluster.client, &cluster.kubeconfig, &ns).await;
         World {
             cluster,
             ns,
@@ -114,12 +116,23 @@ impl World {
             prefix: prefix.to_string(),
             slowest: Duration::ZERO,
             starts: 1,
+            discover: false,
             _controller: controller,
         }
     }
 
     pub fn sandboxes(&self) -> Api<Sandbox> {
         Api::namespaced(self.cluster.client.clone(), &self.ns)
+    }
+
+    /// The namespace's objects of an agent-sandbox kind (SandboxTemplate,
+    /// SandboxWarmPool, SandboxClaim, Sandbox).
+    pub fn dynamic(&self, kind: &str) -> Api<kube::api::DynamicObject> {
+        Api::namespaced_with(
+            self.cluster.client.clone(),
+            &self.ns,
+            &crate::support::controller::resource(kind),
+        )
     }
 
     pub fn pods(&self) -> Api<Pod> {
@@ -154,17 +167,11 @@ impl World {
     }
 
     pub async fn create_named(&mut self, name: &str) {
-        let sb: Sandbox = serde_json::from_value(json!({
-            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
-            "metadata": {"name": name},
-            "spec": {"podTemplate": {
-                "metadata": {"annotations": {"sandbox.cocoonstack.io/runtime": "sandboxd"}},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": self.vk.node},
-                    "containers": [{"name": "agent", "image": "base:24.04"}]
-                }
-            }}
-        }))
+        let sb: Sandbox = serde_json::from_value(crate::support::controller::contract_sandbox(
+            name,
+            "base:24.04",
+            Some(&self.vk.node),
+        ))
         .expect("sandbox json");
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -175,6 +182,7 @@ impl World {
                         uid: created.metadata.uid.unwrap_or_default(),
                         claim: None,
                         deleted_at: None,
+                        managed: false,
                     });
                     return;
                 }
@@ -260,6 +268,39 @@ impl World {
         self.vk.restart(&args);
     }
 
+    /// Registers the Sandboxes the controllers made (not seen before) as
+    /// managed owners, and marks managed owners that are gone.
+    pub async fn discover_sandboxes(&mut self) -> Result<(), String> {
+        let list = self
+            .sandboxes()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut present = BTreeSet::new();
+        for sb in list.items {
+            let uid = sb.metadata.uid.clone().unwrap_or_default();
+            if sb.metadata.deletion_timestamp.is_none() {
+                present.insert(uid.clone());
+            }
+            if !self.owners.iter().any(|o| o.uid == uid) && sb.metadata.deletion_timestamp.is_none() {
+                self.owners.push(Owner {
+                    name: sb.metadata.name.clone().unwrap_or_default(),
+                    uid,
+                    claim: None,
+                    deleted_at: None,
+                    managed: true,
+                });
+            }
+        }
+        let mark = self.watermark();
+        for o in self.owners.iter_mut().filter(|o| o.managed) {
+            if o.deleted_at.is_none() && !present.contains(&o.uid) {
+                o.deleted_at = Some(mark);
+            }
+        }
+        Ok(())
+    }
+
     /// Records the claim each live owner's Pod first runs on.
     async fn observe(&mut self, pods: &[Pod]) {
         for o in self.owners.iter_mut().filter(|o| o.claim.is_none()) {
@@ -285,6 +326,11 @@ impl World {
         let mut problems;
         loop {
             problems = Vec::new();
+            if self.discover {
+                if let Err(e) = self.discover_sandboxes().await {
+                    problems.push(format!("list Sandboxes: {e}"));
+                }
+            }
             let live: BTreeSet<String> =
                 self.sim.sim().claims().into_iter().map(|c| c.id).collect();
             for o in self.owners.iter().filter(|o| o.deleted_at.is_some()) {
@@ -364,9 +410,12 @@ impl World {
                 continue;
             }
             if let Some(o) = originals.get(id) {
-                let wrong = match o.deleted_at {
-                    None => true,
-                    Some(mark) => r.seq <= mark,
+                let wrong = match (o.deleted_at, o.managed) {
+                    (None, _) => true,
+                    // Deleted by a controller at a moment only it knows: a
+                    // release is wrong only while the Sandbox lives.
+                    (Some(_), true) => false,
+                    (Some(mark), false) => r.seq <= mark,
                 };
                 if wrong {
                     t.wrongly_released += 1;

@@ -440,3 +440,56 @@ pub fn contract_sandbox(name: &str, template: &str, node: Option<&str>) -> Value
         "spec": {"podTemplate": contract_pod_template(template, node)},
     })
 }
+
+/// The API resource of an agent-sandbox kind (`Sandbox`, or the extensions'
+/// `SandboxTemplate`, `SandboxWarmPool`, `SandboxClaim`), v1beta1.
+pub fn resource(kind: &str) -> kube::discovery::ApiResource {
+    let group = if kind == "Sandbox" {
+        "agents.x-k8s.io"
+    } else {
+        "extensions.agents.x-k8s.io"
+    };
+    kube::discovery::ApiResource {
+        group: group.into(),
+        version: "v1beta1".into(),
+        api_version: format!("{group}/v1beta1"),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()).replace("sandboxs", "sandboxes"),
+    }
+}
+
+/// A SandboxTemplate carrying the Pod contract (see [`contract_pod_template`]).
+pub fn contract_template(name: &str, template: &str, node: Option<&str>) -> Value {
+    json!({
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate",
+        "metadata": {"name": name},
+        "spec": {"podTemplate": contract_pod_template(template, node)},
+    })
+}
+
+/// A SandboxWarmPool of `replicas` Sandboxes of the SandboxTemplate `template`.
+pub fn warm_pool(name: &str, template: &str, replicas: i32) -> Value {
+    json!({
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": template}},
+    })
+}
+
+/// A SandboxClaim taking a Sandbox from the SandboxWarmPool `pool`.
+pub fn sandbox_claim(name: &str, pool: &str) -> Value {
+    json!({
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+        "metadata": {"name": name},
+        "spec": {"warmPoolRef": {"name": pool}},
+    })
+}
+
+/// The kind and name of `obj`'s controller ownerReference.
+pub fn controller_of(meta: &kube::api::ObjectMeta) -> Option<(String, String, String)> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| (o.kind.clone(), o.name.clone(), o.uid.clone()))
+}
