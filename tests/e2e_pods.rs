@@ -2,7 +2,8 @@
 //! simulator, and the vk-sandbox binary with the shipped RBAC. Pods are
 //! created the way the agent-sandbox controller creates them (owned by a
 //! `Sandbox`, carrying the Pod contract) so each test controls its timing;
-//! tests/e2e_sandbox_controller.rs drives the full Sandbox path.
+//! tests/e2e_sandbox_path.rs drives the full Sandbox path with the Sandbox
+//! controller.
 
 mod support;
 

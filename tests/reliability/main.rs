@@ -4,7 +4,7 @@
 //! simulator, with invariants checked after each and a report table.
 //!
 //! `VK_RELIABILITY=short` (default, run by `make test`): scenarios 1-4, 6
-//! and 7, small counts. `VK_RELIABILITY=full` (`make reliability`): more runs
+//! and 8, small counts. `VK_RELIABILITY=full` (`make reliability`): more runs
 //! and larger counts. `VK_RELIABILITY_SEED` fixes the seed (printed either
 //! way); `VK_RELIABILITY_ONLY=kill9,eviction` picks scenarios.
 //! `VK_CLUSTER_CONTROL` names `e2e/cluster.sh` when the suite may restart
@@ -88,7 +88,7 @@ fn scenarios() -> Vec<(&'static str, &'static str, Scenario, bool)> {
         ),
         (
             "warmpool",
-            "7 warm-pool churn (claims, pool scaling, kill -9)",
+            "8 warm-pool churn (claims, pool scaling, kill -9)",
             |w, s| Box::pin(scenarios::warm_pool_churn(w, s)),
             true,
         ),

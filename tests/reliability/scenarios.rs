@@ -390,7 +390,7 @@ where
     }
 }
 
-/// Scenario 7: warm-pool churn with the upstream controller: a
+/// Scenario 8: warm-pool churn with the upstream controller: a
 /// SandboxWarmPool on this node, SandboxClaims adopting its Sandboxes and
 /// being deleted, the pool scaled up and down, all during `kill -9` bursts
 /// of vk-sandbox. The Sandboxes are the controllers' (found by listing);
@@ -399,7 +399,7 @@ where
 pub async fn warm_pool_churn(w: &mut World, size: Size) {
     use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
     use support::controller as c;
-    if !c::upstream_or_skip("scenario 7 (warm-pool churn)") {
+    if !c::upstream_or_skip("scenario 8 (warm-pool churn)") {
         return;
     }
     w.discover = true;
