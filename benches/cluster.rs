@@ -1276,7 +1276,6 @@ async fn load_probe_finish(env: &Env, sim: &SimHandle, mut probe: LoadProbe, n: 
     let rec = Recorder::start(&env.admin, &ns).await;
     let sandboxes: Api<DynamicObject> =
         Api::namespaced_with(env.admin.clone(), &ns, &sandbox_resource());
-    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &ns);
     let names: Vec<String> = (0..n).map(|i| format!("l-{i:03}")).collect();
     // The Sandbox controller makes each Pod (named after its Sandbox).
     let _controller = controller::start(&env.admin, &env.admin_kc, &ns).await;

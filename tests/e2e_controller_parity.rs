@@ -140,9 +140,18 @@ impl<'a> Run<'a> {
     }
 
     async fn create(&self, name: &str) -> String {
+        self.create_with(name, json!({})).await
+    }
+
+    /// A Sandbox with `extra` merged into its spec.
+    async fn create_with(&self, name: &str, extra: Value) -> String {
+        let mut spec = json!({"podTemplate": template()});
+        if let (Value::Object(s), Value::Object(e)) = (&mut spec, extra) {
+            s.extend(e);
+        }
         let obj: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
-            "metadata": {"name": name}, "spec": {"podTemplate": template()}
+            "metadata": {"name": name}, "spec": spec
         }))
         .expect("sandbox json");
         self.sandboxes
@@ -177,7 +186,10 @@ impl<'a> Run<'a> {
             || async {
                 match self.pods.get_opt(name).await.map_err(|e| e.to_string())? {
                     None => Ok(()),
-                    Some(p) => Err(format!("deletionTimestamp {:?}", p.metadata.deletion_timestamp)),
+                    Some(p) => Err(format!(
+                        "deletionTimestamp {:?}",
+                        p.metadata.deletion_timestamp
+                    )),
                 }
             },
         )
@@ -193,7 +205,10 @@ impl<'a> Run<'a> {
                 let sb = self.sandboxes.get(name).await.map_err(|e| e.to_string())?;
                 let ok = sb.data["status"]["conditions"]
                     .as_array()
-                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == type_ && c["status"] == status));
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == type_ && c["status"] == status)
+                    });
                 if ok {
                     Ok(sb)
                 } else {
@@ -227,7 +242,11 @@ impl<'a> Run<'a> {
 
     async fn set_pod_status(&self, name: &str, status: Value) {
         self.pods
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
             .await
             .unwrap_or_else(|e| panic!("patch pods/status {name}: {e}"));
     }
@@ -255,7 +274,10 @@ impl<'a> Run<'a> {
         .await;
         self.wait_condition("demo", "Ready", "False").await;
         let sb = self.settled("demo").await;
-        self.record("status: Running and Ready without podIPs", sandbox_view(&sb));
+        self.record(
+            "status: Running and Ready without podIPs",
+            sandbox_view(&sb),
+        );
         self.set_pod_status(
             "demo",
             json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
@@ -285,11 +307,16 @@ impl<'a> Run<'a> {
         )
         .await;
         let synced = self
-            .wait_pod("demo", None, |p| p.labels().get("team").is_some_and(|v| v == "a"))
+            .wait_pod("demo", None, |p| {
+                p.labels().get("team").is_some_and(|v| v == "a")
+            })
             .await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let synced = self.pods.get("demo").await.unwrap_or(synced);
-        self.record("Pod after a template metadata change", pod_view(&synced, &uid));
+        self.record(
+            "Pod after a template metadata change",
+            pod_view(&synced, &uid),
+        );
 
         // The Pod is deleted while the Sandbox lives: re-created, same name.
         let old = synced.metadata.uid.clone().expect("pod uid");
@@ -324,6 +351,48 @@ impl<'a> Run<'a> {
         let resumed = self.wait_pod("demo", Some(&old), |_| true).await;
         self.record("Pod after resuming", pod_view(&resumed, &uid));
 
+        // shutdownTime already past, policy Retain (the default): no Pod,
+        // the Sandbox stays, expired.
+        self.create_with("expired", json!({"shutdownTime": "2020-01-01T00:00:00Z"}))
+            .await;
+        self.wait_condition("expired", "Ready", "False").await;
+        let sb = self.settled("expired").await;
+        let pod = self.pods.get_opt("expired").await.expect("get Pod");
+        self.record(
+            "shutdownTime past, Retain",
+            json!({"status": sandbox_view(&sb), "pod": pod.is_some()}),
+        );
+        // shutdownTime a moment ahead, policy Delete: the Pod, then the
+        // Sandbox, go once it passes.
+        let at = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(5);
+        self.create_with(
+            "expiring",
+            json!({"shutdownTime": at.to_string(), "shutdownPolicy": "Delete"}),
+        )
+        .await;
+        self.wait_pod("expiring", None, |_| true).await;
+        self.wait_pod_gone("expiring").await;
+        wait_for(
+            "Sandbox expiring deleted",
+            Duration::from_secs(60),
+            || async {
+                match self
+                    .sandboxes
+                    .get_opt("expiring")
+                    .await
+                    .map_err(|e| e.to_string())?
+                {
+                    None => Ok(()),
+                    Some(sb) => Err(format!("still there: {}", sb.data["status"])),
+                }
+            },
+        )
+        .await;
+        self.record(
+            "shutdownTime reached, Delete",
+            json!("Pod and Sandbox gone"),
+        );
+
         // Background deletion: the garbage collector takes the Pod.
         self.sandboxes
             .delete("demo", &DeleteParams::background())
@@ -342,7 +411,12 @@ impl<'a> Run<'a> {
             .expect("delete Sandbox (foreground)");
         self.wait_pod_gone("fg").await;
         wait_for("Sandbox fg gone", Duration::from_secs(60), || async {
-            match self.sandboxes.get_opt("fg").await.map_err(|e| e.to_string())? {
+            match self
+                .sandboxes
+                .get_opt("fg")
+                .await
+                .map_err(|e| e.to_string())?
+            {
                 None => Ok(()),
                 Some(_) => Err("still there".into()),
             }
@@ -408,7 +482,11 @@ async fn take_lease(client: &Client) -> LeaseHold {
             tokio::time::sleep(Duration::from_secs(2)).await;
             let patch = json!({"spec": {"renewTime": MicroTime(jiff::Timestamp::now())}});
             let _ = renew
-                .patch(ctl::LEASE_NAME, &PatchParams::default(), &Patch::Merge(patch))
+                .patch(
+                    ctl::LEASE_NAME,
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
                 .await;
         }
     });
@@ -424,7 +502,11 @@ impl LeaseHold {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), ctl::LEASE_NAMESPACE);
         let patch = json!({"spec": {"holderIdentity": "", "leaseDurationSeconds": 1}});
         let _ = leases
-            .patch(ctl::LEASE_NAME, &PatchParams::default(), &Patch::Merge(patch))
+            .patch(
+                ctl::LEASE_NAME,
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
             .await;
     }
 }
@@ -454,7 +536,10 @@ fn diff(step: &str, up: &Value, si: &Value) -> String {
     let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     let mut lines = vec![format!("{step}:")];
     for k in keys {
-        let (x, y) = (a.get(k).unwrap_or(&Value::Null), b.get(k).unwrap_or(&Value::Null));
+        let (x, y) = (
+            a.get(k).unwrap_or(&Value::Null),
+            b.get(k).unwrap_or(&Value::Null),
+        );
         if x != y {
             lines.push(format!("  {k}: upstream {x} / stand-in {y}"));
         }
@@ -474,9 +559,13 @@ async fn stand_in_makes_the_pods_upstream_makes() {
     // Upstream: a process of this test's own, stopped (its Lease released)
     // before the stand-in's turn.
     let dir = support::vk::test_dir("parity");
-    let upstream = ctl::Upstream::spawn(&cluster.client, &cluster.kubeconfig, &dir.join("agent-sandbox-controller.log"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let upstream = ctl::Upstream::spawn(
+        &cluster.client,
+        &cluster.kubeconfig,
+        &dir.join("agent-sandbox-controller.log"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let mut up = Run::new(&cluster, "parity-up").await;
     up.scenario().await;
     upstream.stop();
@@ -497,13 +586,20 @@ async fn stand_in_makes_the_pods_upstream_makes() {
         diffs.is_empty(),
         "the stand-in differs from upstream agent-sandbox (upstream log: {}):\n{}",
         up_log.display(),
-        shown.values().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
+        shown
+            .values()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     // The scenario saw what vk-sandbox relies on (not merely "the same").
     let created = &up.out[0].1;
     assert_eq!(created["name"], "demo");
     assert_eq!(created["annotations"][RUNTIME], "sandboxd");
-    assert_eq!(created["annotations"]["sandbox.cocoonstack.io/template"], "base:24.04");
+    assert_eq!(
+        created["annotations"]["sandbox.cocoonstack.io/template"],
+        "base:24.04"
+    );
     assert_eq!(created["nodeSelector"][RUNTIME], "sandboxd");
     assert_eq!(
         created["ownerReferences"],
@@ -512,5 +608,8 @@ async fn stand_in_makes_the_pods_upstream_makes() {
     );
     assert!(created["labels"].get("agents.x-k8s.io/reserved").is_none());
     let synced = &up.out[4].1;
-    assert_eq!(synced["annotations"]["sandbox.cocoonstack.io/claim-id"], "sb_1");
+    assert_eq!(
+        synced["annotations"]["sandbox.cocoonstack.io/claim-id"],
+        "sb_1"
+    );
 }

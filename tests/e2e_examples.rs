@@ -141,8 +141,16 @@ async fn example_files_apply_unchanged_and_run() {
     .await;
 
     // sandboxtemplate.yaml + sandboxwarmpool.yaml: the pool's Pods Running.
-    apply(&cluster.kubeconfig, &ns, "manifests/examples/sandboxtemplate.yaml");
-    apply(&cluster.kubeconfig, &ns, "manifests/examples/sandboxwarmpool.yaml");
+    apply(
+        &cluster.kubeconfig,
+        &ns,
+        "manifests/examples/sandboxtemplate.yaml",
+    );
+    apply(
+        &cluster.kubeconfig,
+        &ns,
+        "manifests/examples/sandboxwarmpool.yaml",
+    );
     let pool: DynamicObject = Api::<DynamicObject>::namespaced_with(
         cluster.client.clone(),
         &ns,
@@ -183,23 +191,22 @@ async fn example_files_apply_unchanged_and_run() {
     let claims_before = sim.sim().claims().len();
 
     // sandboxclaim.yaml: Ready, its Sandbox's Pod Running on the VM it had.
-    apply(&cluster.kubeconfig, &ns, "manifests/examples/sandboxclaim.yaml");
+    apply(
+        &cluster.kubeconfig,
+        &ns,
+        "manifests/examples/sandboxclaim.yaml",
+    );
     let claims: Api<DynamicObject> =
         Api::namespaced_with(cluster.client.clone(), &ns, &ctl::resource("SandboxClaim"));
     let sandbox = wait_for(
         "the example SandboxClaim Ready",
         Duration::from_secs(120),
         || async {
-            let c = claims
-                .get("demo-claim")
-                .await
-                .map_err(|e| e.to_string())?;
-            let ready = c.data["status"]["conditions"]
-                .as_array()
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                });
+            let c = claims.get("demo-claim").await.map_err(|e| e.to_string())?;
+            let ready = c.data["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
             let name = c.data["status"]["sandbox"]["name"]
                 .as_str()
                 .unwrap_or_default()
@@ -226,19 +233,18 @@ async fn example_files_apply_unchanged_and_run() {
         .iter()
         .filter(|r| r.path == "/v1/claim" && r.body.contains(&key))
         .count();
-    assert_eq!(claimed, 1, "the claimed Sandbox's Pod was claimed {claimed} times");
-    wait_for(
-        "the pool refilled",
-        Duration::from_secs(120),
-        || async {
-            let n = sim.sim().claims().len();
-            if n == claims_before + 1 {
-                Ok(())
-            } else {
-                Err(format!("{n} live VMs, want {}", claims_before + 1))
-            }
-        },
-    )
+    assert_eq!(
+        claimed, 1,
+        "the claimed Sandbox's Pod was claimed {claimed} times"
+    );
+    wait_for("the pool refilled", Duration::from_secs(120), || async {
+        let n = sim.sim().claims().len();
+        if n == claims_before + 1 {
+            Ok(())
+        } else {
+            Err(format!("{n} live VMs, want {}", claims_before + 1))
+        }
+    })
     .await;
     drop(controller);
     cluster.drop_namespace(&ns).await;

@@ -53,8 +53,7 @@ async fn setup(prefix: &str) -> Option<Env> {
     vk.wait_ready(&cluster.client, Duration::from_secs(30))
         .await;
     let ns = cluster.namespace(prefix).await;
-    let controller =
-        support::controller::start(&cluster.client, &cluster.kubeconfig, &ns).await;
+    let controller = support::controller::start(&cluster.client, &cluster.kubeconfig, &ns).await;
     Some(Env {
         cluster,
         sim,

@@ -228,7 +228,10 @@ fn all_running(seen: &BTreeMap<String, Observed>, n: usize) -> Result<(), String
     if seen.len() == n && running == n {
         Ok(())
     } else {
-        Err(format!("{running} of {} Sandboxes Running, want {n}", seen.len()))
+        Err(format!(
+            "{running} of {} Sandboxes Running, want {n}",
+            seen.len()
+        ))
     }
 }
 
@@ -270,32 +273,52 @@ async fn warm_pool_claim_adoption_scale_down_and_deletion() {
 
     // A claim adopts one: re-owned by the claim, its Pod still the
     // Sandbox's, the same VM, no new claim to sandboxd.
-    let claim = env.create("SandboxClaim", ctl::sandbox_claim("c1", POOL)).await;
+    let claim = env
+        .create("SandboxClaim", ctl::sandbox_claim("c1", POOL))
+        .await;
     let claim_uid = claim.metadata.uid.clone().expect("claim uid");
     let adopted_state = env
-        .wait_state("the claim to adopt a warm Sandbox and the pool to refill", |seen| {
-            let adopted: Vec<_> = seen
-                .values()
-                .filter(|o| o.owner.as_ref().is_some_and(|(k, _, u)| k == "SandboxClaim" && *u == claim_uid))
-                .collect();
-            if adopted.len() != 1 {
-                return Err(format!("{} Sandboxes owned by the claim", adopted.len()));
-            }
-            all_running(seen, n as usize + 1)
-        })
+        .wait_state(
+            "the claim to adopt a warm Sandbox and the pool to refill",
+            |seen| {
+                let adopted: Vec<_> = seen
+                    .values()
+                    .filter(|o| {
+                        o.owner
+                            .as_ref()
+                            .is_some_and(|(k, _, u)| k == "SandboxClaim" && *u == claim_uid)
+                    })
+                    .collect();
+                if adopted.len() != 1 {
+                    return Err(format!("{} Sandboxes owned by the claim", adopted.len()));
+                }
+                all_running(seen, n as usize + 1)
+            },
+        )
         .await;
     let (adopted_name, adopted) = adopted_state
         .iter()
-        .find(|(_, o)| o.owner.as_ref().is_some_and(|(k, _, _)| k == "SandboxClaim"))
+        .find(|(_, o)| {
+            o.owner
+                .as_ref()
+                .is_some_and(|(k, _, _)| k == "SandboxClaim")
+        })
         .map(|(k, v)| (k.clone(), v.clone()))
         .expect("the adopted Sandbox");
     let before = warm.get(&adopted_name).unwrap_or_else(|| {
         panic!("the claim adopted {adopted_name}, not one of the warm Sandboxes {warm:?}")
     });
-    assert_eq!(adopted.uid, before.uid, "the adopted Sandbox is a new object");
+    assert_eq!(
+        adopted.uid, before.uid,
+        "the adopted Sandbox is a new object"
+    );
     assert_eq!(
         adopted.pod_owner,
-        Some(("Sandbox".to_string(), adopted_name.clone(), adopted.uid.clone())),
+        Some((
+            "Sandbox".to_string(),
+            adopted_name.clone(),
+            adopted.uid.clone()
+        )),
         "the adopted Pod's controller owner changed"
     );
     assert_eq!(

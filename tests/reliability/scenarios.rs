@@ -370,22 +370,41 @@ pub async fn state_faults(w: &mut World, size: Size) {
     w.create(1).await;
 }
 
-/// Retries an API write through vk-sandbox's and the apiserver's hiccups
-/// (bounded); panics naming `what` when it keeps failing.
-async fn retry_write<T, F, Fut>(what: &str, mut call: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, kube::Error>>,
-{
+/// Creates `obj` through `api`, retrying (bounded) through vk-sandbox's
+/// and the apiserver's hiccups.
+async fn create_retry(api: &kube::Api<kube::api::DynamicObject>, obj: serde_json::Value) {
+    let obj: kube::api::DynamicObject = serde_json::from_value(obj).expect("object json");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        match call().await {
-            Ok(v) => return v,
-            Err(e) if std::time::Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(300)).await;
+        match api.create(&kube::api::PostParams::default(), &obj).await {
+            Ok(_) => return,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("create {:?}: {e}", obj.metadata.name)
             }
-            Err(e) => panic!("{what}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+/// Merge-patches `name` through `api`, retrying (bounded).
+async fn patch_retry(
+    api: &kube::Api<kube::api::DynamicObject>,
+    name: &str,
+    patch: serde_json::Value,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = api
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await;
+        match r {
+            Ok(_) => return,
+            Err(e) if std::time::Instant::now() >= deadline => panic!("patch {name}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
         }
     }
 }
@@ -397,7 +416,7 @@ where
 /// none may lose its VM while it lives, and every one that went must have
 /// its VM released.
 pub async fn warm_pool_churn(w: &mut World, size: Size) {
-    use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+    use kube::api::DeleteParams;
     use support::controller as c;
     if !c::upstream_or_skip("scenario 8 (warm-pool churn)") {
         return;
@@ -408,33 +427,25 @@ pub async fn warm_pool_churn(w: &mut World, size: Size) {
     let templates = w.dynamic("SandboxTemplate");
     let pools = w.dynamic("SandboxWarmPool");
     let claims = w.dynamic("SandboxClaim");
-    let tpl: DynamicObject =
-        serde_json::from_value(c::contract_template("churn", "base:24.04", Some(&node)))
-            .expect("template json");
-    retry_write("create SandboxTemplate", || {
-        templates.create(&PostParams::default(), &tpl)
-    })
-    .await;
-    let pool: DynamicObject =
-        serde_json::from_value(c::warm_pool("churn", "churn", max)).expect("pool json");
-    retry_write("create SandboxWarmPool", || {
-        pools.create(&PostParams::default(), &pool)
-    })
-    .await;
-    support::wait_for(
-        "the warm pool's Sandboxes",
-        Duration::from_secs(120),
-        || async {
-            w.discover_sandboxes().await?;
-            let n = w.owners.iter().filter(|o| o.deleted_at.is_none()).count();
-            if n >= max as usize {
-                Ok(())
-            } else {
-                Err(format!("{n} of {max}"))
-            }
-        },
+    create_retry(
+        &templates,
+        c::contract_template("churn", "base:24.04", Some(&node)),
     )
     .await;
+    create_retry(&pools, c::warm_pool("churn", "churn", max)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let seen = w.discover_sandboxes().await;
+        let n = w.owners.iter().filter(|o| o.deleted_at.is_none()).count();
+        if n >= max as usize {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the warm pool made {n} of {max} Sandboxes in 120 s ({seen:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     settle(w, Duration::from_secs(120)).await;
     let mut made = 0;
     let mut live_claims: Vec<String> = Vec::new();
@@ -443,12 +454,7 @@ pub async fn warm_pool_churn(w: &mut World, size: Size) {
         for _ in 0..w.rng.random_range(1..=2) {
             made += 1;
             let name = format!("claim-{made}");
-            let claim: DynamicObject =
-                serde_json::from_value(c::sandbox_claim(&name, "churn")).expect("claim json");
-            retry_write("create SandboxClaim", || {
-                claims.create(&PostParams::default(), &claim)
-            })
-            .await;
+            create_retry(&claims, c::sandbox_claim(&name, "churn")).await;
             live_claims.push(name);
         }
         w.jitter(800).await;
@@ -465,20 +471,12 @@ pub async fn warm_pool_churn(w: &mut World, size: Size) {
         }
         // The pool is resized.
         let replicas = w.rng.random_range(0..=max);
-        let patch = json!({"spec": {"replicas": replicas}});
-        retry_write("scale SandboxWarmPool", || {
-            pools.patch("churn", &PatchParams::default(), &Patch::Merge(&patch))
-        })
-        .await;
+        patch_retry(&pools, "churn", json!({"spec": {"replicas": replicas}})).await;
         w.jitter(1500).await;
         w.kill_and_restart();
         w.faults += 1;
         w.jitter(600).await;
     }
     // Back to a full pool before the invariants are checked.
-    let patch = json!({"spec": {"replicas": max}});
-    retry_write("scale SandboxWarmPool", || {
-        pools.patch("churn", &PatchParams::default(), &Patch::Merge(&patch))
-    })
-    .await;
+    patch_retry(&pools, "churn", json!({"spec": {"replicas": max}})).await;
 }

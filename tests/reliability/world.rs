@@ -282,7 +282,8 @@ impl World {
             if sb.metadata.deletion_timestamp.is_none() {
                 present.insert(uid.clone());
             }
-            if !self.owners.iter().any(|o| o.uid == uid) && sb.metadata.deletion_timestamp.is_none() {
+            if !self.owners.iter().any(|o| o.uid == uid) && sb.metadata.deletion_timestamp.is_none()
+            {
                 self.owners.push(Owner {
                     name: sb.metadata.name.clone().unwrap_or_default(),
                     uid,
@@ -326,10 +327,10 @@ impl World {
         let mut problems;
         loop {
             problems = Vec::new();
-            if self.discover {
-                if let Err(e) = self.discover_sandboxes().await {
-                    problems.push(format!("list Sandboxes: {e}"));
-                }
+            if self.discover
+                && let Err(e) = self.discover_sandboxes().await
+            {
+                problems.push(format!("list Sandboxes: {e}"));
             }
             let live: BTreeSet<String> =
                 self.sim.sim().claims().into_iter().map(|c| c.id).collect();

@@ -252,7 +252,11 @@ impl Drop for Upstream {
 /// The holder of the leader Lease when it is held and fresh.
 pub async fn lease_holder(client: &Client) -> Result<Option<String>, String> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
-    let Some(lease) = leases.get_opt(LEASE_NAME).await.map_err(|e| e.to_string())? else {
+    let Some(lease) = leases
+        .get_opt(LEASE_NAME)
+        .await
+        .map_err(|e| e.to_string())?
+    else {
         return Ok(None);
     };
     let Some(spec) = lease.spec else {
@@ -271,9 +275,10 @@ pub async fn lease_holder(client: &Client) -> Result<Option<String>, String> {
 async fn crd_established(client: &Client, name: &str) -> bool {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     crds.get_opt(name).await.ok().flatten().is_some_and(|c| {
-        c.status
-            .and_then(|s| s.conditions)
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"))
+        c.status.and_then(|s| s.conditions).is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
     })
 }
 
@@ -292,8 +297,7 @@ fn log_path() -> PathBuf {
     dir.join("agent-sandbox-controller.log")
 }
 
-static SHARED: tokio::sync::OnceCell<Result<Upstream, String>> =
-    tokio::sync::OnceCell::const_new();
+static SHARED: tokio::sync::OnceCell<Result<Upstream, String>> = tokio::sync::OnceCell::const_new();
 
 /// The upstream controller this process shares across its tests, started
 /// on first use.

@@ -133,7 +133,11 @@ async fn track_pod_name(
     }
     let patch = serde_json::json!({"metadata": {"annotations": {POD_NAME_ANNOTATION: pod_name}}});
     match sandboxes
-        .patch(&sandbox.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &sandbox.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         Ok(_) => Ok(()),
@@ -244,7 +248,10 @@ async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Ctx>) -> Result<Action, Error
                 Some(_) => {}
             },
         }
-        if let Some(p) = pod.as_ref().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        if let Some(p) = pod
+            .as_ref()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
             track_pod_name(&sandboxes, &sandbox, Some(&p.name_any())).await?;
         }
     }

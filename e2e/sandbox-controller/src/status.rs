@@ -175,14 +175,14 @@ fn ready(sandbox: &Sandbox, pod: Option<&Pod>, blocker: Option<&Blocker>) -> Con
         "Failed" => return not_ready("PodFailed", "Pod failed"),
         _ => {}
     }
-    let message = if phase(pod) != "Running" {
-        format!("Pod exists with phase: {}", phase(pod))
+    let (pod_ready, message) = if phase(pod) != "Running" {
+        (false, format!("Pod exists with phase: {}", phase(pod)))
     } else if pod_condition(pod, "Ready").is_none_or(|c| c.status != "True") {
-        "Pod is Running but not Ready".to_string()
+        (false, "Pod is Running but not Ready".to_string())
     } else if pod_ips(pod).is_empty() {
-        "Pod is Ready but has no podIPs yet".to_string()
+        (false, "Pod is Ready but has no podIPs yet".to_string())
     } else {
-        return cond(READY, "True", "DependenciesReady", "Pod is Ready");
+        (true, "Pod is Ready".to_string())
     };
     // The stand-in never makes a Service: one asked for is missing.
     if sandbox.spec.service == Some(true) {
@@ -191,7 +191,11 @@ fn ready(sandbox: &Sandbox, pod: Option<&Pod>, blocker: Option<&Blocker>) -> Con
             &format!("{message}; Service does not exist"),
         );
     }
-    not_ready("DependenciesNotReady", &message)
+    if pod_ready {
+        cond(READY, "True", "DependenciesReady", &message)
+    } else {
+        not_ready("DependenciesNotReady", &message)
+    }
 }
 
 /// The status the Sandbox should show, given its (controlled) Pod if any,
@@ -254,7 +258,10 @@ pub fn compute_status(
         conditions,
         // Set once a Pod was seen, then kept.
         selector: if pod.is_some() {
-            Some(format!("{NAME_HASH_LABEL}={}", name_hash(sandbox_name(sandbox))))
+            Some(format!(
+                "{NAME_HASH_LABEL}={}",
+                name_hash(sandbox_name(sandbox))
+            ))
         } else {
             previous.selector
         },
@@ -443,7 +450,9 @@ mod tests {
 
         // Expired: Ready says so, live fields and PodScheduled go, Finished stays.
         let mut sb = sandbox(json!({}));
-        let failed = pod(json!({"phase": "Failed", "conditions": [{"type": "PodScheduled", "status": "True"}]}));
+        let failed = pod(
+            json!({"phase": "Failed", "conditions": [{"type": "PodScheduled", "status": "True"}]}),
+        );
         sb.status = Some(compute_status(&sb, Some(&failed), None, now()));
         let s = compute_status(&sb, None, Some(&Blocker::Expired), now());
         assert_eq!(

@@ -129,8 +129,10 @@ mod tests {
     /// The hand-written CRD names what the typed API expects.
     #[test]
     fn crd_yaml_matches_the_typed_resource() {
-        let crd: Value =
-            serde_yaml::from_str(&repo_file("e2e/sandbox-controller/crds/agents.x-k8s.io_sandboxes.yaml")).expect("yaml");
+        let crd: Value = serde_yaml::from_str(&repo_file(
+            "e2e/sandbox-controller/crds/agents.x-k8s.io_sandboxes.yaml",
+        ))
+        .expect("yaml");
         let derived = serde_json::to_value(Sandbox::crd()).expect("crd json");
         assert_eq!(crd["metadata"]["name"], derived["metadata"]["name"]);
         assert_eq!(crd["spec"]["group"], GROUP);
