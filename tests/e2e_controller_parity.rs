@@ -143,12 +143,11 @@ impl<'a> Run<'a> {
         self.create_with(name, json!({})).await
     }
 
-    /// A Sandbox with `extra` merged into its spec.
+    /// A Sandbox with `extra` merged into its spec (a JSON merge patch:
+    /// `null` removes).
     async fn create_with(&self, name: &str, extra: Value) -> String {
         let mut spec = json!({"podTemplate": template()});
-        if let (Value::Object(s), Value::Object(e)) = (&mut spec, extra) {
-            s.extend(e);
-        }
+        merge(&mut spec, extra);
         let obj: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
             "metadata": {"name": name}, "spec": spec
@@ -401,8 +400,10 @@ impl<'a> Run<'a> {
         self.wait_pod_gone("demo").await;
         self.record("background deletion", json!("Pod gone"));
 
-        // Foreground deletion.
-        let fg_uid = self.create("fg").await;
+        // Foreground deletion, of a Sandbox whose template has no labels.
+        let fg_uid = self
+            .create_with("fg", json!({"podTemplate": {"metadata": {"labels": null}}}))
+            .await;
         let fg = self.wait_pod("fg", None, |_| true).await;
         self.record("created Pod (second Sandbox)", pod_view(&fg, &fg_uid));
         self.sandboxes
@@ -424,6 +425,23 @@ impl<'a> Run<'a> {
         .await;
         self.record("foreground deletion", json!("Pod and Sandbox gone"));
         self.cluster.drop_namespace(&self.ns).await;
+    }
+}
+
+/// JSON merge patch semantics: objects merge, `null` removes, the rest
+/// replaces.
+fn merge(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                if v.is_null() {
+                    a.remove(&k);
+                } else {
+                    merge(a.entry(k).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (a, b) => *a = b,
     }
 }
 
