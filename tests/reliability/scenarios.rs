@@ -412,9 +412,10 @@ async fn patch_retry(
 /// Scenario 8: warm-pool churn with the upstream controller: a
 /// SandboxWarmPool on this node, SandboxClaims adopting its Sandboxes and
 /// being deleted, the pool scaled up and down, all during `kill -9` bursts
-/// of vk-sandbox. The Sandboxes are the controllers' (found by listing);
-/// none may lose its VM while it lives, and every one that went must have
-/// its VM released.
+/// of vk-sandbox. The Sandboxes are the controllers' (found by watching
+/// them); none may lose its VM while it lives (a release sent before the
+/// watch saw it go counts as wrong), and every one that went must have its
+/// VM released.
 pub async fn warm_pool_churn(w: &mut World, size: Size) {
     use kube::api::DeleteParams;
     use support::controller as c;
@@ -422,6 +423,7 @@ pub async fn warm_pool_churn(w: &mut World, size: Size) {
         return;
     }
     w.discover = true;
+    w.watch_sandboxes();
     let max = size.pick(3, 5) as i32;
     let node = w.vk.node.clone();
     let templates = w.dynamic("SandboxTemplate");
@@ -472,11 +474,34 @@ pub async fn warm_pool_churn(w: &mut World, size: Size) {
         // The pool is resized.
         let replicas = w.rng.random_range(0..=max);
         patch_retry(&pools, "churn", json!({"spec": {"replicas": replicas}})).await;
+        // Record the Sandboxes of the moment (more are judged that way).
+        let _ = w.discover_sandboxes().await;
         w.jitter(1500).await;
+        let _ = w.discover_sandboxes().await;
         w.kill_and_restart();
         w.faults += 1;
         w.jitter(600).await;
+        let _ = w.discover_sandboxes().await;
     }
     // Back to a full pool before the invariants are checked.
     patch_retry(&pools, "churn", json!({"spec": {"replicas": max}})).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let ready = pools
+            .get("churn")
+            .await
+            .ok()
+            .and_then(|p| p.data["status"]["readyReplicas"].as_i64())
+            .unwrap_or(0);
+        let _ = w.discover_sandboxes().await;
+        if ready == i64::from(max) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the warm pool has {ready} of {max} ready Sandboxes after 180 s:\n{}",
+            support::vk::tail(&w.vk.logs(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

@@ -36,8 +36,8 @@ pub struct Owner {
     /// first seen gone.
     pub deleted_at: Option<u64>,
     /// Made and deleted by the agent-sandbox controllers (a warm pool's
-    /// Sandbox, possibly adopted by a claim), found by listing: any release
-    /// of its claim is wrong while it still exists at the end.
+    /// Sandbox, possibly adopted by a claim), found by watching; its
+    /// `deleted_at` is when the watch saw it go.
     pub managed: bool,
 }
 
@@ -71,9 +71,11 @@ pub struct World {
     /// Processes started that should come up (each logs "virtual node
     /// ready" once up).
     pub starts: usize,
-    /// Sandboxes are also made by the controllers (warm pools): list them
-    /// to find owners the harness did not create.
+    /// Sandboxes are also made by the controllers (warm pools): the
+    /// watch's record of them (uid → name, deletion watermark).
     pub discover: bool,
+    seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, (String, Option<u64>)>>>,
+    watch: Option<tokio::task::JoinHandle<()>>,
     _controller: crate::support::controller::SandboxController,
 }
 
@@ -117,6 +119,8 @@ impl World {
             slowest: Duration::ZERO,
             starts: 1,
             discover: false,
+            seen: Default::default(),
+            watch: None,
             _controller: controller,
         }
     }
@@ -268,35 +272,56 @@ impl World {
         self.vk.restart(&args);
     }
 
-    /// Registers the Sandboxes the controllers made (not seen before) as
-    /// managed owners, and marks managed owners that are gone.
-    pub async fn discover_sandboxes(&mut self) -> Result<(), String> {
-        let list = self
-            .sandboxes()
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut present = BTreeSet::new();
-        for sb in list.items {
-            let uid = sb.metadata.uid.clone().unwrap_or_default();
-            if sb.metadata.deletion_timestamp.is_none() {
-                present.insert(uid.clone());
+    /// Starts watching the namespace's Sandboxes: from now on the
+    /// controllers' Sandboxes are owners too, each marked deleted with the
+    /// simulator's watermark the moment the watch reports it going (before
+    /// garbage collection can even delete its Pod, so before any rightful
+    /// release).
+    pub fn watch_sandboxes(&mut self) {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let seen = self.seen.clone();
+        let sim = self.sim.sim().clone();
+        let api = self.sandboxes();
+        self.watch = Some(tokio::spawn(async move {
+            let mark = || sim.requests().iter().map(|r| r.seq).max().unwrap_or(0);
+            let mut stream = watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = stream.next().await {
+                let (sb, gone) = match ev {
+                    Ok(watcher::Event::Apply(sb)) | Ok(watcher::Event::InitApply(sb)) => {
+                        let gone = sb.metadata.deletion_timestamp.is_some();
+                        (sb, gone)
+                    }
+                    Ok(watcher::Event::Delete(sb)) => (sb, true),
+                    _ => continue,
+                };
+                let uid = sb.metadata.uid.clone().unwrap_or_default();
+                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                let entry = seen
+                    .entry(uid)
+                    .or_insert_with(|| (sb.metadata.name.clone().unwrap_or_default(), None));
+                if gone && entry.1.is_none() {
+                    entry.1 = Some(mark());
+                }
             }
-            if !self.owners.iter().any(|o| o.uid == uid) && sb.metadata.deletion_timestamp.is_none()
-            {
-                self.owners.push(Owner {
-                    name: sb.metadata.name.clone().unwrap_or_default(),
+        }));
+    }
+
+    /// Registers the Sandboxes the watch has seen (not created by the
+    /// harness) as managed owners, with their deletion marks.
+    pub async fn discover_sandboxes(&mut self) -> Result<(), String> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for (uid, (name, gone)) in seen {
+            match self.owners.iter_mut().find(|o| o.uid == uid) {
+                Some(o) if o.managed => o.deleted_at = o.deleted_at.or(gone),
+                Some(_) => {}
+                None => self.owners.push(Owner {
+                    name,
                     uid,
                     claim: None,
-                    deleted_at: None,
+                    deleted_at: gone,
                     managed: true,
-                });
-            }
-        }
-        let mark = self.watermark();
-        for o in self.owners.iter_mut().filter(|o| o.managed) {
-            if o.deleted_at.is_none() && !present.contains(&o.uid) {
-                o.deleted_at = Some(mark);
+                }),
             }
         }
         Ok(())
@@ -382,6 +407,9 @@ impl World {
     /// simulator's log and listing, the API and the claims file.
     pub async fn finish(mut self, converge_timeout: Duration) -> Tally {
         let (took, problems) = self.converge(converge_timeout).await;
+        if let Some(h) = self.watch.take() {
+            h.abort();
+        }
         let mut t = Tally {
             pods: self.owners.len(),
             faults: self.faults,
@@ -411,12 +439,9 @@ impl World {
                 continue;
             }
             if let Some(o) = originals.get(id) {
-                let wrong = match (o.deleted_at, o.managed) {
-                    (None, _) => true,
-                    // Deleted by a controller at a moment only it knows: a
-                    // release is wrong only while the Sandbox lives.
-                    (Some(_), true) => false,
-                    (Some(mark), false) => r.seq <= mark,
+                let wrong = match o.deleted_at {
+                    None => true,
+                    Some(mark) => r.seq <= mark,
                 };
                 if wrong {
                     t.wrongly_released += 1;
