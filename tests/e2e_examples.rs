@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, ResourceExt};
 use support::controller as ctl;
-use support::vk::{VkUnderTest, node_condition, tail};
+use support::vk::{node_condition, tail};
 use support::wait_for;
 
 const TOKEN: &str = "examples-token";
@@ -66,27 +66,7 @@ async fn example_files_apply_unchanged_and_run() {
         return;
     }
     ctl::install_crds(&cluster.client, &cluster.kubeconfig).await;
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=8").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("start the sandboxd simulator");
-    let dir = support::vk::test_dir("vk-examples");
-    let token_file = dir.join("token");
-    std::fs::write(&token_file, TOKEN).expect("token file");
-    let vk = VkUnderTest::start(
-        &cluster,
-        "vk-examples",
-        &[
-            &format!("--sandboxd-url={}", sim.base_url()),
-            &format!("--sandboxd-token-file={}", token_file.display()),
-        ],
-    )
-    .await;
-    vk.wait_ready(&cluster.client, Duration::from_secs(30))
-        .await;
+    let (sim, vk, _) = support::vk::with_simulator(&cluster, "vk-examples", TOKEN).await;
     let nodes: Api<Node> = Api::all(cluster.client.clone());
     wait_for(
         "no sandboxd node but this test's Ready (the examples may run on any)",

@@ -31,27 +31,7 @@ struct Env {
 async fn setup(prefix: &str) -> Option<Env> {
     let cluster = support::cluster().await?;
     support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=8").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("start the sandboxd simulator");
-    let dir = support::vk::test_dir(prefix);
-    let token_file = dir.join("token");
-    std::fs::write(&token_file, TOKEN).expect("token file");
-    let vk = VkUnderTest::start(
-        &cluster,
-        prefix,
-        &[
-            &format!("--sandboxd-url={}", sim.base_url()),
-            &format!("--sandboxd-token-file={}", token_file.display()),
-        ],
-    )
-    .await;
-    vk.wait_ready(&cluster.client, Duration::from_secs(30))
-        .await;
+    let (sim, vk, token_file) = support::vk::with_simulator(&cluster, prefix, TOKEN).await;
     let ns = cluster.namespace(prefix).await;
     let controller = support::controller::start(&cluster.client, &cluster.kubeconfig, &ns).await;
     Some(Env {

@@ -41,6 +41,9 @@ pub struct Owner {
     pub managed: bool,
 }
 
+/// What the Sandbox watch saw: uid → (name, watermark when it went).
+type SeenSandboxes = std::sync::Arc<std::sync::Mutex<BTreeMap<String, (String, Option<u64>)>>>;
+
 /// The invariant figures of one run.
 #[derive(Debug, Default, Clone)]
 pub struct Tally {
@@ -74,7 +77,7 @@ pub struct World {
     /// Sandboxes are also made by the controllers (warm pools): the
     /// watch's record of them (uid → name, deletion watermark).
     pub discover: bool,
-    seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, (String, Option<u64>)>>>,
+    seen: SeenSandboxes,
     watch: Option<tokio::task::JoinHandle<()>>,
     _controller: crate::support::controller::SandboxController,
 }
