@@ -17,7 +17,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -116,74 +116,89 @@ pub fn upstream_or_skip(what: &str) -> bool {
 
 // ------------------------------------------------------------------ upstream
 
-/// A running upstream controller process.
+/// A running upstream controller process, restarted when it exits (as its
+/// Deployment would: with leader election it exits when it cannot renew
+/// its Lease, e.g. through an apiserver outage).
 pub struct Upstream {
-    child: Mutex<Option<Child>>,
+    sup: Arc<Mutex<Supervised>>,
     pub log: PathBuf,
-    pub pid: u32,
+}
+
+#[derive(Default)]
+struct Supervised {
+    pid: Option<u32>,
+    stopping: bool,
+    /// Exits so far, with their status.
+    exits: Vec<String>,
+}
+
+fn lock(m: &Mutex<Supervised>) -> std::sync::MutexGuard<'_, Supervised> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Upstream {
     /// Starts `e2e/agent-sandbox.sh run <kubeconfig>` (CRDs applied and
-    /// Established first), its output appended to `log`. The process gets
-    /// SIGTERM when this process exits (it is forked from a thread that
-    /// lives as long as the process). Returns once the CRDs serve and some
-    /// controller holds the leader Lease.
+    /// Established first), its output appended to `log`, and keeps it
+    /// running. The process gets SIGTERM when this process exits (it is
+    /// forked from a thread that lives as long as the process). Returns once
+    /// the CRDs serve and some controller holds the leader Lease.
     pub async fn spawn(client: &Client, kubeconfig: &Path, log: &Path) -> Result<Upstream, String> {
-        let out = File::options()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(|e| format!("{}: {e}", log.display()))?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(script());
-        cmd.arg("run")
-            .arg(kubeconfig)
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe; nothing
-        // else runs between fork and exec.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
-                    .map_err(std::io::Error::from)
-            });
-        }
+        let sup = Arc::new(Mutex::new(Supervised::default()));
         let (tx, rx) = std::sync::mpsc::channel();
+        let (kubeconfig_owned, log_owned, sup2) =
+            (kubeconfig.to_path_buf(), log.to_path_buf(), sup.clone());
         std::thread::Builder::new()
             .name("agent-sandbox-controller".into())
             .spawn(move || {
-                let _ = tx.send(cmd.spawn());
-                // The parent of PR_SET_PDEATHSIG is this thread: it must
-                // live until the process exits.
+                // The parent of PR_SET_PDEATHSIG is this thread: it lives
+                // until the process exits, spawning each incarnation.
+                let mut first = Some(tx);
                 loop {
-                    std::thread::park();
+                    if lock(&sup2).stopping {
+                        std::thread::park();
+                        continue;
+                    }
+                    let child = spawn_once(&kubeconfig_owned, &log_owned);
+                    let mut child = match child {
+                        Ok(c) => c,
+                        Err(e) => {
+                            if let Some(tx) = first.take() {
+                                let _ = tx.send(Err(e));
+                            }
+                            std::thread::park();
+                            continue;
+                        }
+                    };
+                    lock(&sup2).pid = Some(child.id());
+                    if let Some(tx) = first.take() {
+                        let _ = tx.send(Ok(()));
+                    }
+                    let status = child
+                        .wait()
+                        .map_or_else(|e| e.to_string(), |s| s.to_string());
+                    let mut st = lock(&sup2);
+                    st.pid = None;
+                    st.exits.push(status);
+                    let stopping = st.stopping;
+                    drop(st);
+                    if !stopping {
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
                 }
             })
             .map_err(|e| e.to_string())?;
-        let child = rx
-            .recv()
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("spawn {}: {e}", script().display()))?;
+        rx.recv().map_err(|e| e.to_string())??;
         let up = Upstream {
-            pid: child.id(),
-            child: Mutex::new(Some(child)),
+            sup,
             log: log.to_path_buf(),
         };
         up.wait_serving(client, Duration::from_secs(180)).await?;
         Ok(up)
     }
 
-    fn exited(&self) -> Option<String> {
-        let mut guard = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        let child = guard.as_mut()?;
-        match child.try_wait() {
-            Ok(Some(st)) => Some(st.to_string()),
-            _ => None,
-        }
+    /// How often it exited (and was restarted) so far.
+    pub fn restarts(&self) -> usize {
+        lock(&self.sup).exits.len()
     }
 
     pub fn log_tail(&self, lines: usize) -> String {
@@ -195,18 +210,18 @@ impl Upstream {
     async fn wait_serving(&self, client: &Client, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(st) = self.exited() {
+            let exits = lock(&self.sup).exits.clone();
+            if exits.len() >= 3 {
                 return Err(format!(
-                    "the agent-sandbox controller exited ({st}); {}:\n{}",
+                    "the agent-sandbox controller exited {} times before serving ({}); {}:\n{}",
+                    exits.len(),
+                    exits.join(", "),
                     self.log.display(),
                     self.log_tail(30)
                 ));
             }
             let last = match lease_holder(client).await {
-                Ok(Some(holder)) if crd_established(client, SANDBOX_CRD).await => {
-                    let _ = holder;
-                    return Ok(());
-                }
+                Ok(Some(_)) if crd_established(client, SANDBOX_CRD).await => return Ok(()),
                 Ok(Some(_)) => "the Sandbox CRD is not Established yet".to_string(),
                 Ok(None) => "no controller holds the leader Lease yet".to_string(),
                 Err(e) => e,
@@ -222,25 +237,56 @@ impl Upstream {
         }
     }
 
-    /// SIGTERM (the controller releases its Lease), then waits for the exit.
+    /// SIGTERM (the controller releases its Lease), then waits for the exit;
+    /// it is not restarted.
     pub fn stop(&self) {
-        let mut guard = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(mut c) = guard.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(c.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
+        let pid = {
+            let mut st = lock(&self.sup);
+            st.stopping = true;
+            st.pid
+        };
+        let Some(pid) = pid else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if lock(&self.sup).pid.is_none() {
+                return;
             }
-            let _ = c.kill();
-            let _ = c.wait();
+            std::thread::sleep(Duration::from_millis(100));
         }
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
     }
+}
+
+/// One incarnation of `e2e/agent-sandbox.sh run`.
+fn spawn_once(kubeconfig: &Path, log: &Path) -> Result<Child, String> {
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(script());
+    cmd.arg("run")
+        .arg(kubeconfig)
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe; nothing else
+    // runs between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                .map_err(std::io::Error::from)
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| format!("spawn {}: {e}", script().display()))
 }
 
 impl Drop for Upstream {
