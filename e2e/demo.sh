@@ -33,8 +33,8 @@ stand_in_crd="$root/e2e/sandbox-controller/crds/agents.x-k8s.io_sandboxes.yaml"
 inventory_crd="$root/crds/sandbox.cocoonstack.io_nodeinventories.yaml"
 examples="$root/manifests/examples"
 example="$examples/sandbox.yaml"
-pool=sandboxd-base
-claim=demo-claim
+pool_name=sandboxd-base
+claim_name=demo-claim
 # Started in this order, stopped in the reverse one. The Sandbox controller
 # is the upstream one (agent-sandbox-controller) or, without its source,
 # the stand-in (sandbox-controller).
@@ -107,12 +107,12 @@ ns_gone() { ! kc get namespace "$ns" >/dev/null 2>&1; }
 # Pods of the warm pool's Sandboxes Running (label the pool puts on them).
 pool_running() {
   local want n
-  want=$(jp -n "$ns" get sandboxwarmpool "$pool" -o 'jsonpath={.spec.replicas}')
+  want=$(jp -n "$ns" get sandboxwarmpool "$pool_name" -o 'jsonpath={.spec.replicas}')
   n=$(jp -n "$ns" get pods -l agents.x-k8s.io/warm-pool-sandbox \
     -o 'jsonpath={range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}' | grep -c . || true)
   [[ -n "$want" && "$n" == "$want" ]]
 }
-claim_ready() { [[ "$(jp -n "$ns" get sandboxclaim "$claim" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
+claim_ready() { [[ "$(jp -n "$ns" get sandboxclaim "$claim_name" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
 # POST /v1/claim requests sandboxd received so far (the simulator's log).
 claims_made() {
   curl -fsS --max-time 2 "$(cat "$dir/sandboxd.url")/_sim/requests?path=/v1/claim&method=POST" 2>/dev/null \
@@ -296,21 +296,21 @@ warm_pool_tour() {
     say "NOTE: the warm pool's Pods are not all Running after 120s: kubectl -n $ns get sandboxes,pods -o wide"
     return 0
   fi
-  say "warm pool $pool: $(jp -n "$ns" get pods -l agents.x-k8s.io/warm-pool-sandbox \
+  say "warm pool $pool_name: $(jp -n "$ns" get pods -l agents.x-k8s.io/warm-pool-sandbox \
     -o 'jsonpath={range .items[*]}{.metadata.name} on {.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}; {end}')"
   local before
   before=$(claims_made)
-  say "applying manifests/examples/sandboxclaim.yaml (claim $claim from pool $pool)"
+  say "applying manifests/examples/sandboxclaim.yaml (claim $claim_name from pool $pool_name)"
   kc -n "$ns" apply -f "$examples/sandboxclaim.yaml" >/dev/null
-  if SOFT=1 wait_until "SandboxClaim $claim Ready" 60 vk-sandbox claim_ready; then
+  if SOFT=1 wait_until "SandboxClaim $claim_name Ready" 60 vk-sandbox claim_ready; then
     local sb vm
-    sb=$(jp -n "$ns" get sandboxclaim "$claim" -o 'jsonpath={.status.sandbox.name}')
+    sb=$(jp -n "$ns" get sandboxclaim "$claim_name" -o 'jsonpath={.status.sandbox.name}')
     vm=$(jp -n "$ns" get pod "$sb" -o 'jsonpath={.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}')
-    say "claim $claim adopted the warm Sandbox $sb: its Pod keeps running on $vm (now owned by the claim: $(jp -n "$ns" get sandbox "$sb" -o 'jsonpath={.metadata.ownerReferences[0].kind}'))"
+    say "claim $claim_name adopted the warm Sandbox $sb: its Pod keeps running on $vm (now owned by the claim: $(jp -n "$ns" get sandbox "$sb" -o 'jsonpath={.metadata.ownerReferences[0].kind}'))"
     SOFT=1 wait_until "the pool to refill" 60 vk-sandbox pool_running || true
     say "sandboxd claims made: $before before the claim, $(claims_made) now (the adoption made none; the pool's replacement one)"
   else
-    say "NOTE: SandboxClaim $claim is not Ready after 60s: kubectl -n $ns describe sandboxclaim $claim"
+    say "NOTE: SandboxClaim $claim_name is not Ready after 60s: kubectl -n $ns describe sandboxclaim $claim_name"
   fi
 }
 
@@ -343,12 +343,12 @@ Then try:
   # again: kubectl -n $ns apply -f manifests/examples/sandbox.yaml
   # the warm pool and the claim (manifests/examples/sandbox{template,warmpool,claim}.yaml)
   kubectl -n $ns get sandboxtemplates,sandboxwarmpools,sandboxclaims,sandboxes
-  kubectl -n $ns get sandboxclaim $claim -o jsonpath='{.status.sandbox.name}{"\n"}'   # the adopted Sandbox
+  kubectl -n $ns get sandboxclaim $claim_name -o jsonpath='{.status.sandbox.name}{"\n"}'   # the adopted Sandbox
   # delete the claim: its Sandbox goes and vk-sandbox releases exactly that VM
-  kubectl -n $ns delete sandboxclaim $claim; sandboxd-sim ctl requests --path /v1/sandboxes/
+  kubectl -n $ns delete sandboxclaim $claim_name; sandboxd-sim ctl requests --path /v1/sandboxes/
   # scale the pool (down releases VMs, up claims new ones), or delete it
-  kubectl -n $ns patch sandboxwarmpool $pool --type merge -p '{"spec":{"replicas":3}}'
-  kubectl -n $ns delete sandboxwarmpool $pool
+  kubectl -n $ns patch sandboxwarmpool $pool_name --type merge -p '{"spec":{"replicas":3}}'
+  kubectl -n $ns delete sandboxwarmpool $pool_name
 
 Stop everything: make demo-down
 EOF
