@@ -32,7 +32,7 @@ help: ## List the targets
 all: deps fmt lint test build ## deps fmt lint test build
 
 .PHONY: deps
-deps: ## Install what builds and tests need (Rust components, Debian packages, the Go-built control plane); seconds when done
+deps: ## Install what builds and tests need (Rust components, Debian packages, the Go-built control plane and upstream agent-sandbox controller); seconds when done
 	./e2e/deps.sh all
 
 .PHONY: fmt
@@ -84,6 +84,10 @@ crds: ## Regenerate the NodeInventory CRDs in crds/ from src/inventory/types.rs 
 controlplane: ## Build the local Kubernetes control plane from Go modules (cached in .cache/)
 	./e2e/controlplane/build.sh
 
+.PHONY: agent-sandbox
+agent-sandbox: ## Build the upstream agent-sandbox controller from ../shared/agent-sandbox (VK_AGENT_SANDBOX_SRC; cached in .cache/)
+	./e2e/agent-sandbox.sh build
+
 .PHONY: cluster-up
 cluster-up: ## Start (or reuse) the local control plane; prints the admin kubeconfig path
 	./e2e/cluster.sh up
@@ -117,7 +121,7 @@ fuzz: ## Fuzz each target in fuzz/ for FUZZ_SECONDS (default 60) on nightly; fai
 	./e2e/fuzz.sh $(FUZZ_SECONDS)
 
 .PHONY: demo
-demo: ## Set-up (e2e/deps.sh demo), local control plane + sandboxd simulator + vk-sandbox + a Sandbox going Running
+demo: ## Set-up (e2e/deps.sh demo), then local control plane + sandboxd simulator + upstream agent-sandbox controller + vk-sandbox: a Sandbox, a warm pool and a claim going Running
 	./e2e/deps.sh demo
 	./e2e/demo.sh up
 

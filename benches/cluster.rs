@@ -42,6 +42,11 @@ use sandboxd_sim::SimHandle;
 use sandboxd_sim::config::{ConfigPatch, PoolConfig, SimConfig};
 use serde_json::{Value, json};
 
+/// The Sandbox controller (upstream agent-sandbox; the stand-in only where
+/// its source is absent), shared with the tests.
+#[path = "../tests/support/controller.rs"]
+mod controller;
+
 const TOKEN: &str = "bench-root-token";
 const TEMPLATE: &str = "base:24.04";
 const SA_USER: &str = "system:serviceaccount:sandbox-system:vk-sandbox";
@@ -127,6 +132,7 @@ impl Plan {
 
 struct Env {
     admin: Client,
+    admin_kc: PathBuf,
     sa_kubeconfig: PathBuf,
     audit: Option<(String, PathBuf)>,
     dir: PathBuf,
@@ -187,25 +193,11 @@ impl Env {
             let (url, log) = v.trim().split_once(' ')?;
             Some((url.to_string(), PathBuf::from(log)))
         });
-        let kubectl = PathBuf::from(
-            run_script(&["bin"]).unwrap_or_else(|e| die(&format!("cluster bin dir: {e}"))),
-        )
-        .join("kubectl");
-        let out = Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(&admin_kc)
-            .args(["apply", "--server-side", "-f"])
-            .arg(repo().join("crds/agents.x-k8s.io_sandboxes.yaml"))
-            .output()
-            .unwrap_or_else(|e| die(&format!("kubectl: {e}")));
-        if !out.status.success() {
-            die(&format!(
-                "install the Sandbox CRD: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+        eprintln!("bench: {}", controller::describe(controller::kind()));
+        controller::install_crds(&admin, &admin_kc).await;
         Env {
             admin,
+            admin_kc,
             sa_kubeconfig: sa,
             audit,
             dir,
@@ -1263,7 +1255,7 @@ fn is_write(verb: &str) -> bool {
 
 /// vk-sandbox against the audit apiserver: LISTs at start-up, idle
 /// requests per minute while the other phases run elsewhere, then
-/// `lifecycles` Sandbox-owned Pods created → Running → Sandbox deleted →
+/// `lifecycles` Sandboxes created (the Sandbox controller makes their Pods) → Running → Sandbox deleted →
 /// released → Pod gone, requests per Pod by verb and resource.
 struct LoadProbe {
     vk: Vk,
@@ -1300,29 +1292,21 @@ async fn load_probe_finish(env: &Env, sim: &SimHandle, mut probe: LoadProbe, n: 
     let rec = Recorder::start(&env.admin, &ns).await;
     let sandboxes: Api<DynamicObject> =
         Api::namespaced_with(env.admin.clone(), &ns, &sandbox_resource());
-    let pods: Api<Pod> = Api::namespaced(env.admin.clone(), &ns);
     let names: Vec<String> = (0..n).map(|i| format!("l-{i:03}")).collect();
+    // The Sandbox controller makes each Pod (named after its Sandbox).
+    let _controller = controller::start(&env.admin, &env.admin_kc, &ns).await;
     let t0 = now_ts();
     for name in &names {
-        let obj: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
-            "metadata": {"name": name},
-            "spec": {"podTemplate": {"spec": {"containers": [{"name": "agent", "image": TEMPLATE}]}}}
-        }))
+        let obj: DynamicObject = serde_json::from_value(controller::contract_sandbox(
+            name,
+            TEMPLATE,
+            Some(&probe.vk.node),
+        ))
         .unwrap_or_else(|e| die(&format!("sandbox json: {e}")));
-        let uid = sandboxes
+        sandboxes
             .create(&PostParams::default(), &obj)
             .await
-            .unwrap_or_else(|e| die(&format!("create Sandbox {name}: {e}")))
-            .metadata
-            .uid
-            .unwrap_or_default();
-        pods.create(
-            &PostParams::default(),
-            &pod(name, &probe.vk.node, Some(&uid)),
-        )
-        .await
-        .unwrap_or_else(|e| die(&format!("create Pod {name}: {e}")));
+            .unwrap_or_else(|e| die(&format!("create Sandbox {name}: {e}")));
     }
     if !rec
         .wait_all(&names, Duration::from_secs(60), |t| t.running.is_some())
@@ -1451,6 +1435,12 @@ fn machine() -> Vec<(String, String)> {
                 "local etcd + kube-apiserver {} (e2e/cluster.sh), sandboxd simulator in the bench process",
                 k8s.trim()
             ),
+        ),
+        (
+            "Sandbox controller".into(),
+            controller::describe(controller::kind())
+                .trim_start_matches("Sandbox controller: ")
+                .to_string(),
         ),
         ("BENCH_SCALE".into(), format!("{}", env_scale())),
     ]
@@ -1642,8 +1632,8 @@ fn render(r: &Report) -> String {
             let _ = writeln!(
                 s,
                 "\n### Apiserver load (audit log of a dedicated apiserver, vk-sandbox's ServiceAccount only)\n\n\
-                 Per Pod lifecycle (Sandbox-owned Pod created → Running → Sandbox deleted → released → \
-                 Pod gone; {} lifecycles): **{:.2} writes** per Pod.\n\n| request | per Pod |\n|---|---|",
+                 Per Pod lifecycle (Sandbox created → the Sandbox controller's Pod Running → Sandbox \
+                 deleted → released → Pod gone; {} lifecycles): **{:.2} writes** per Pod.\n\n| request | per Pod |\n|---|---|",
                 l.lifecycles, l.writes_per_pod
             );
             for (k, v) in &l.per_pod {

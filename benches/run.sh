@@ -61,7 +61,15 @@ rm -rf "$root/target/criterion/claims_commit"
 CLAIMS_BENCH_DIR="$root/target/bench-claims" "$claims_commit" --bench >"$logs/claims_commit.log" 2>&1 ||
   { tail -n 40 "$logs/claims_commit.log" >&2; exit 1; }
 
-progress_step "local control plane and audit apiserver"
+progress_step "local control plane, audit apiserver and the Sandbox controller"
+# The Sandbox controller of the apiserver-load lifecycles (built here, cached).
+controller_status=0
+controller=$(./e2e/agent-sandbox.sh which) || controller_status=$?
+case $controller_status in
+  0|3) echo "bench: Sandbox controller: $controller" >&2 ;;
+  *) echo "bench: cannot build the upstream agent-sandbox controller (e2e/agent-sandbox.sh which)" >&2; exit 1 ;;
+esac
+
 kubeconfig="${VK_TEST_KUBECONFIG:-$(./e2e/cluster.sh up)}"
 audit=$(./e2e/cluster.sh audit-apiserver up)
 trap './e2e/cluster.sh audit-apiserver down >/dev/null 2>&1 || true' EXIT

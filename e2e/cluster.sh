@@ -311,7 +311,18 @@ cmd_restart() {
   sleep "$down"
   # The log of the run before the restart is kept beside the new one.
   mv "$logs/$name.log" "$logs/$name.log.prev" 2>/dev/null || true
-  "start_${name//-/_}"
+  # A port of ours can be held for a moment by a passing client
+  # connection's ephemeral source port (ours lie in that range): a start
+  # that exits at once is retried.
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    "start_${name//-/_}"
+    sleep 1
+    pid_alive "$name" && break
+    log "$name exited at start (attempt $attempt): $(tail -n 1 "$logs/$name.log" | cut -c1-200)"
+    (( attempt < 5 )) || die "$name does not start; see $logs/$name.log"
+    sleep 2
+  done
   case "$name" in
     etcd) wait_for etcd 30 curl -fsS --max-time 1 "http://127.0.0.1:$etcd_port/health" ;;
     kube-apiserver) wait_for kube-apiserver 60 readyz ;;

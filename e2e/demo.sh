@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# `make demo` / `make demo-down`: a Sandbox going Running on a vk-sandbox node,
-# everything on this machine.
+# `make demo` / `make demo-down`: a Sandbox, a warm pool and a claim going
+# Running on a vk-sandbox node, everything on this machine.
 #
 #   e2e/demo.sh up       build what is missing, start the local control plane,
-#                        the sandboxd simulator, the Sandbox controller stand-in
-#                        and vk-sandbox, create manifests/examples/sandbox.yaml
-#                        and follow it to Running / Ready
+#                        the sandboxd simulator, the upstream agent-sandbox
+#                        controller (e2e/agent-sandbox.sh; the stand-in only
+#                        where its source is absent) and vk-sandbox, then
+#                        apply manifests/examples/: the Sandbox to Running /
+#                        Ready, the SandboxTemplate + SandboxWarmPool to warm
+#                        Pods, the SandboxClaim adopting one of them
 #   e2e/demo.sh down     stop everything `up` started, then the control plane
 #   e2e/demo.sh status   what runs, and where its logs are
 #
@@ -26,11 +29,16 @@ bindir="$target_dir/$profile"
 node="demo-sandboxd"
 ns="demo"
 sandbox="demo"
-crd="$root/crds/agents.x-k8s.io_sandboxes.yaml"
+stand_in_crd="$root/e2e/sandbox-controller/crds/agents.x-k8s.io_sandboxes.yaml"
 inventory_crd="$root/crds/sandbox.cocoonstack.io_nodeinventories.yaml"
-example="$root/manifests/examples/sandbox.yaml"
-# Started in this order, stopped in the reverse one.
-services=(sandboxd-sim sandbox-controller vk-sandbox)
+examples="$root/manifests/examples"
+example="$examples/sandbox.yaml"
+pool_name=sandboxd-base
+claim_name=demo-claim
+# Started in this order, stopped in the reverse one. The Sandbox controller
+# is the upstream one (agent-sandbox-controller) or, without its source,
+# the stand-in (sandbox-controller).
+services=(sandboxd-sim agent-sandbox-controller sandbox-controller vk-sandbox)
 
 t0=$SECONDS
 say() { printf 'demo [%3ss] %s\n' "$((SECONDS - t0))" "$*"; }
@@ -96,7 +104,22 @@ pod_running() { [[ "$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.status.phase
 sandbox_ready() { [[ "$(jp -n "$ns" get sandbox "$sandbox" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
 sim_up() { curl -fsS --max-time 1 -H "Authorization: Bearer $(cat "$dir/sandboxd.token")" "$(cat "$dir/sandboxd.url")/v1/info"; }
 ns_gone() { ! kc get namespace "$ns" >/dev/null 2>&1; }
+# Pods of the warm pool's Sandboxes Running (label the pool puts on them).
+pool_running() {
+  local want n
+  want=$(jp -n "$ns" get sandboxwarmpool "$pool_name" -o 'jsonpath={.spec.replicas}')
+  n=$(jp -n "$ns" get pods -l agents.x-k8s.io/warm-pool-sandbox \
+    -o 'jsonpath={range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}' | grep -c . || true)
+  [[ -n "$want" && "$n" == "$want" ]]
+}
+claim_ready() { [[ "$(jp -n "$ns" get sandboxclaim "$claim_name" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
+# POST /v1/claim requests sandboxd received so far (the simulator's log).
+claims_made() {
+  curl -fsS --max-time 2 "$(cat "$dir/sandboxd.url")/_sim/requests?path=/v1/claim&method=POST" 2>/dev/null \
+    | grep -o '"seq":' | grep -c . || true
+}
 pod_gone() { ! kc -n "$ns" get pod "$sandbox" >/dev/null 2>&1; }
+no_pods() { [[ -z "$(jp -n "$ns" get pods -o name)" ]]; }
 inventory_listed() { [[ "$(jp get nodeinventories.sandbox.cocoonstack.io "$node" -o 'jsonpath={.entries[*].name}' 2>/dev/null)" == *"$sandbox"* ]]; }
 crd_established() { [[ "$(jp get crd sandboxes.agents.x-k8s.io -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}')" == True ]]; }
 
@@ -126,7 +149,8 @@ cmd_up() {
   mkdir -p "$dir"
   chmod 700 "$dir"
 
-  if alive vk-sandbox && alive sandbox-controller && alive sandboxd-sim && cluster_ready; then
+  if alive vk-sandbox && { alive agent-sandbox-controller || alive sandbox-controller; } \
+      && alive sandboxd-sim && cluster_ready; then
     say "the demo is already running (make demo-down stops it)"
     kc -n "$ns" get sandboxes,pods -o wide 2>/dev/null || true
     summary
@@ -134,19 +158,30 @@ cmd_up() {
   fi
   stop_services
 
-  local flags=()
+  # The Sandbox controller: upstream agent-sandbox, built with Go (cached).
+  local which_status=0 controller
+  say "building (or reusing) the upstream agent-sandbox controller (e2e/agent-sandbox.sh)"
+  controller=$("$here/agent-sandbox.sh" which) || which_status=$?
+  case $which_status in
+    0) upstream=true ;;
+    3) upstream=false; say "NOTE: $controller" ;;
+    *) die "cannot build the upstream agent-sandbox controller (e2e/agent-sandbox.sh which)" ;;
+  esac
+
+  local flags=() bins=(vk-sandbox sandboxd-sim)
   [[ "$profile" == release ]] && flags=(--release)
+  $upstream || bins+=(sandbox-controller)
   if [[ "${VK_DEMO_NO_BUILD:-0}" == 1 ]]; then
     local b
-    for b in vk-sandbox sandboxd-sim sandbox-controller; do
+    for b in "${bins[@]}"; do
       [[ -x "$bindir/$b" ]] || die "VK_DEMO_NO_BUILD=1 but $bindir/$b is missing"
     done
     say "using the binaries in $bindir as they are (VK_DEMO_NO_BUILD=1)"
   else
-    say "building vk-sandbox, sandboxd-sim and sandbox-controller ($profile; cargo rebuilds only what changed)"
-    (cd "$root" && cargo build "${flags[@]}" -p vk-sandbox --bin vk-sandbox \
-        -p sandboxd-sim --bin sandboxd-sim -p sandbox-controller --bin sandbox-controller) \
-      || die "cargo build failed"
+    local pkgs=() b
+    for b in "${bins[@]}"; do pkgs+=(-p "$b" --bin "$b"); done
+    say "building ${bins[*]} ($profile; cargo rebuilds only what changed)"
+    (cd "$root" && cargo build "${flags[@]}" "${pkgs[@]}") || die "cargo build failed"
   fi
 
   local fresh_cluster=false
@@ -176,9 +211,8 @@ cmd_up() {
     --state-file "$dir/sandboxd-sim/claims.json"
   wait_until "the sandboxd simulator to answer /v1/info" 20 sandboxd-sim sim_up
 
-  say "installing the Sandbox CRD ($(basename "$crd")) and the NodeInventory CRD ($(basename "$inventory_crd"))"
-  kc apply --server-side --force-conflicts -f "$crd" -f "$inventory_crd" >/dev/null
-  wait_until "the Sandbox CRD to be Established" 30 "" crd_established
+  say "installing the NodeInventory CRD ($(basename "$inventory_crd"))"
+  kc apply --server-side --force-conflicts -f "$inventory_crd" >/dev/null
 
   # Scoped to the demo namespace: tests sharing this cluster run their own.
   if [[ "$(jp get namespace "$ns" -o 'jsonpath={.status.phase}')" == Terminating ]]; then
@@ -186,9 +220,21 @@ cmd_up() {
     wait_until "namespace $ns gone" 60 "" ns_gone
   fi
   kc get namespace "$ns" >/dev/null 2>&1 || kc create namespace "$ns" >/dev/null
-  say "starting the Sandbox controller stand-in (e2e/sandbox-controller) for namespace $ns"
-  start sandbox-controller env RUST_LOG="${RUST_LOG:-info}" "$bindir/sandbox-controller" \
-    --kubeconfig "$(admin_kubeconfig)" --namespace "$ns"
+  if $upstream; then
+    say "Sandbox controller: $controller"
+    say "installing its CRDs (Sandbox, SandboxTemplate, SandboxWarmPool, SandboxClaim) and starting it (every namespace, --extensions)"
+    start agent-sandbox-controller env VK_AGENT_SANDBOX_PROBE_ADDR="127.0.0.1:$(free_port 18081)" \
+      "$here/agent-sandbox.sh" run "$(admin_kubeconfig)"
+    wait_until "the agent-sandbox CRDs to be Established" 90 agent-sandbox-controller crd_established
+  else
+    say "Sandbox controller: the STAND-IN e2e/sandbox-controller, not upstream agent-sandbox (namespace $ns only; no warm pools or claims)"
+    kc apply --server-side --force-conflicts -f "$stand_in_crd" >/dev/null
+    wait_until "the Sandbox CRD to be Established" 30 "" crd_established
+    start sandbox-controller env RUST_LOG="${RUST_LOG:-info}" "$bindir/sandbox-controller" \
+      --kubeconfig "$(admin_kubeconfig)" --namespace "$ns"
+  fi
+  local ctl="agent-sandbox-controller"
+  if ! $upstream; then ctl="sandbox-controller"; fi
 
   # vk-sandbox runs as the ServiceAccount of manifests/rbac.yaml.
   "$here/cluster.sh" sa-kubeconfig "$dir/vk-sandbox.kubeconfig" >/dev/null
@@ -206,12 +252,12 @@ cmd_up() {
   say "waiting for node $node to be Ready"
   wait_until "node $node Ready" 60 vk-sandbox node_ready
   say "node $node is Ready"
-  alive sandbox-controller || { log_tail sandbox-controller; die "sandbox-controller exited"; }
+  alive "$ctl" || { log_tail "$ctl"; die "$ctl exited"; }
 
   say "creating Sandbox $ns/$sandbox ($(realpath --relative-to="$root" "$example"))"
   kc -n "$ns" apply -f "$example" >/dev/null
   say "waiting for the controller to create Pod $ns/$sandbox and the scheduler to bind it"
-  wait_until "Pod $ns/$sandbox bound to $node" 60 sandbox-controller pod_bound
+  wait_until "Pod $ns/$sandbox bound to $node" 60 "$ctl" pod_bound
   say "Pod $ns/$sandbox is bound to $node"
 
   say "waiting for the Pod to go Running (vk-sandbox claims a VM from sandboxd)"
@@ -220,7 +266,7 @@ cmd_up() {
     ip=$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.status.podIP}')
     claim=$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}')
     say "Pod $ns/$sandbox is Running with the VM address $ip (claim ${claim:-?})"
-    if SOFT=1 wait_until "Sandbox Ready" 30 sandbox-controller sandbox_ready; then
+    if SOFT=1 wait_until "Sandbox Ready" 30 "$ctl" sandbox_ready; then
       say "Sandbox $ns/$sandbox is Ready (podIPs $(jp -n "$ns" get sandbox "$sandbox" -o 'jsonpath={.status.podIPs}'))"
     else
       say "Sandbox $ns/$sandbox is not Ready after 30s: $(jp -n "$ns" get sandbox "$sandbox" \
@@ -238,7 +284,34 @@ cmd_up() {
     say "NOTE: the Pod is still ${phase:-without a phase}${reason:+ ($reason)} after 60s;"
     say "NOTE: see $dir/vk-sandbox.log and kubectl -n $ns describe pod $sandbox."
   fi
+  $upstream && warm_pool_tour
   summary
+}
+
+# The warm pool and a claim (upstream agent-sandbox's extensions).
+warm_pool_tour() {
+  say "applying manifests/examples/sandboxtemplate.yaml and sandboxwarmpool.yaml (a pool of $(grep -E '^  replicas:' "$examples/sandboxwarmpool.yaml" | awk '{print $2}'))"
+  kc -n "$ns" apply -f "$examples/sandboxtemplate.yaml" -f "$examples/sandboxwarmpool.yaml" >/dev/null
+  if ! SOFT=1 wait_until "the warm pool's Pods Running" 120 vk-sandbox pool_running; then
+    say "NOTE: the warm pool's Pods are not all Running after 120s: kubectl -n $ns get sandboxes,pods -o wide"
+    return 0
+  fi
+  say "warm pool $pool_name: $(jp -n "$ns" get pods -l agents.x-k8s.io/warm-pool-sandbox \
+    -o 'jsonpath={range .items[*]}{.metadata.name} on {.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}; {end}')"
+  local before
+  before=$(claims_made)
+  say "applying manifests/examples/sandboxclaim.yaml (claim $claim_name from pool $pool_name)"
+  kc -n "$ns" apply -f "$examples/sandboxclaim.yaml" >/dev/null
+  if SOFT=1 wait_until "SandboxClaim $claim_name Ready" 60 vk-sandbox claim_ready; then
+    local sb vm
+    sb=$(jp -n "$ns" get sandboxclaim "$claim_name" -o 'jsonpath={.status.sandbox.name}')
+    vm=$(jp -n "$ns" get pod "$sb" -o 'jsonpath={.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}')
+    say "claim $claim_name adopted the warm Sandbox $sb: its Pod keeps running on $vm (now owned by the claim: $(jp -n "$ns" get sandbox "$sb" -o 'jsonpath={.metadata.ownerReferences[0].kind}'))"
+    SOFT=1 wait_until "the pool to refill" 60 vk-sandbox pool_running || true
+    say "sandboxd claims made: $before before the claim, $(claims_made) now (the adoption made none; the pool's replacement one)"
+  else
+    say "NOTE: SandboxClaim $claim_name is not Ready after 60s: kubectl -n $ns describe sandboxclaim $claim_name"
+  fi
 }
 
 summary() {
@@ -248,7 +321,7 @@ summary() {
 
 The demo is running. Admin kubeconfig: $(admin_kubeconfig)
 (vk-sandbox itself runs as the ServiceAccount of manifests/rbac.yaml: $dir/vk-sandbox.kubeconfig)
-Logs and PIDs: $dir/{vk-sandbox,sandbox-controller,sandboxd-sim}.{log,pid}
+Logs and PIDs: $dir/{vk-sandbox,agent-sandbox-controller,sandboxd-sim}.{log,pid}
 
 In your shell:
   export KUBECONFIG=$(admin_kubeconfig)
@@ -271,7 +344,14 @@ Then try:
   kubectl -n $ns delete sandbox $sandbox; kubectl -n $ns get pods -w
   sandboxd-sim ctl requests --path /v1/sandboxes/
   # again: kubectl -n $ns apply -f manifests/examples/sandbox.yaml
-  # (the controller stand-in watches namespace $ns only)
+  # the warm pool and the claim (manifests/examples/sandbox{template,warmpool,claim}.yaml)
+  kubectl -n $ns get sandboxtemplates,sandboxwarmpools,sandboxclaims,sandboxes
+  kubectl -n $ns get sandboxclaim $claim_name -o jsonpath='{.status.sandbox.name}{"\n"}'   # the adopted Sandbox
+  # delete the claim: its Sandbox goes and vk-sandbox releases exactly that VM
+  kubectl -n $ns delete sandboxclaim $claim_name; sandboxd-sim ctl requests --path /v1/sandboxes/
+  # scale the pool (down releases VMs, up claims new ones), or delete it
+  kubectl -n $ns patch sandboxwarmpool $pool_name --type merge -p '{"spec":{"replicas":3}}'
+  kubectl -n $ns delete sandboxwarmpool $pool_name
 
 Stop everything: make demo-down
 EOF
@@ -279,11 +359,13 @@ EOF
 
 cmd_down() {
   mkdir -p "$dir"
-  if cluster_ready && alive vk-sandbox && kc -n "$ns" get sandbox "$sandbox" >/dev/null 2>&1; then
-    # While vk-sandbox still runs, so the VM is released rather than left behind.
-    say "deleting Sandbox $ns/$sandbox"
-    kc -n "$ns" delete sandbox "$sandbox" --wait=true --timeout=20s >/dev/null 2>&1 || true
-    SOFT=1 wait_until "Pod $ns/$sandbox gone" 20 "" pod_gone || true
+  if cluster_ready && alive vk-sandbox; then
+    # While vk-sandbox and the controller still run, so the VMs are
+    # released rather than left behind.
+    say "deleting the demo's claims, warm pools and Sandboxes in $ns"
+    kc -n "$ns" delete sandboxclaims,sandboxwarmpools --all --wait=true --timeout=20s >/dev/null 2>&1 || true
+    kc -n "$ns" delete sandboxes --all --wait=true --timeout=20s >/dev/null 2>&1 || true
+    SOFT=1 wait_until "the demo's Pods gone" 30 "" no_pods || true
   fi
   stop_services
   if [[ "${VK_DEMO_KEEP_CLUSTER:-0}" == 1 ]]; then

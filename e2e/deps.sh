@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what vk-sandbox's build, demo and tests need on a fresh Debian
-# machine with Rust and Go: Rust components, a few Debian packages, and the
-# Go-built local control plane (cached in .cache/, stamp-checked). Every
-# step is skipped when already done, so a warm machine passes in seconds;
-# `make test` and `make demo` run it first.
+# machine with Rust and Go: Rust components, a few Debian packages, the
+# Go-built local control plane and the upstream agent-sandbox controller
+# (both cached in .cache/, stamp-checked). Every step is skipped when
+# already done, so a warm machine passes in seconds; `make test` and
+# `make demo` run it first.
 #
 #   e2e/deps.sh [all|test|demo]
 #     all (make deps), test (make test): everything below
@@ -21,8 +22,8 @@ esac
 
 die() { echo "deps: error: $*" >&2; exit 1; }
 
-progress_start deps 3
-done_rust="" done_debian="" done_plane=""
+progress_start deps 4
+done_rust="" done_debian="" done_plane="" done_agent=""
 
 progress_step "Rust toolchain and components"
 command -v cargo >/dev/null 2>&1 ||
@@ -100,8 +101,20 @@ stamp="$("$here/cluster.sh" bin)/.built"
 before=$(stat -c %Y "$stamp" 2>/dev/null || true)
 "$here/controlplane/build.sh" >&2
 if [[ -n "$before" && "$(stat -c %Y "$stamp" 2>/dev/null || true)" == "$before" ]]; then
-  done_plane="control plane cached"
+  done_plane="control plane cached; "
 else
-  done_plane="control plane built"
+  done_plane="control plane built; "
 fi
-progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}"
+
+progress_step "upstream agent-sandbox controller"
+# The Sandbox controller of the tests and the demo. Its source is not in
+# this repository (see e2e/agent-sandbox.sh); where it is absent the tests
+# fall back to the stand-in, unless VK_REQUIRE_REAL_CONTROLLER=1 (CI).
+agent_status=0
+agent=$("$here/agent-sandbox.sh" build) || agent_status=$?
+case $agent_status in
+  0) done_agent="agent-sandbox controller: $agent" ;;
+  3) done_agent="note: $agent"; progress_note "$agent" ;;
+  *) die "building the upstream agent-sandbox controller failed" ;;
+esac
+progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}${done_agent}"

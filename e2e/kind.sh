@@ -7,10 +7,12 @@
 #                       token Secret, the simulator DaemonSet and
 #                       manifests/daemonset.yaml; waits for the virtual node
 #                       <worker>-sandboxd to be Ready
-#   e2e/kind.sh smoke   the Sandbox controller stand-in on the host (kind
-#                       kubeconfig, namespace kind-smoke) and
-#                       manifests/examples/sandbox.yaml: the Pod must run on
-#                       the virtual node with the simulator's VM address
+#   e2e/kind.sh smoke   the upstream agent-sandbox controller on the host
+#                       (e2e/agent-sandbox.sh run, kind kubeconfig; the
+#                       stand-in, namespace kind-smoke only, where its
+#                       source is absent) and manifests/examples/sandbox.yaml:
+#                       the Pod must run on the virtual node with the
+#                       simulator's VM address
 #   e2e/kind.sh test    e2e/run-tests.sh --e2e-only with VK_TEST_KUBECONFIG
 #                       set to the kind cluster's kubeconfig
 #   e2e/kind.sh down    delete the kind cluster
@@ -187,11 +189,23 @@ EOF
 
 smoke() {
   [[ -r "$kubeconfig" ]] || die "no kubeconfig at $kubeconfig (run \`e2e/kind.sh up\` first)"
-  say "building the Sandbox controller stand-in"
-  cargo build -p sandbox-controller --bin sandbox-controller
   k create namespace "$smoke_ns" --dry-run=client -o yaml | k apply -f - >/dev/null
-  local log=$dir/sandbox-controller.log
-  "$root/target/debug/sandbox-controller" --kubeconfig "$kubeconfig" --namespace "$smoke_ns" >"$log" 2>&1 &
+  local log=$dir/sandbox-controller.log which_status=0 controller
+  controller=$("$here/agent-sandbox.sh" which) || which_status=$?
+  case $which_status in
+    0)
+      say "Sandbox controller: $controller"
+      VK_K8S_BIN_DIR=$(dirname "$(command -v kubectl)") \
+        "$here/agent-sandbox.sh" run "$kubeconfig" >"$log" 2>&1 &
+      ;;
+    3)
+      say "Sandbox controller: $controller"
+      k apply --server-side --force-conflicts -f e2e/sandbox-controller/crds/ >/dev/null
+      cargo build -p sandbox-controller --bin sandbox-controller
+      "$root/target/debug/sandbox-controller" --kubeconfig "$kubeconfig" --namespace "$smoke_ns" >"$log" 2>&1 &
+      ;;
+    *) die "cannot build the upstream agent-sandbox controller (e2e/agent-sandbox.sh which)" ;;
+  esac
   local ctl=$!
   # shellcheck disable=SC2064  # expand now: stop this controller on exit
   trap "kill $ctl 2>/dev/null || true" EXIT

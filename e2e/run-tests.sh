@@ -50,6 +50,18 @@ fi
 export VK_REQUIRE_CLUSTER=1
 export VK_K8S_BIN_DIR="${VK_K8S_BIN_DIR:-$("$here/cluster.sh" bin)}"
 
+# The Sandbox controller the e2e tests, the reliability suite and the
+# packaging check run: the upstream agent-sandbox controller, built here
+# (cached) so that a build failure stops the run up front; the stand-in
+# only where its source is absent (never with VK_REQUIRE_REAL_CONTROLLER=1).
+controller_status=0
+controller=$("$here/agent-sandbox.sh" which) || controller_status=$?
+case $controller_status in
+  0) echo "tests: Sandbox controller: $controller" ;;
+  3) echo "tests: Sandbox controller: $controller" ;;
+  *) echo "tests: error: cannot build the upstream agent-sandbox controller (e2e/agent-sandbox.sh which)" >&2; exit 1 ;;
+esac
+
 status=0
 failed=()
 if $reliability; then
@@ -89,6 +101,7 @@ else
   progress_step "packaging checks (e2e/check-packaging.sh)"
   "$here/check-packaging.sh" || { status=$?; failed+=("packaging checks"); }
 fi
+echo "tests: Sandbox controller was: $controller"
 if (( status != 0 )) && [[ -n "${VK_CLUSTER_LOGS:-}" ]]; then
   echo "tests: failed; control plane logs follow (full logs in $VK_CLUSTER_LOGS)"
   "$here/cluster.sh" logs || true

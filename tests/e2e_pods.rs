@@ -2,7 +2,8 @@
 //! simulator, and the vk-sandbox binary with the shipped RBAC. Pods are
 //! created the way the agent-sandbox controller creates them (owned by a
 //! `Sandbox`, carrying the Pod contract) so each test controls its timing;
-//! tests/e2e_sandbox_controller.rs drives the full Sandbox path.
+//! tests/e2e_sandbox_path.rs drives the full Sandbox path with the Sandbox
+//! controller.
 
 mod support;
 
@@ -40,11 +41,8 @@ struct Env {
 }
 
 async fn install_crd(cluster: &TestCluster) {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crds/agents.x-k8s.io_sandboxes.yaml");
-    support::rbac::apply_manifest(&cluster.client, &path)
-        .await
-        .unwrap_or_else(|e| panic!("install the Sandbox CRD: {e}"));
+    // The Pods here are made by hand; only the Sandbox kind must be served.
+    support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
     let api: Api<DynamicObject> = Api::all_with(cluster.client.clone(), &sandbox_resource());
     wait_for(
         "the Sandbox CRD to be served",

@@ -1,8 +1,9 @@
-//! The whole path with a `Sandbox` handled by the agent-sandbox controller
-//! stand-in (e2e/sandbox-controller; the real controller's Go module is not
-//! served here): Sandbox → Pod bound by the scheduler → claim → Pod Running
-//! with the VM address → Sandbox Ready; Pod deletion preserves, Sandbox
-//! deletion releases; an eviction storm releases nothing.
+//! The whole path with a `Sandbox` handled by the Sandbox controller (the
+//! upstream agent-sandbox controller; the stand-in only where its source is
+//! absent, see tests/support/controller.rs): Sandbox → Pod bound by the
+//! scheduler → claim → Pod Running with the VM address → Sandbox Ready; Pod
+//! deletion preserves, Sandbox deletion releases; an eviction storm
+//! releases nothing.
 
 mod support;
 
@@ -11,9 +12,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams, PropagationPolicy};
 use kube::{Api, Client};
-use sandbox_controller::{Options, Sandbox};
+use sandbox_controller::Sandbox;
 use sandboxd_sim::SimHandle;
-use serde_json::json;
 use support::vk::{VkUnderTest, tail};
 use support::{TestCluster, wait_for};
 
@@ -25,43 +25,15 @@ struct Env {
     vk: VkUnderTest,
     ns: String,
     token_file: std::path::PathBuf,
-    _controller: sandbox_controller::ControllerHandle,
+    _controller: support::controller::SandboxController,
 }
 
 async fn setup(prefix: &str) -> Option<Env> {
     let cluster = support::cluster().await?;
-    sandbox_controller::crd::install(&cluster.client, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("install the Sandbox CRD: {e}"));
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=8").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("start the sandboxd simulator");
-    let dir = support::vk::test_dir(prefix);
-    let token_file = dir.join("token");
-    std::fs::write(&token_file, TOKEN).expect("token file");
-    let vk = VkUnderTest::start(
-        &cluster,
-        prefix,
-        &[
-            &format!("--sandboxd-url={}", sim.base_url()),
-            &format!("--sandboxd-token-file={}", token_file.display()),
-        ],
-    )
-    .await;
-    vk.wait_ready(&cluster.client, Duration::from_secs(30))
-        .await;
+    support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
+    let (sim, vk, token_file) = support::vk::with_simulator(&cluster, prefix, TOKEN).await;
     let ns = cluster.namespace(prefix).await;
-    let controller = sandbox_controller::spawn(
-        cluster.client.clone(),
-        Options {
-            namespace: Some(ns.clone()),
-            ..Options::default()
-        },
-    );
+    let controller = support::controller::start(&cluster.client, &cluster.kubeconfig, &ns).await;
     Some(Env {
         cluster,
         sim,
@@ -83,20 +55,14 @@ impl Env {
         Api::namespaced(self.client(), &self.ns)
     }
 
-    /// A Sandbox for the sandboxd runtime, pinned to this test's node by
+    /// A Sandbox carrying the Pod contract, pinned to this test's node by
     /// hostname (other tests' virtual nodes carry the same runtime label).
     async fn create_sandbox(&self, name: &str) {
-        let sb: Sandbox = serde_json::from_value(json!({
-            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
-            "metadata": {"name": name},
-            "spec": {"podTemplate": {
-                "metadata": {"annotations": {"sandbox.cocoonstack.io/runtime": "sandboxd"}},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": self.vk.node},
-                    "containers": [{"name": "agent", "image": "base:24.04"}]
-                }
-            }}
-        }))
+        let sb: Sandbox = serde_json::from_value(support::controller::contract_sandbox(
+            name,
+            "base:24.04",
+            Some(&self.vk.node),
+        ))
         .expect("sandbox json");
         self.sandboxes()
             .create(&PostParams::default(), &sb)

@@ -3,12 +3,14 @@
 //! release credential, on the real local control plane + the sandboxd
 //! simulator, with invariants checked after each and a report table.
 //!
-//! `VK_RELIABILITY=short` (default, run by `make test`): scenarios 1-4 and
-//! 6, small counts. `VK_RELIABILITY=full` (`make reliability`): more runs
+//! `VK_RELIABILITY=short` (default, run by `make test`): scenarios 1-4, 6
+//! and 8, small counts. `VK_RELIABILITY=full` (`make reliability`): more runs
 //! and larger counts. `VK_RELIABILITY_SEED` fixes the seed (printed either
 //! way); `VK_RELIABILITY_ONLY=kill9,eviction` picks scenarios.
 //! `VK_CLUSTER_CONTROL` names `e2e/cluster.sh` when the suite may restart
-//! control-plane components (the apiserver outage scenario).
+//! control-plane components (the apiserver outage scenario). The Sandbox
+//! controller is the upstream agent-sandbox controller (the stand-in only
+//! where its source is absent; the first line of output says which).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -85,8 +87,14 @@ fn scenarios() -> Vec<(&'static str, &'static str, Scenario, bool)> {
             true,
         ),
         (
+            "warmpool",
+            "8 warm-pool churn (claims, pool scaling, kill -9)",
+            |w, s| Box::pin(scenarios::warm_pool_churn(w, s)),
+            true,
+        ),
+        (
             "neighbours",
-            "7 neighbours' claims (same claim_ref)",
+            "9 neighbours' claims (same claim_ref)",
             |w, s| Box::pin(scenarios::neighbours(w, s)),
             true,
         ),
@@ -115,6 +123,8 @@ fn main() -> ExitCode {
     println!(
         "reliability suite: {size:?} run, seed {seed} (VK_RELIABILITY_SEED={seed} repeats it)"
     );
+    let controller = support::controller::describe(support::controller::kind());
+    println!("{controller}");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -181,11 +191,11 @@ fn main() -> ExitCode {
     };
     if rows.is_empty() {
         println!(
-            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn)"
+            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn, warmpool)"
         );
         return ExitCode::FAILURE;
     }
-    let report = table(&rows, seed, size, started.elapsed());
+    let report = table(&rows, seed, size, started.elapsed(), &controller);
     println!("\n{report}");
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/reliability-report.md");
     if let Err(e) = std::fs::write(&out, &report) {
@@ -236,9 +246,9 @@ fn add(total: &mut Tally, t: Tally) {
     total.bad_state_file += t.bad_state_file;
 }
 
-fn table(rows: &[Row], seed: u64, size: Size, took: Duration) -> String {
+fn table(rows: &[Row], seed: u64, size: Size, took: Duration, controller: &str) -> String {
     let mut s = format!(
-        "Reliability suite ({size:?}, seed {seed}, {:.0} s)\n\n\
+        "Reliability suite ({size:?}, seed {seed}, {:.0} s)\n{controller}\n\n\
          | scenario | runs | Pods | faults | VMs wrongly released | VMs leaked | credentials lost | Pods not converged | bad state file | max time to converge |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         took.as_secs_f64()

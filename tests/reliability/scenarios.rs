@@ -370,7 +370,7 @@ pub async fn state_faults(w: &mut World, size: Size) {
     w.create(1).await;
 }
 
-/// Scenario 7: neighbours on one sandboxd. Another client claims with
+/// Scenario 9: neighbours on one sandboxd. Another client claims with
 /// `claim_ref = <namespace>/<name>` for Sandboxes this node serves, and for
 /// names about to be created here, while claim replies are lost and
 /// vk-sandbox is killed; none of the neighbour's sandboxes may be released
@@ -406,5 +406,141 @@ pub async fn neighbours(w: &mut World, size: Size) {
             w.delete_random().await;
         }
         w.jitter(400).await;
+    }
+}
+
+/// Creates `obj` through `api`, retrying (bounded) through vk-sandbox's
+/// and the apiserver's hiccups.
+async fn create_retry(api: &kube::Api<kube::api::DynamicObject>, obj: serde_json::Value) {
+    let obj: kube::api::DynamicObject = serde_json::from_value(obj).expect("object json");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match api.create(&kube::api::PostParams::default(), &obj).await {
+            Ok(_) => return,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("create {:?}: {e}", obj.metadata.name)
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+/// Merge-patches `name` through `api`, retrying (bounded).
+async fn patch_retry(
+    api: &kube::Api<kube::api::DynamicObject>,
+    name: &str,
+    patch: serde_json::Value,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = api
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await;
+        match r {
+            Ok(_) => return,
+            Err(e) if std::time::Instant::now() >= deadline => panic!("patch {name}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+/// Scenario 8: warm-pool churn with the upstream controller: a
+/// SandboxWarmPool on this node, SandboxClaims adopting its Sandboxes and
+/// being deleted, the pool scaled up and down, all during `kill -9` bursts
+/// of vk-sandbox. The Sandboxes are the controllers' (found by watching
+/// them); none may lose its VM while it lives (a release sent before the
+/// watch saw it go counts as wrong), and every one that went must have its
+/// VM released.
+pub async fn warm_pool_churn(w: &mut World, size: Size) {
+    use kube::api::DeleteParams;
+    use support::controller as c;
+    if !c::upstream_or_skip("scenario 8 (warm-pool churn)") {
+        return;
+    }
+    w.discover = true;
+    w.watch_sandboxes();
+    let max = size.pick(3, 5) as i32;
+    let node = w.vk.node.clone();
+    let templates = w.dynamic("SandboxTemplate");
+    let pools = w.dynamic("SandboxWarmPool");
+    let claims = w.dynamic("SandboxClaim");
+    create_retry(
+        &templates,
+        c::contract_template("churn", "base:24.04", Some(&node)),
+    )
+    .await;
+    create_retry(&pools, c::warm_pool("churn", "churn", max)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let seen = w.discover_sandboxes().await;
+        let n = w.owners.iter().filter(|o| o.deleted_at.is_none()).count();
+        if n >= max as usize {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the warm pool made {n} of {max} Sandboxes in 120 s ({seen:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    settle(w, Duration::from_secs(120)).await;
+    let mut made = 0;
+    let mut live_claims: Vec<String> = Vec::new();
+    for round in 0..size.pick(5, 15) {
+        // A claim or two adopt warm Sandboxes.
+        for _ in 0..w.rng.random_range(1..=2) {
+            made += 1;
+            let name = format!("claim-{made}");
+            create_retry(&claims, c::sandbox_claim(&name, "churn")).await;
+            live_claims.push(name);
+        }
+        w.jitter(800).await;
+        // An older claim goes (its Sandbox and VM with it).
+        if live_claims.len() > 2 && w.rng.random_bool(0.6) {
+            let i = w.rng.random_range(0..live_claims.len() - 1);
+            let name = live_claims.remove(i);
+            let dp = if round % 2 == 0 {
+                DeleteParams::foreground()
+            } else {
+                DeleteParams::background()
+            };
+            let _ = claims.delete(&name, &dp).await;
+        }
+        // The pool is resized.
+        let replicas = w.rng.random_range(0..=max);
+        patch_retry(&pools, "churn", json!({"spec": {"replicas": replicas}})).await;
+        // Record the Sandboxes of the moment (more are judged that way).
+        let _ = w.discover_sandboxes().await;
+        w.jitter(1500).await;
+        let _ = w.discover_sandboxes().await;
+        w.kill_and_restart();
+        w.faults += 1;
+        w.jitter(600).await;
+        let _ = w.discover_sandboxes().await;
+    }
+    // Back to a full pool before the invariants are checked.
+    patch_retry(&pools, "churn", json!({"spec": {"replicas": max}})).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let ready = pools
+            .get("churn")
+            .await
+            .ok()
+            .and_then(|p| p.data["status"]["readyReplicas"].as_i64())
+            .unwrap_or(0);
+        let _ = w.discover_sandboxes().await;
+        if ready == i64::from(max) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the warm pool has {ready} of {max} ready Sandboxes after 180 s:\n{}",
+            support::vk::tail(&w.vk.logs(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

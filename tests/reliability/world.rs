@@ -1,6 +1,7 @@
 //! One scenario's world: the shared control plane, a namespace, the
 //! sandboxd simulator, vk-sandbox as a process, the Sandbox controller
-//! stand-in, and the record of every owner (Sandbox) the scenario made.
+//! (upstream agent-sandbox; the stand-in only where its source is absent),
+//! and the record of every owner (Sandbox) the scenario made.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
@@ -12,10 +13,9 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sandbox_controller::Options;
 use sandbox_controller::types::Sandbox;
 use sandboxd_sim::SimHandle;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::support::TestCluster;
 use crate::support::vk::{VkUnderTest, tail};
@@ -31,9 +31,18 @@ pub struct Owner {
     /// The claim its Pod first ran on.
     pub claim: Option<String>,
     /// Simulator request-log watermark taken just before the harness
-    /// deleted it: releases of its claim before that are wrong.
+    /// deleted it: releases of its claim before that are wrong. For a
+    /// Sandbox the controllers made (`managed`), the watermark when it was
+    /// first seen gone.
     pub deleted_at: Option<u64>,
+    /// Made and deleted by the agent-sandbox controllers (a warm pool's
+    /// Sandbox, possibly adopted by a claim), found by watching; its
+    /// `deleted_at` is when the watch saw it go.
+    pub managed: bool,
 }
+
+/// What the Sandbox watch saw: uid → (name, watermark when it went).
+type SeenSandboxes = std::sync::Arc<std::sync::Mutex<BTreeMap<String, (String, Option<u64>)>>>;
 
 /// The invariant figures of one run.
 #[derive(Debug, Default, Clone)]
@@ -68,7 +77,12 @@ pub struct World {
     /// Sandboxes another client of sandboxd (a neighbour) claimed: never
     /// vk-sandbox's to release.
     pub foreign: Vec<String>,
-    _controller: sandbox_controller::ControllerHandle,
+    /// Sandboxes are also made by the controllers (warm pools): the
+    /// watch's record of them (uid → name, deletion watermark).
+    pub discover: bool,
+    seen: SeenSandboxes,
+    watch: Option<tokio::task::JoinHandle<()>>,
+    _controller: crate::support::controller::SandboxController,
 }
 
 impl World {
@@ -91,19 +105,12 @@ impl World {
         // vk-sandbox first: its ServiceAccount kubeconfig is made with API
         // discovery, which can answer 404 for a moment after a new CRD.
         let vk = VkUnderTest::start(&cluster, prefix, &args).await;
-        sandbox_controller::crd::install(&cluster.client, Duration::from_secs(60))
-            .await
-            .unwrap_or_else(|e| panic!("install the Sandbox CRD: {e}"));
+        crate::support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
         vk.wait_ready(&cluster.client, Duration::from_secs(60))
             .await;
         let ns = cluster.namespace(prefix).await;
-        let controller = sandbox_controller::spawn(
-            cluster.client.clone(),
-            Options {
-                namespace: Some(ns.clone()),
-                ..Options::default()
-            },
-        );
+        let controller =
+            crate::support::controller::start(&cluster.client, &cluster.kubeconfig, &ns).await;
         World {
             cluster,
             ns,
@@ -118,12 +125,25 @@ impl World {
             slowest: Duration::ZERO,
             starts: 1,
             foreign: Vec::new(),
+            discover: false,
+            seen: Default::default(),
+            watch: None,
             _controller: controller,
         }
     }
 
     pub fn sandboxes(&self) -> Api<Sandbox> {
         Api::namespaced(self.cluster.client.clone(), &self.ns)
+    }
+
+    /// The namespace's objects of an agent-sandbox kind (SandboxTemplate,
+    /// SandboxWarmPool, SandboxClaim, Sandbox).
+    pub fn dynamic(&self, kind: &str) -> Api<kube::api::DynamicObject> {
+        Api::namespaced_with(
+            self.cluster.client.clone(),
+            &self.ns,
+            &crate::support::controller::resource(kind),
+        )
     }
 
     pub fn pods(&self) -> Api<Pod> {
@@ -185,17 +205,11 @@ impl World {
     }
 
     pub async fn create_named(&mut self, name: &str) {
-        let sb: Sandbox = serde_json::from_value(json!({
-            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
-            "metadata": {"name": name},
-            "spec": {"podTemplate": {
-                "metadata": {"annotations": {"sandbox.cocoonstack.io/runtime": "sandboxd"}},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": self.vk.node},
-                    "containers": [{"name": "agent", "image": "base:24.04"}]
-                }
-            }}
-        }))
+        let sb: Sandbox = serde_json::from_value(crate::support::controller::contract_sandbox(
+            name,
+            "base:24.04",
+            Some(&self.vk.node),
+        ))
         .expect("sandbox json");
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -206,6 +220,7 @@ impl World {
                         uid: created.metadata.uid.unwrap_or_default(),
                         claim: None,
                         deleted_at: None,
+                        managed: false,
                     });
                     return;
                 }
@@ -291,6 +306,61 @@ impl World {
         self.vk.restart(&args);
     }
 
+    /// Starts watching the namespace's Sandboxes: from now on the
+    /// controllers' Sandboxes are owners too, each marked deleted with the
+    /// simulator's watermark the moment the watch reports it going (before
+    /// garbage collection can even delete its Pod, so before any rightful
+    /// release).
+    pub fn watch_sandboxes(&mut self) {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let seen = self.seen.clone();
+        let sim = self.sim.sim().clone();
+        let api = self.sandboxes();
+        self.watch = Some(tokio::spawn(async move {
+            let mark = || sim.requests().iter().map(|r| r.seq).max().unwrap_or(0);
+            let mut stream = watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = stream.next().await {
+                let (sb, gone) = match ev {
+                    Ok(watcher::Event::Apply(sb)) | Ok(watcher::Event::InitApply(sb)) => {
+                        let gone = sb.metadata.deletion_timestamp.is_some();
+                        (sb, gone)
+                    }
+                    Ok(watcher::Event::Delete(sb)) => (sb, true),
+                    _ => continue,
+                };
+                let uid = sb.metadata.uid.clone().unwrap_or_default();
+                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                let entry = seen
+                    .entry(uid)
+                    .or_insert_with(|| (sb.metadata.name.clone().unwrap_or_default(), None));
+                if gone && entry.1.is_none() {
+                    entry.1 = Some(mark());
+                }
+            }
+        }));
+    }
+
+    /// Registers the Sandboxes the watch has seen (not created by the
+    /// harness) as managed owners, with their deletion marks.
+    pub async fn discover_sandboxes(&mut self) -> Result<(), String> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for (uid, (name, gone)) in seen {
+            match self.owners.iter_mut().find(|o| o.uid == uid) {
+                Some(o) if o.managed => o.deleted_at = o.deleted_at.or(gone),
+                Some(_) => {}
+                None => self.owners.push(Owner {
+                    name,
+                    uid,
+                    claim: None,
+                    deleted_at: gone,
+                    managed: true,
+                }),
+            }
+        }
+        Ok(())
+    }
+
     /// Records the claim each live owner's Pod first runs on.
     async fn observe(&mut self, pods: &[Pod]) {
         for o in self.owners.iter_mut().filter(|o| o.claim.is_none()) {
@@ -316,6 +386,11 @@ impl World {
         let mut problems;
         loop {
             problems = Vec::new();
+            if self.discover
+                && let Err(e) = self.discover_sandboxes().await
+            {
+                problems.push(format!("list Sandboxes: {e}"));
+            }
             let live: BTreeSet<String> =
                 self.sim.sim().claims().into_iter().map(|c| c.id).collect();
             for o in self.owners.iter().filter(|o| o.deleted_at.is_some()) {
@@ -366,6 +441,9 @@ impl World {
     /// simulator's log and listing, the API and the claims file.
     pub async fn finish(mut self, converge_timeout: Duration) -> Tally {
         let (took, problems) = self.converge(converge_timeout).await;
+        if let Some(h) = self.watch.take() {
+            h.abort();
+        }
         let mut t = Tally {
             pods: self.owners.len(),
             faults: self.faults,

@@ -164,6 +164,7 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+pub mod controller;
 pub mod kubelet;
 pub mod process;
 pub mod progress;

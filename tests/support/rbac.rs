@@ -22,10 +22,18 @@ fn repo_root() -> PathBuf {
 /// Server-side applies every document of a YAML manifest file.
 pub async fn apply_manifest(client: &Client, path: &Path) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let discovery = Discovery::new(client.clone())
-        .run()
-        .await
-        .map_err(|e| format!("discovery: {e}"))?;
+    // API discovery answers 404 for a moment while a CRD's group is being
+    // registered or removed (another test's CRD): retried, bounded.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let discovery = loop {
+        match Discovery::new(client.clone()).run().await {
+            Ok(d) => break d,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(format!("discovery: {e}")),
+        }
+    };
     let pp = PatchParams::apply("vk-sandbox-tests").force();
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let value = serde_yaml::Value::deserialize(doc).map_err(|e| e.to_string())?;

@@ -183,3 +183,34 @@ pub fn tail(text: &str, lines: usize) -> String {
     let v: Vec<&str> = text.lines().collect();
     v[v.len().saturating_sub(lines)..].join("\n")
 }
+
+/// A sandboxd simulator (one warm pool `base:24.04=8`, root token `token`)
+/// and vk-sandbox started against it for a fresh node `<prefix>-<random>`,
+/// Ready; returns both and the token file.
+pub async fn with_simulator(
+    cluster: &TestCluster,
+    prefix: &str,
+    token: &str,
+) -> (sandboxd_sim::SimHandle, VkUnderTest, PathBuf) {
+    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+        api_token: token.into(),
+        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=8").expect("pool")],
+        ..Default::default()
+    })
+    .await
+    .expect("start the sandboxd simulator");
+    let token_file = test_dir(prefix).join("token");
+    std::fs::write(&token_file, token).expect("token file");
+    let vk = VkUnderTest::start(
+        cluster,
+        prefix,
+        &[
+            &format!("--sandboxd-url={}", sim.base_url()),
+            &format!("--sandboxd-token-file={}", token_file.display()),
+        ],
+    )
+    .await;
+    vk.wait_ready(&cluster.client, Duration::from_secs(30))
+        .await;
+    (sim, vk, token_file)
+}

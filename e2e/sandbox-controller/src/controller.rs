@@ -14,7 +14,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tracing::{debug, info, warn};
 
-use crate::pod::{self, DefaultRuntime, NAME_HASH_LABEL};
+use crate::pod::{self, DefaultRuntime, NAME_HASH_LABEL, POD_NAME_ANNOTATION};
 use crate::status::{self, Blocker};
 use crate::types::{OperatingMode, Sandbox, ShutdownPolicy};
 
@@ -28,7 +28,11 @@ pub struct Options {
     /// Watch one namespace only (tests run one controller per namespace);
     /// `None` = every namespace.
     pub namespace: Option<String>,
-    /// The operator's `--default-runtime`.
+    /// Also act as cocoonstack's sandbox-operator runtime mutator (which
+    /// adds the sandboxd nodeSelector and toleration): an explicit mode,
+    /// off by default, because upstream agent-sandbox does no such thing.
+    pub runtime_mutator: bool,
+    /// The mutator's `--default-runtime` (only with `runtime_mutator`).
     pub default_runtime: DefaultRuntime,
 }
 
@@ -58,8 +62,8 @@ pub async fn run(client: Client, options: Options) {
         ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
-    info!(namespace = ?options.namespace, default_runtime = ?options.default_runtime,
-        "sandbox controller starting");
+    info!(namespace = ?options.namespace, runtime_mutator = options.runtime_mutator,
+        default_runtime = ?options.default_runtime, "sandbox controller stand-in starting");
     let ctx = Arc::new(Ctx { client, options });
     Controller::new(sandboxes, watcher::Config::default())
         .owns(pods, watcher::Config::default().labels(NAME_HASH_LABEL))
@@ -116,6 +120,32 @@ async fn delete_pod(pods: &Api<Pod>, pod: &Pod, why: &str) -> Result<(), Error> 
     }
 }
 
+/// Sets (`Some`) or removes (`None`) the Sandbox's `agents.x-k8s.io/pod-name`
+/// annotation when it differs, as upstream tracks the Pod it manages.
+async fn track_pod_name(
+    sandboxes: &Api<Sandbox>,
+    sandbox: &Sandbox,
+    pod_name: Option<&str>,
+) -> Result<(), Error> {
+    let current = sandbox.annotations().get(POD_NAME_ANNOTATION);
+    if current.map(String::as_str) == pod_name {
+        return Ok(());
+    }
+    let patch = serde_json::json!({"metadata": {"annotations": {POD_NAME_ANNOTATION: pod_name}}});
+    match sandboxes
+        .patch(
+            &sandbox.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, &[404]) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let name = sandbox.name_any();
     if sandbox.metadata.deletion_timestamp.is_some() {
@@ -141,6 +171,15 @@ async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Ctx>) -> Result<Action, Error
         }
         None => None,
     };
+    if pod.is_none() && blocker.is_none() && pod_name != name {
+        // The Pod the annotation named is gone: track nothing, and make
+        // the Pod under the Sandbox's own name.
+        track_pod_name(&sandboxes, &sandbox, None).await?;
+        pod = pods
+            .get_opt(&name)
+            .await?
+            .filter(|p| pod::controlled_by(p, &sandbox));
+    }
 
     let shutdown_at = sandbox.spec.shutdown_time.as_ref().map(|t| t.0);
     let expired = shutdown_at.is_some_and(|t| t <= now);
@@ -170,8 +209,13 @@ async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Ctx>) -> Result<Action, Error
         if let Some(p) = &pod {
             delete_pod(&pods, p, "the Sandbox is suspended").await?;
         }
+        track_pod_name(&sandboxes, &sandbox, None).await?;
     } else if blocker.is_none() {
-        match pod::desired_pod(&sandbox, ctx.options.default_runtime) {
+        let mutator = ctx
+            .options
+            .runtime_mutator
+            .then_some(ctx.options.default_runtime);
+        match pod::desired_pod(&sandbox, mutator) {
             Err(rejection) => {
                 warn!(sandbox = %name, "no Pod: {rejection}");
                 blocker = Some(Blocker::Rejected(rejection.to_string()));
@@ -179,7 +223,7 @@ async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Ctx>) -> Result<Action, Error
             Ok(desired) => match &pod {
                 None => match pods.create(&PostParams::default(), &desired).await {
                     Ok(created) => {
-                        info!(sandbox = %name, pod = %pod_name, uid = ?created.metadata.uid,
+                        info!(sandbox = %name, pod = %created.name_any(), uid = ?created.metadata.uid,
                             "created Pod");
                         pod = Some(created);
                     }
@@ -191,14 +235,24 @@ async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Ctx>) -> Result<Action, Error
                 },
                 Some(existing) if existing.metadata.deletion_timestamp.is_none() => {
                     if let Some(patch) = pod::metadata_patch(existing, &sandbox) {
-                        info!(pod = %pod_name, "syncing propagated metadata");
+                        let existing_name = existing.name_any();
+                        info!(pod = %existing_name, "syncing propagated metadata");
                         let pp = PatchParams::default();
-                        pod = Some(pods.patch(&pod_name, &pp, &Patch::Merge(&patch)).await?);
+                        pod = Some(
+                            pods.patch(&existing_name, &pp, &Patch::Merge(&patch))
+                                .await?,
+                        );
                     }
                 }
                 // Terminating: re-created once it is gone (the watch says when).
                 Some(_) => {}
             },
+        }
+        if let Some(p) = pod
+            .as_ref()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            track_pod_name(&sandboxes, &sandbox, Some(&p.name_any())).await?;
         }
     }
 

@@ -1,4 +1,4 @@
-//! The Sandbox CRD of crds/agents.x-k8s.io_sandboxes.yaml, embedded, and
+//! The stand-in's Sandbox CRD (e2e/sandbox-controller/crds/), embedded, and
 //! its installation (for tests; the demo applies the file with kubectl).
 
 use std::time::Duration;
@@ -10,11 +10,12 @@ use kube::{Api, Client};
 use crate::types::Sandbox;
 
 /// The file's text.
-pub const CRD_YAML: &str = include_str!("../../../crds/agents.x-k8s.io_sandboxes.yaml");
+pub const CRD_YAML: &str = include_str!("../crds/agents.x-k8s.io_sandboxes.yaml");
 pub const CRD_NAME: &str = "sandboxes.agents.x-k8s.io";
 
 pub fn crd() -> Result<CustomResourceDefinition, String> {
-    serde_yaml::from_str(CRD_YAML).map_err(|e| format!("crds/agents.x-k8s.io_sandboxes.yaml: {e}"))
+    serde_yaml::from_str(CRD_YAML)
+        .map_err(|e| format!("e2e/sandbox-controller/crds/agents.x-k8s.io_sandboxes.yaml: {e}"))
 }
 
 fn established(crd: &CustomResourceDefinition) -> bool {

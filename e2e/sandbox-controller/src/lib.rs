@@ -1,15 +1,22 @@
-//! A stand-in for the agent-sandbox `Sandbox` controller
-//! (sigs.k8s.io/agent-sandbox), covering what vk-sandbox relies on
-//! (behaviour.md §10.2 and §10.3): one Pod per Sandbox with the propagated
-//! metadata, the owner reference and the sandboxd runtime mutator; the Pod
-//! re-created under the same name when it disappears; deleted when the
-//! Sandbox is suspended or its `shutdownTime` passes; the Sandbox status fed
-//! back from the Pod.
+//! A stand-in for the upstream agent-sandbox `Sandbox` controller
+//! (kubernetes-sigs/agent-sandbox), used only where the upstream source is
+//! absent (e2e/agent-sandbox.sh decides). It models upstream for what
+//! vk-sandbox relies on: one Pod per Sandbox, named after it, with the
+//! propagated metadata and one controller owner reference, the template's
+//! spec unchanged; the Pod re-created under the same name when it
+//! disappears; deleted when the Sandbox is suspended or its `shutdownTime`
+//! passes; the Sandbox status fed back from the Pod with upstream's
+//! conditions. tests/e2e_controller_parity.rs runs one scenario against
+//! both and compares the Pods.
 //!
-//! Not covered: Services, PVCs, SandboxTemplate/Claim/WarmPool, Events.
+//! Not covered: Services, PVCs, SandboxTemplate/Claim/WarmPool, Events,
+//! adopting unowned Pods, the labels upstream propagates for its
+//! extensions. cocoonstack sandbox-operator's runtime mutator (sandboxd
+//! nodeSelector and toleration) is an explicit opt-in mode
+//! (`Options::runtime_mutator`, `--runtime-mutator`), never the default.
 //!
 //! Tests run it in-process with [`spawn`]; the `sandbox-controller` binary
-//! runs the same loop for the demo.
+//! runs the same loop.
 
 pub mod controller;
 pub mod crd;

@@ -1,6 +1,6 @@
 //! `sandbox-controller`: the agent-sandbox Sandbox controller stand-in (see
 //! the crate docs and e2e/README.md). Needs the CRD of
-//! crds/agents.x-k8s.io_sandboxes.yaml installed.
+//! e2e/sandbox-controller/crds/agents.x-k8s.io_sandboxes.yaml (or upstream's) installed.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,9 +11,9 @@ use kube::{Client, Config};
 use sandbox_controller::{DefaultRuntime, Options};
 use tracing::{error, info};
 
-/// A stand-in for the agent-sandbox Sandbox controller: one Pod per
-/// Sandbox (agents.x-k8s.io/v1beta1), the sandboxd runtime mutator, and the
-/// Sandbox status fed back from the Pod.
+/// A stand-in for the upstream agent-sandbox Sandbox controller, for
+/// checkouts without its source: one Pod per Sandbox
+/// (agents.x-k8s.io/v1beta1) and the Sandbox status fed back from the Pod.
 #[derive(Debug, Parser)]
 #[command(name = "sandbox-controller", version)]
 struct Cli {
@@ -23,9 +23,14 @@ struct Cli {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, value_name = "NS")]
     namespace: Option<String>,
-    /// Runtime of Pods that neither carry sandbox.cocoonstack.io/runtime nor
-    /// set runtimeClassName.
-    #[arg(long, value_enum, default_value_t = DefaultRuntime::Standard)]
+    /// Also act as cocoonstack sandbox-operator's runtime mutator: Pods in
+    /// sandboxd mode get the sandboxd nodeSelector and the provider
+    /// toleration. Upstream agent-sandbox does not do this; off by default.
+    #[arg(long)]
+    runtime_mutator: bool,
+    /// With --runtime-mutator: the runtime of Pods that neither carry
+    /// sandbox.cocoonstack.io/runtime nor set runtimeClassName.
+    #[arg(long, value_enum, default_value_t = DefaultRuntime::Standard, requires = "runtime_mutator")]
     default_runtime: DefaultRuntime,
 }
 
@@ -80,6 +85,7 @@ async fn main() -> ExitCode {
     };
     let options = Options {
         namespace: cli.namespace.clone(),
+        runtime_mutator: cli.runtime_mutator,
         default_runtime: cli.default_runtime,
     };
     tokio::select! {

@@ -1,6 +1,8 @@
-//! The Pod a Sandbox asks for (behaviour.md §10.2), as pure functions:
-//! name, propagated metadata, owner reference, and the sandboxd runtime
-//! mutator.
+//! The Pod a Sandbox asks for, as pure functions, as the upstream
+//! agent-sandbox controller makes it: name, propagated metadata, owner
+//! reference, the template's spec unchanged. Plus, as an explicit opt-in
+//! mode only ([`apply_runtime`]), the runtime mutator of cocoonstack's
+//! sandbox-operator, which upstream agent-sandbox does not have.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -101,7 +103,7 @@ fn key_list(map: &BTreeMap<String, String>) -> String {
 
 /// The labels and annotations the Sandbox propagates to its Pod: template
 /// metadata minus reserved prefixes, the name hash, and the two
-/// `propagated-*` key lists.
+/// `propagated-*` key lists (each only when it lists something).
 pub fn propagated_metadata(
     sandbox: &Sandbox,
 ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
@@ -111,8 +113,12 @@ pub fn propagated_metadata(
     let label_keys = key_list(&labels);
     let annotation_keys = key_list(&annotations);
     labels.insert(NAME_HASH_LABEL.into(), name_hash(&sandbox.name_any()));
-    annotations.insert(PROPAGATED_LABELS.into(), label_keys);
-    annotations.insert(PROPAGATED_ANNOTATIONS.into(), annotation_keys);
+    if !label_keys.is_empty() {
+        annotations.insert(PROPAGATED_LABELS.into(), label_keys);
+    }
+    if !annotation_keys.is_empty() {
+        annotations.insert(PROPAGATED_ANNOTATIONS.into(), annotation_keys);
+    }
     (labels, annotations)
 }
 
@@ -146,12 +152,15 @@ pub fn controlled_by(pod: &Pod, sandbox: &Sandbox) -> bool {
         .any(|o| o.controller == Some(true) && o.uid == uid)
 }
 
-/// The Pod to create for `sandbox`.
-pub fn desired_pod(sandbox: &Sandbox, default_runtime: DefaultRuntime) -> Result<Pod, Rejection> {
+/// The Pod to create for `sandbox`: always named after the Sandbox (the
+/// `pod-name` annotation only finds an existing Pod). `mutator` is the
+/// opt-in runtime mutator mode with its default runtime; `None` (the
+/// default, as upstream) leaves the template's spec as it is.
+pub fn desired_pod(sandbox: &Sandbox, mutator: Option<DefaultRuntime>) -> Result<Pod, Rejection> {
     let (labels, annotations) = propagated_metadata(sandbox);
     let mut pod = Pod {
         metadata: ObjectMeta {
-            name: Some(pod_name(sandbox)),
+            name: Some(sandbox.name_any()),
             namespace: sandbox.metadata.namespace.clone(),
             labels: Some(labels),
             annotations: Some(annotations),
@@ -161,13 +170,16 @@ pub fn desired_pod(sandbox: &Sandbox, default_runtime: DefaultRuntime) -> Result
         spec: Some(sandbox.spec.pod_template.spec.clone()),
         status: None,
     };
-    apply_runtime(&mut pod, default_runtime)?;
+    if let Some(default_runtime) = mutator {
+        apply_runtime(&mut pod, default_runtime)?;
+    }
     Ok(pod)
 }
 
-/// The runtime mutator (`pkg/podruntime`): in sandboxd mode, route the Pod
-/// to sandboxd nodes, or reject it when it cannot go there. Other modes
-/// leave the Pod as it is.
+/// sandbox-operator's runtime mutator (an opt-in mode of the stand-in,
+/// `--runtime-mutator`; upstream agent-sandbox has no such thing): in
+/// sandboxd mode, route the Pod to sandboxd nodes, or reject it when it
+/// cannot go there. Other modes leave the Pod as it is.
 pub fn apply_runtime(pod: &mut Pod, default_runtime: DefaultRuntime) -> Result<(), Rejection> {
     let annotations = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
     let spec = pod.spec.get_or_insert_with(Default::default);
@@ -252,11 +264,27 @@ pub fn metadata_patch(existing: &Pod, sandbox: &Sandbox) -> Option<Value> {
             .unwrap_or_default()
     };
     let label_patch = map_patch(existing.labels(), &labels, &previously(PROPAGATED_LABELS));
-    let annotation_patch = map_patch(
+    let mut annotation_patch = map_patch(
         old_annotations,
         &annotations,
         &previously(PROPAGATED_ANNOTATIONS),
     );
+    // An existing Pod's key lists are kept in step even when they empty
+    // (an absent list counts as empty).
+    let template = &sandbox.spec.pod_template.metadata;
+    for (key, list) in [
+        (PROPAGATED_LABELS, key_list(&unreserved(&template.labels))),
+        (
+            PROPAGATED_ANNOTATIONS,
+            key_list(&unreserved(&template.annotations)),
+        ),
+    ] {
+        if old_annotations.get(key).map_or("", String::as_str) != list {
+            annotation_patch.insert(key.into(), Value::String(list));
+        } else {
+            annotation_patch.remove(key);
+        }
+    }
     let mut metadata = Map::new();
     if !label_patch.is_empty() {
         metadata.insert("labels".into(), Value::Object(label_patch));
@@ -339,14 +367,32 @@ mod tests {
     }
 
     #[test]
-    fn pod_is_named_after_the_sandbox_or_the_pod_name_annotation() {
+    fn pods_are_looked_up_by_the_pod_name_annotation_and_created_under_the_sandbox_name() {
         let sb = sandbox(json!({}));
         assert_eq!(pod_name(&sb), "demo");
         let sb = sandbox(json!({"metadata": {"annotations": {POD_NAME_ANNOTATION: "pool-abc"}}}));
         assert_eq!(pod_name(&sb), "pool-abc");
-        let pod = desired_pod(&sb, DefaultRuntime::Standard).expect("pod");
-        assert_eq!(pod.metadata.name.as_deref(), Some("pool-abc"));
+        let pod = desired_pod(&sb, None).expect("pod");
+        assert_eq!(pod.metadata.name.as_deref(), Some("demo"));
         assert_eq!(pod.metadata.namespace.as_deref(), Some("team-a"));
+    }
+
+    #[test]
+    fn without_the_mutator_the_template_spec_is_kept_as_it_is() {
+        // As upstream: the runtime annotation alone routes nothing.
+        let pod = desired_pod(&sandboxd_sandbox(), None).expect("pod");
+        let spec = pod.spec.expect("spec");
+        assert!(spec.node_selector.is_none() && spec.tolerations.is_none());
+        let ann = pod.metadata.annotations.expect("annotations");
+        assert!(!ann.contains_key(TEMPLATE_ANNOTATION));
+        // No propagated-labels list when no label is propagated.
+        assert!(!ann.contains_key(PROPAGATED_LABELS));
+        assert_eq!(ann[PROPAGATED_ANNOTATIONS], RUNTIME_KEY);
+        // Nothing is refused either.
+        let sb = sandbox(json!({"spec": {"podTemplate": {
+            "metadata": {"annotations": {RUNTIME_KEY: "sandboxd"}},
+            "spec": {"nodeName": "n1"}}}}));
+        assert!(desired_pod(&sb, None).is_ok());
     }
 
     #[test]
@@ -355,7 +401,7 @@ mod tests {
             "labels": {"app": "x", "agents.x-k8s.io/secret": "no", "extensions.agents.x-k8s.io/t": "no", "b": "1"},
             "annotations": {"sandbox.cocoonstack.io/net": "egress", "agents.x-k8s.io/pod-name": "no", "z": "2"}
         }}}}));
-        let pod = desired_pod(&sb, DefaultRuntime::Standard).expect("pod");
+        let pod = desired_pod(&sb, None).expect("pod");
         let labels = pod.metadata.labels.expect("labels");
         let want: BTreeMap<String, String> = [
             ("app", "x"),
@@ -384,7 +430,7 @@ mod tests {
 
     #[test]
     fn exactly_one_controller_owner_reference() {
-        let pod = desired_pod(&sandbox(json!({})), DefaultRuntime::Standard).expect("pod");
+        let pod = desired_pod(&sandbox(json!({})), Some(DefaultRuntime::Standard)).expect("pod");
         let owners = pod.metadata.owner_references.expect("owners");
         assert_eq!(
             owners,
@@ -404,14 +450,14 @@ mod tests {
         let mut sb = sandbox(json!({}));
         sb.metadata.uid = None;
         assert_eq!(
-            desired_pod(&sb, DefaultRuntime::Standard),
+            desired_pod(&sb, Some(DefaultRuntime::Standard)),
             Err(Rejection::Incomplete("uid"))
         );
     }
 
     #[test]
     fn sandboxd_mode_routes_the_pod() {
-        let pod = desired_pod(&sandboxd_sandbox(), DefaultRuntime::Standard).expect("pod");
+        let pod = desired_pod(&sandboxd_sandbox(), Some(DefaultRuntime::Standard)).expect("pod");
         let ann = pod.metadata.annotations.expect("annotations");
         assert_eq!(ann[RUNTIME_KEY], "sandboxd");
         assert_eq!(ann[TEMPLATE_ANNOTATION], "base:24.04");
@@ -432,7 +478,7 @@ mod tests {
             json!({"spec": {"podTemplate": {"metadata": {"annotations": {
             RUNTIME_KEY: "sandboxd", TEMPLATE_ANNOTATION: "rt:24.04"}}}}}),
         );
-        let pod = desired_pod(&sb, DefaultRuntime::Standard).expect("pod");
+        let pod = desired_pod(&sb, Some(DefaultRuntime::Standard)).expect("pod");
         assert_eq!(
             pod.metadata.annotations.expect("a")[TEMPLATE_ANNOTATION],
             "rt:24.04"
@@ -441,7 +487,7 @@ mod tests {
         let sb = sandbox(json!({"spec": {"podTemplate": {
             "metadata": {"annotations": {RUNTIME_KEY: "sandboxd"}},
             "spec": {"containers": [{"name": "agent"}]}}}}));
-        let pod = desired_pod(&sb, DefaultRuntime::Standard).expect("pod");
+        let pod = desired_pod(&sb, Some(DefaultRuntime::Standard)).expect("pod");
         assert!(
             !pod.metadata
                 .annotations
@@ -453,14 +499,14 @@ mod tests {
     #[test]
     fn mode_selection() {
         // Default runtime sandboxd routes unannotated Pods…
-        let pod = desired_pod(&sandbox(json!({})), DefaultRuntime::Sandboxd).expect("pod");
+        let pod = desired_pod(&sandbox(json!({})), Some(DefaultRuntime::Sandboxd)).expect("pod");
         assert_eq!(
             pod.metadata.annotations.expect("a")[RUNTIME_KEY],
             "sandboxd"
         );
         // …but not those with a runtimeClassName (standard).
         let sb = sandbox(json!({"spec": {"podTemplate": {"spec": {"runtimeClassName": "kata"}}}}));
-        let pod = desired_pod(&sb, DefaultRuntime::Sandboxd).expect("pod");
+        let pod = desired_pod(&sb, Some(DefaultRuntime::Sandboxd)).expect("pod");
         assert!(
             !pod.metadata
                 .annotations
@@ -471,7 +517,7 @@ mod tests {
         let sb = sandbox(
             json!({"spec": {"podTemplate": {"metadata": {"annotations": {RUNTIME_KEY: "standard"}}}}}),
         );
-        let pod = desired_pod(&sb, DefaultRuntime::Sandboxd).expect("pod");
+        let pod = desired_pod(&sb, Some(DefaultRuntime::Sandboxd)).expect("pod");
         assert!(pod.spec.expect("spec").node_selector.is_none());
     }
 
@@ -481,28 +527,28 @@ mod tests {
             "metadata": {"annotations": {RUNTIME_KEY: "sandboxd"}},
             "spec": {"runtimeClassName": "kata"}}}}));
         assert_eq!(
-            desired_pod(&sb, DefaultRuntime::Standard),
+            desired_pod(&sb, Some(DefaultRuntime::Standard)),
             Err(Rejection::RuntimeClassConflict("kata".into()))
         );
         let sb = sandbox(json!({"spec": {"podTemplate": {
             "metadata": {"annotations": {RUNTIME_KEY: "sandboxd"}},
             "spec": {"nodeName": "n1"}}}}));
         assert_eq!(
-            desired_pod(&sb, DefaultRuntime::Standard),
+            desired_pod(&sb, Some(DefaultRuntime::Standard)),
             Err(Rejection::NodeNamePinned("n1".into()))
         );
         let sb = sandbox(json!({"spec": {"podTemplate": {
             "metadata": {"annotations": {RUNTIME_KEY: "sandboxd"}},
             "spec": {"nodeSelector": {RUNTIME_KEY: "cocoon"}}}}}));
         assert_eq!(
-            desired_pod(&sb, DefaultRuntime::Standard),
+            desired_pod(&sb, Some(DefaultRuntime::Standard)),
             Err(Rejection::NodeSelectorConflict("cocoon".into()))
         );
         // The same selector value is fine, and other selectors are kept.
         let sb = sandbox(json!({"spec": {"podTemplate": {
             "metadata": {"annotations": {RUNTIME_KEY: "sandboxd"}},
             "spec": {"nodeSelector": {RUNTIME_KEY: "sandboxd", "zone": "a"}}}}}));
-        let sel = desired_pod(&sb, DefaultRuntime::Standard)
+        let sel = desired_pod(&sb, Some(DefaultRuntime::Standard))
             .expect("pod")
             .spec
             .expect("spec")
@@ -523,7 +569,7 @@ mod tests {
             let sb = sandbox(json!({"spec": {"podTemplate": {
                 "metadata": {"annotations": {RUNTIME_KEY: "sandboxd"}},
                 "spec": {"tolerations": [existing.clone()]}}}}));
-            let tol = desired_pod(&sb, DefaultRuntime::Standard)
+            let tol = desired_pod(&sb, Some(DefaultRuntime::Standard))
                 .expect("pod")
                 .spec
                 .expect("spec")
@@ -539,7 +585,7 @@ mod tests {
             let sb = sandbox(json!({"spec": {"podTemplate": {
                 "metadata": {"annotations": {RUNTIME_KEY: "sandboxd"}},
                 "spec": {"tolerations": [other.clone()]}}}}));
-            let tol = desired_pod(&sb, DefaultRuntime::Standard)
+            let tol = desired_pod(&sb, Some(DefaultRuntime::Standard))
                 .expect("pod")
                 .spec
                 .expect("spec")
@@ -555,7 +601,7 @@ mod tests {
         let old = sandbox(json!({"spec": {"podTemplate": {"metadata": {
             "labels": {"app": "x", "gone": "1"},
             "annotations": {"keep": "a", "drop": "b"}}}}}));
-        let mut pod = desired_pod(&old, DefaultRuntime::Standard).expect("pod");
+        let mut pod = desired_pod(&old, None).expect("pod");
         assert_eq!(metadata_patch(&pod, &old), None);
         // vk-sandbox's own annotation on the Pod.
         pod.metadata
@@ -572,6 +618,17 @@ mod tests {
                 "labels": {"app": "y", "gone": null},
                 "annotations": {"drop": null, "new": "c",
                     PROPAGATED_LABELS: "app", PROPAGATED_ANNOTATIONS: "keep,new"}
+            }})
+        );
+        // Every label leaves the template: the list empties, it stays.
+        let bare = sandbox(json!({"spec": {"podTemplate": {"metadata": {
+            "annotations": {"keep": "a", "drop": "b"}}}}}));
+        let patch = metadata_patch(&pod, &bare).expect("a patch");
+        assert_eq!(
+            patch,
+            json!({"metadata": {
+                "labels": {"app": null, "gone": null},
+                "annotations": {PROPAGATED_LABELS: ""}
             }})
         );
     }

@@ -1,10 +1,22 @@
-//! The Sandbox status a Pod observation implies (behaviour.md §10.3), as a
-//! pure function.
+//! The Sandbox status a Pod observation implies, as a pure function, with
+//! the conditions, reasons and messages of the upstream agent-sandbox
+//! controller (tests/e2e_controller_parity.rs compares the two):
+//!
+//! - `Suspended`, always present: `False/NotSuspended`, or in Suspended mode
+//!   `True/PodTerminated` once the Pod is gone, `False/PodTerminating`
+//!   while it goes;
+//! - `Finished`, only while the Pod has ended: `True/PodSucceeded` or
+//!   `True/PodFailed`;
+//! - `PodScheduled`, only while there is a Pod: the Pod's own condition
+//!   mirrored (`Unknown/PodSchedulingUnknown` until it has one);
+//! - `Ready`: `True/DependenciesReady` when the Pod is Running, Ready and
+//!   has podIPs; otherwise `False` with `DependenciesNotReady`,
+//!   `PodSucceeded`, `PodFailed`, `SandboxSuspended`, `SandboxExpired` or
+//!   `ReconcilerError`.
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use crate::pod::{NAME_HASH_LABEL, name_hash};
@@ -13,12 +25,14 @@ use crate::types::{OperatingMode, Sandbox, SandboxStatus};
 pub const READY: &str = "Ready";
 pub const FINISHED: &str = "Finished";
 pub const SUSPENDED: &str = "Suspended";
+pub const POD_SCHEDULED: &str = "PodScheduled";
 
 /// Why the controller holds no Pod for the Sandbox, when that is not just
 /// "not created yet".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Blocker {
-    /// The runtime mutator (or a missing field) refused the Pod.
+    /// The runtime mutator (an opt-in mode) or a missing field refused the
+    /// Pod.
     Rejected(String),
     /// A Pod with the name exists but another owner controls it.
     Conflict(String),
@@ -26,19 +40,21 @@ pub enum Blocker {
     Expired,
 }
 
-/// One condition before timestamps: status, reason, message.
+/// One condition before timestamps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Cond {
-    status: bool,
-    reason: &'static str,
+    type_: &'static str,
+    status: &'static str,
+    reason: String,
     message: String,
 }
 
-fn cond(status: bool, reason: &'static str, message: impl Into<String>) -> Cond {
+fn cond(type_: &'static str, status: &'static str, reason: &str, message: &str) -> Cond {
     Cond {
+        type_,
         status,
-        reason,
-        message: message.into(),
+        reason: reason.to_string(),
+        message: message.to_string(),
     }
 }
 
@@ -46,203 +62,219 @@ pub fn pod_ips(pod: &Pod) -> Vec<String> {
     pod.status
         .as_ref()
         .and_then(|s| s.pod_ips.as_ref())
-        .map(|ips| {
-            ips.iter()
-                .map(|i| i.ip.clone())
-                .filter(|ip| !ip.is_empty())
-                .collect()
-        })
+        .map(|ips| ips.iter().map(|i| i.ip.clone()).collect())
         .unwrap_or_default()
 }
 
-fn pod_condition_true(pod: &Pod, type_: &str) -> bool {
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+fn pod_condition<'a>(
+    pod: &'a Pod,
+    type_: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
+        .and_then(|cs| cs.iter().find(|c| c.type_ == type_))
 }
 
-fn pod_detail(pod: &Pod) -> String {
-    let status = pod.status.as_ref();
-    let reason = status.and_then(|s| s.reason.as_deref()).unwrap_or("");
-    let message = status.and_then(|s| s.message.as_deref()).unwrap_or("");
-    match (reason.is_empty(), message.is_empty()) {
-        (true, true) => String::new(),
-        (false, true) => format!(": {reason}"),
-        (true, false) => format!(": {message}"),
-        (false, false) => format!(": {reason}: {message}"),
-    }
-}
-
-/// Ready and Finished as the Pod's state implies them.
-fn from_pod(pod: &Pod) -> (Cond, Cond) {
-    let name = pod.name_any();
-    let not_finished = cond(
-        false,
-        "PodNotFinished",
-        format!("Pod {name} has not finished"),
-    );
-    if pod.metadata.deletion_timestamp.is_some() {
-        return (
-            cond(
-                false,
-                "PodTerminating",
-                format!("Pod {name} is terminating"),
-            ),
-            not_finished,
+fn suspended(sandbox: &Sandbox, pod: Option<&Pod>) -> Cond {
+    if sandbox.operating_mode() != OperatingMode::Suspended {
+        return cond(
+            SUSPENDED,
+            "False",
+            "NotSuspended",
+            "Sandbox is not suspended",
         );
     }
-    let phase = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("Pending");
-    let detail = pod_detail(pod);
-    match phase {
-        "Failed" => {
-            let msg = format!("Pod {name} failed{detail}");
-            (cond(false, "PodFailed", &msg), cond(true, "PodFailed", msg))
+    match pod {
+        None => cond(
+            SUSPENDED,
+            "True",
+            "PodTerminated",
+            "Pod has been terminated. Sandbox is suspended",
+        ),
+        Some(_) => cond(
+            SUSPENDED,
+            "False",
+            "PodTerminating",
+            "Pod is terminating. Sandbox is suspending",
+        ),
+    }
+}
+
+fn finished(pod: Option<&Pod>) -> Option<Cond> {
+    match phase(pod?) {
+        "Succeeded" => Some(cond(
+            FINISHED,
+            "True",
+            "PodSucceeded",
+            "Pod completed successfully",
+        )),
+        "Failed" => Some(cond(FINISHED, "True", "PodFailed", "Pod failed")),
+        _ => None,
+    }
+}
+
+fn pod_scheduled(pod: Option<&Pod>) -> Option<Cond> {
+    let pod = pod?;
+    let Some(c) = pod_condition(pod, "PodScheduled") else {
+        return Some(cond(
+            POD_SCHEDULED,
+            "Unknown",
+            "PodSchedulingUnknown",
+            "Pod has not reported a PodScheduled condition yet",
+        ));
+    };
+    let status = match c.status.as_str() {
+        "True" => "True",
+        "False" => "False",
+        _ => "Unknown",
+    };
+    let reason = match c.reason.as_deref().filter(|r| !r.is_empty()) {
+        Some(r) => r.to_string(),
+        None if status == "True" => "PodScheduled".into(),
+        None => "PodSchedulingUnknown".into(),
+    };
+    Some(Cond {
+        type_: POD_SCHEDULED,
+        status,
+        reason,
+        message: c.message.clone().unwrap_or_default(),
+    })
+}
+
+fn ready(sandbox: &Sandbox, pod: Option<&Pod>, blocker: Option<&Blocker>) -> Cond {
+    let not_ready = |reason: &str, message: &str| cond(READY, "False", reason, message);
+    match blocker {
+        Some(Blocker::Rejected(m)) => return not_ready("PodRejected", m),
+        Some(Blocker::Conflict(m)) => {
+            return not_ready("ReconcilerError", &format!("Error seen: {m}"));
         }
-        "Succeeded" => {
-            let msg = format!("Pod {name} succeeded{detail}");
-            (
-                cond(false, "PodSucceeded", &msg),
-                cond(true, "PodSucceeded", msg),
-            )
-        }
-        "Running" => {
-            let ips = pod_ips(pod);
-            let ready = if !pod_condition_true(pod, "Ready") {
-                cond(
-                    false,
-                    "PodNotReady",
-                    format!("Pod {name} is Running but not Ready"),
-                )
-            } else if ips.is_empty() {
-                cond(
-                    false,
-                    "PodNoIPs",
-                    format!("Pod {name} is Ready but has no podIPs yet"),
-                )
-            } else {
-                cond(
-                    true,
-                    "PodReady",
-                    format!("Pod {name} is Ready at {}", ips.join(",")),
-                )
-            };
-            (ready, not_finished)
-        }
-        other => {
-            let where_ = match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-                Some(node) if !node.is_empty() => format!("on node {node}"),
-                _ => "not bound to a node yet".to_string(),
-            };
-            (
-                cond(
-                    false,
-                    "PodPending",
-                    format!("Pod {name} is {other}, {where_}{detail}"),
-                ),
-                not_finished,
-            )
-        }
+        Some(Blocker::Expired) => return not_ready("SandboxExpired", "Sandbox has expired"),
+        None => {}
+    }
+    if sandbox.operating_mode() == OperatingMode::Suspended {
+        let m = if pod.is_some() {
+            "Sandbox is suspending"
+        } else {
+            "Sandbox is suspended"
+        };
+        return not_ready("SandboxSuspended", m);
+    }
+    let Some(pod) = pod else {
+        return not_ready("DependenciesNotReady", "Pod does not exist");
+    };
+    match phase(pod) {
+        "Succeeded" => return not_ready("PodSucceeded", "Pod completed successfully"),
+        "Failed" => return not_ready("PodFailed", "Pod failed"),
+        _ => {}
+    }
+    let (pod_ready, message) = if phase(pod) != "Running" {
+        (false, format!("Pod exists with phase: {}", phase(pod)))
+    } else if pod_condition(pod, "Ready").is_none_or(|c| c.status != "True") {
+        (false, "Pod is Running but not Ready".to_string())
+    } else if pod_ips(pod).is_empty() {
+        (false, "Pod is Ready but has no podIPs yet".to_string())
+    } else {
+        (true, "Pod is Ready".to_string())
+    };
+    // The stand-in never makes a Service: one asked for is missing.
+    if sandbox.spec.service == Some(true) {
+        return not_ready(
+            "DependenciesNotReady",
+            &format!("{message}; Service does not exist"),
+        );
+    }
+    if pod_ready {
+        cond(READY, "True", "DependenciesReady", &message)
+    } else {
+        not_ready("DependenciesNotReady", &message)
     }
 }
 
 /// The status the Sandbox should show, given its (controlled) Pod if any,
 /// why there is none when that is known, and the time now. Conditions keep
-/// their `lastTransitionTime` while their status does not change;
-/// `service`/`serviceFQDN` (not managed here) are carried over.
+/// their place and `lastTransitionTime` while their status does not change
+/// (new ones are appended); `service`/`serviceFQDN` are carried over.
 pub fn compute_status(
     sandbox: &Sandbox,
     pod: Option<&Pod>,
     blocker: Option<&Blocker>,
     now: Timestamp,
 ) -> SandboxStatus {
-    let pod_name = crate::pod::pod_name(sandbox);
-    let suspended_mode = sandbox.operating_mode() == OperatingMode::Suspended;
-    let (ready, finished) = match (pod, blocker) {
-        (Some(p), _) => from_pod(p),
-        (None, Some(Blocker::Rejected(m))) => (
-            cond(false, "PodRejected", m.clone()),
-            cond(false, "PodNotFinished", "no Pod"),
-        ),
-        (None, Some(Blocker::Conflict(m))) => (
-            cond(false, "PodConflict", m.clone()),
-            cond(false, "PodNotFinished", "no Pod"),
-        ),
-        (None, Some(Blocker::Expired)) => {
-            let msg = "shutdownTime has passed; the Pod is deleted";
-            (
-                cond(false, "ShutdownTimeReached", msg),
-                cond(true, "ShutdownTimeReached", msg),
-            )
-        }
-        (None, None) if suspended_mode => (
-            cond(
-                false,
-                "Suspended",
-                "the Sandbox is suspended; its Pod is deleted",
-            ),
-            cond(false, "PodNotFinished", "no Pod"),
-        ),
-        (None, None) => (
-            cond(
-                false,
-                "PodMissing",
-                format!("Pod {pod_name} does not exist yet"),
-            ),
-            cond(false, "PodNotFinished", "no Pod"),
-        ),
-    };
-    let suspended = match (suspended_mode, pod.is_some()) {
-        (true, false) => cond(true, "Suspended", "operatingMode is Suspended"),
-        (true, true) => cond(
-            false,
-            "Suspending",
-            format!("operatingMode is Suspended; Pod {pod_name} is being deleted"),
-        ),
-        (false, _) => cond(false, "Running", "operatingMode is Running"),
-    };
-
     let previous = sandbox.status.clone().unwrap_or_default();
+    let expired = blocker == Some(&Blocker::Expired);
+    // Present this pass, in the order first added; absent ones are removed
+    // (an expired Sandbox keeps whatever Finished it had).
+    let mut now_conds: Vec<Cond> = Vec::new();
+    if !expired {
+        now_conds.push(suspended(sandbox, pod));
+        now_conds.extend(finished(pod));
+        now_conds.extend(pod_scheduled(pod));
+    }
+    now_conds.push(ready(sandbox, pod, blocker));
     let now = Time(Timestamp::from_second(now.as_second()).unwrap_or(now));
     let generation = sandbox.metadata.generation;
-    let conditions = [(READY, ready), (FINISHED, finished), (SUSPENDED, suspended)]
-        .into_iter()
-        .map(|(type_, c)| {
-            let status = if c.status { "True" } else { "False" };
-            let last_transition_time = previous
-                .condition(type_)
-                .filter(|old| old.status == status)
-                .map(|old| old.last_transition_time.clone())
-                .unwrap_or_else(|| now.clone());
-            Condition {
-                type_: type_.into(),
-                status: status.into(),
-                reason: c.reason.into(),
-                message: c.message,
-                observed_generation: generation,
-                last_transition_time,
-            }
-        })
-        .collect();
-
+    let to_condition = |c: &Cond| Condition {
+        type_: c.type_.into(),
+        status: c.status.into(),
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+        observed_generation: generation,
+        last_transition_time: previous
+            .condition(c.type_)
+            .filter(|old| old.status == c.status)
+            .map(|old| old.last_transition_time.clone())
+            .unwrap_or_else(|| now.clone()),
+    };
+    let mut conditions: Vec<Condition> = Vec::new();
+    for old in &previous.conditions {
+        if let Some(c) = now_conds.iter().find(|c| c.type_ == old.type_) {
+            conditions.push(to_condition(c));
+        } else if expired && old.type_ != POD_SCHEDULED {
+            conditions.push(old.clone());
+        }
+    }
+    for c in &now_conds {
+        if !conditions.iter().any(|x| x.type_ == c.type_) {
+            conditions.push(to_condition(c));
+        }
+    }
+    if expired {
+        return SandboxStatus {
+            conditions,
+            ..SandboxStatus::default()
+        };
+    }
     SandboxStatus {
         service_fqdn: previous.service_fqdn,
         service: previous.service,
         conditions,
-        selector: Some(format!(
-            "{NAME_HASH_LABEL}={}",
-            name_hash(&sandbox.name_any())
-        )),
+        // Set once a Pod was seen, then kept.
+        selector: if pod.is_some() {
+            Some(format!(
+                "{NAME_HASH_LABEL}={}",
+                name_hash(sandbox_name(sandbox))
+            ))
+        } else {
+            previous.selector
+        },
         pod_ips: pod.map(pod_ips).unwrap_or_default(),
         node_name: pod
             .and_then(|p| p.spec.as_ref())
             .and_then(|s| s.node_name.clone())
             .filter(|n| !n.is_empty()),
     }
+}
+
+fn sandbox_name(sandbox: &Sandbox) -> &str {
+    sandbox.metadata.name.as_deref().unwrap_or_default()
 }
 
 /// A JSON merge patch that sets the managed status fields to `status`,
@@ -289,8 +321,10 @@ mod tests {
         let ips: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
         pod(json!({
             "phase": "Running",
-            "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
-            "podIP": ips.first().and_then(|v| v.get("ip")).cloned().unwrap_or(Value::Null),
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": if ready {"True"} else {"False"}}
+            ],
             "podIPs": ips
         }))
     }
@@ -303,13 +337,24 @@ mod tests {
         s.condition(t).expect("condition present")
     }
 
+    fn triple(s: &SandboxStatus, t: &str) -> (String, String, String) {
+        let c = get(s, t);
+        (c.status.clone(), c.reason.clone(), c.message.clone())
+    }
+
+    fn t(s: &str, r: &str, m: &str) -> (String, String, String) {
+        (s.into(), r.into(), m.into())
+    }
+
     #[test]
     fn ready_needs_running_ready_and_pod_ips() {
         let sb = sandbox(json!({}));
         let s = compute_status(&sb, Some(&running(true, &["10.0.0.5"])), None, now());
-        let r = get(&s, READY);
-        assert_eq!((r.status.as_str(), r.reason.as_str()), ("True", "PodReady"));
-        assert_eq!(r.observed_generation, Some(3));
+        assert_eq!(
+            triple(&s, READY),
+            t("True", "DependenciesReady", "Pod is Ready")
+        );
+        assert_eq!(get(&s, READY).observed_generation, Some(3));
         assert_eq!(s.pod_ips, vec!["10.0.0.5".to_string()]);
         assert_eq!(s.node_name.as_deref(), Some("vk-1"));
         assert_eq!(
@@ -319,76 +364,104 @@ mod tests {
                 name_hash("demo")
             ))
         );
-        assert_eq!(get(&s, FINISHED).status, "False");
-        assert_eq!(get(&s, SUSPENDED).status, "False");
+        assert!(s.condition(FINISHED).is_none());
+        assert_eq!(triple(&s, POD_SCHEDULED), t("True", "PodScheduled", ""));
+        assert_eq!(
+            triple(&s, SUSPENDED),
+            t("False", "NotSuspended", "Sandbox is not suspended")
+        );
+        let order: Vec<&str> = s.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(order, vec![SUSPENDED, POD_SCHEDULED, READY]);
 
         let s = compute_status(&sb, Some(&running(true, &[])), None, now());
-        let r = get(&s, READY);
         assert_eq!(
-            (r.status.as_str(), r.reason.as_str()),
-            ("False", "PodNoIPs")
+            triple(&s, READY),
+            t(
+                "False",
+                "DependenciesNotReady",
+                "Pod is Ready but has no podIPs yet"
+            )
         );
-        assert!(
-            r.message
-                .contains("Pod demo is Ready but has no podIPs yet"),
-            "{}",
-            r.message
-        );
-        assert!(s.pod_ips.is_empty());
-
         let s = compute_status(&sb, Some(&running(false, &["10.0.0.5"])), None, now());
-        assert_eq!(get(&s, READY).reason, "PodNotReady");
-        assert_eq!(get(&s, READY).status, "False");
-
-        let pending =
-            pod(json!({"phase": "Pending", "reason": "ProviderFailed", "message": "boom"}));
+        assert_eq!(get(&s, READY).message, "Pod is Running but not Ready");
+        let pending = pod(json!({"phase": "Pending"}));
         let s = compute_status(&sb, Some(&pending), None, now());
-        let r = get(&s, READY);
-        assert_eq!(r.reason, "PodPending");
-        assert!(r.message.contains("ProviderFailed: boom"), "{}", r.message);
+        assert_eq!(get(&s, READY).message, "Pod exists with phase: Pending");
+        assert_eq!(
+            triple(&s, POD_SCHEDULED),
+            t(
+                "Unknown",
+                "PodSchedulingUnknown",
+                "Pod has not reported a PodScheduled condition yet"
+            )
+        );
+        // A Service asked for is never made by the stand-in.
+        let sb = sandbox(json!({"service": true}));
+        let s = compute_status(&sb, Some(&running(true, &["10.0.0.5"])), None, now());
+        assert_eq!(
+            triple(&s, READY),
+            t(
+                "False",
+                "DependenciesNotReady",
+                "Pod is Ready; Service does not exist"
+            )
+        );
     }
 
     #[test]
-    fn failed_pod_finishes_the_sandbox() {
+    fn ended_pod_finishes_the_sandbox() {
         let sb = sandbox(json!({}));
-        let failed = pod(
-            json!({"phase": "Failed", "reason": "SandboxLeaseExpired", "message": "lease ended"}),
-        );
+        let failed = pod(json!({"phase": "Failed", "reason": "SandboxLeaseExpired"}));
         let s = compute_status(&sb, Some(&failed), None, now());
-        let r = get(&s, READY);
-        let f = get(&s, FINISHED);
+        assert_eq!(triple(&s, READY), t("False", "PodFailed", "Pod failed"));
+        assert_eq!(triple(&s, FINISHED), t("True", "PodFailed", "Pod failed"));
+        let done = pod(json!({"phase": "Succeeded"}));
+        let s = compute_status(&sb, Some(&done), None, now());
         assert_eq!(
-            (r.status.as_str(), r.reason.as_str()),
-            ("False", "PodFailed")
+            triple(&s, FINISHED),
+            t("True", "PodSucceeded", "Pod completed successfully")
         );
-        assert_eq!(
-            (f.status.as_str(), f.reason.as_str()),
-            ("True", "PodFailed")
-        );
-        assert!(f.message.contains("SandboxLeaseExpired"), "{}", f.message);
     }
 
     #[test]
-    fn no_pod_states() {
+    fn no_pod_suspension_and_expiry() {
         let sb = sandbox(json!({}));
         let s = compute_status(&sb, None, None, now());
-        assert_eq!(get(&s, READY).reason, "PodMissing");
+        assert_eq!(
+            triple(&s, READY),
+            t("False", "DependenciesNotReady", "Pod does not exist")
+        );
+        assert!(s.condition(POD_SCHEDULED).is_none() && s.selector.is_none());
         assert!(s.pod_ips.is_empty() && s.node_name.is_none());
 
         let s = compute_status(&sb, None, Some(&Blocker::Rejected("no".into())), now());
-        assert_eq!(get(&s, READY).reason, "PodRejected");
-        assert_eq!(get(&s, READY).message, "no");
-
-        let s = compute_status(&sb, None, Some(&Blocker::Expired), now());
-        assert_eq!(get(&s, READY).reason, "ShutdownTimeReached");
-        assert_eq!(get(&s, FINISHED).status, "True");
+        assert_eq!(triple(&s, READY), t("False", "PodRejected", "no"));
 
         let sb = sandbox(json!({"operatingMode": "Suspended"}));
         let s = compute_status(&sb, None, None, now());
-        assert_eq!(get(&s, READY).reason, "Suspended");
-        assert_eq!(get(&s, SUSPENDED).status, "True");
+        assert_eq!(
+            triple(&s, READY),
+            t("False", "SandboxSuspended", "Sandbox is suspended")
+        );
+        assert_eq!(get(&s, SUSPENDED).reason, "PodTerminated");
         let s = compute_status(&sb, Some(&running(true, &["10.0.0.5"])), None, now());
-        assert_eq!(get(&s, SUSPENDED).reason, "Suspending");
+        assert_eq!(get(&s, SUSPENDED).reason, "PodTerminating");
+        assert_eq!(get(&s, READY).message, "Sandbox is suspending");
+
+        // Expired: Ready says so, live fields and PodScheduled go, Finished stays.
+        let mut sb = sandbox(json!({}));
+        let failed = pod(
+            json!({"phase": "Failed", "conditions": [{"type": "PodScheduled", "status": "True"}]}),
+        );
+        sb.status = Some(compute_status(&sb, Some(&failed), None, now()));
+        let s = compute_status(&sb, None, Some(&Blocker::Expired), now());
+        assert_eq!(
+            triple(&s, READY),
+            t("False", "SandboxExpired", "Sandbox has expired")
+        );
+        assert!(s.condition(POD_SCHEDULED).is_none());
+        assert_eq!(get(&s, FINISHED).reason, "PodFailed");
+        assert!(s.selector.is_none() && s.pod_ips.is_empty());
     }
 
     #[test]
@@ -397,21 +470,20 @@ mod tests {
         let first = compute_status(&sb, None, None, now());
         sb.status = Some(first.clone());
         let later: Timestamp = "2030-01-01T00:05:00Z".parse().expect("ts");
-        // Still not ready (other reason): same transition time, whole status equal.
         let again = compute_status(&sb, Some(&running(false, &[])), None, later);
         assert_eq!(
             get(&again, READY).last_transition_time,
             get(&first, READY).last_transition_time
         );
-        // Ready: a new transition time.
         let ready = compute_status(&sb, Some(&running(true, &["1.2.3.4"])), None, later);
         assert_eq!(get(&ready, READY).last_transition_time, Time(later));
-        // A stable observation yields an identical status (no write).
         sb.status = Some(ready.clone());
         assert_eq!(
             compute_status(&sb, Some(&running(true, &["1.2.3.4"])), None, later),
             ready
         );
+        // The selector stays once set.
+        assert!(compute_status(&sb, None, None, later).selector.is_some());
     }
 
     #[test]
@@ -424,7 +496,7 @@ mod tests {
         assert!(patch["status"].get("service").is_none());
         assert_eq!(
             patch["status"]["conditions"].as_array().map(Vec::len),
-            Some(3)
+            Some(2)
         );
     }
 }

@@ -1,6 +1,7 @@
 //! The `Sandbox` resource (`agents.x-k8s.io/v1beta1`) as far as this
 //! stand-in reads and writes it. The CRD installed in clusters is the
-//! hand-written `crds/agents.x-k8s.io_sandboxes.yaml`; the derive only
+//! hand-written `e2e/sandbox-controller/crds/agents.x-k8s.io_sandboxes.yaml`
+//! (upstream's own CRD where the upstream controller runs); the derive only
 //! provides the typed API (its schema generation is disabled).
 
 use std::collections::BTreeMap;
@@ -128,8 +129,10 @@ mod tests {
     /// The hand-written CRD names what the typed API expects.
     #[test]
     fn crd_yaml_matches_the_typed_resource() {
-        let crd: Value =
-            serde_yaml::from_str(&repo_file("crds/agents.x-k8s.io_sandboxes.yaml")).expect("yaml");
+        let crd: Value = serde_yaml::from_str(&repo_file(
+            "e2e/sandbox-controller/crds/agents.x-k8s.io_sandboxes.yaml",
+        ))
+        .expect("yaml");
         let derived = serde_json::to_value(Sandbox::crd()).expect("crd json");
         assert_eq!(crd["metadata"]["name"], derived["metadata"]["name"]);
         assert_eq!(crd["spec"]["group"], GROUP);
