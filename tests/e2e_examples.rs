@@ -206,13 +206,7 @@ async fn example_files_apply_unchanged_and_run() {
     assert!(running_here(&pod), "{:?}", pod.status);
     // Adopted from the pool: no claim to sandboxd for it beyond the pool's
     // replacement.
-    let key = format!("\"{ns}/{sandbox}\"");
-    let claimed = sim
-        .sim()
-        .requests()
-        .iter()
-        .filter(|r| r.path == "/v1/claim" && r.body.contains(&key))
-        .count();
+    let claimed = support::sim::claims_for_key(&sim, &format!("{ns}/{sandbox}"));
     assert_eq!(
         claimed, 1,
         "the claimed Sandbox's Pod was claimed {claimed} times"

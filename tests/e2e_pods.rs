@@ -193,13 +193,8 @@ impl Env {
             .expect("create Pod")
     }
 
-    fn claims_for(&self, claim_ref: &str) -> usize {
-        self.sim
-            .sim()
-            .requests()
-            .iter()
-            .filter(|r| r.method == "POST" && r.path == "/v1/claim" && r.body.contains(claim_ref))
-            .count()
+    fn claims_for(&self, key: &str) -> usize {
+        support::sim::claims_for_key(&self.sim, key)
     }
 
     /// Live sandboxes claimed for the Pod `key` (vk-sandbox tags its

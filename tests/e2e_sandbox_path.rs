@@ -124,13 +124,7 @@ impl Env {
     }
 
     fn claims_for(&self, key: &str) -> usize {
-        self.sim
-            .sim()
-            .requests()
-            .iter()
-            // vk-sandbox tags its claim_ref with the Pod UID: `"<key>#vk-sandbox:<uid>"`.
-            .filter(|r| r.path == "/v1/claim" && r.body.contains(&format!("\"{key}#vk-sandbox:")))
-            .count()
+        support::sim::claims_for_key(&self.sim, key)
     }
 
     fn release_of(&self, id: &str) -> Option<sandboxd_sim::RequestRecord> {

@@ -150,13 +150,7 @@ impl Env {
     }
 
     fn claims_for(&self, pod: &str) -> usize {
-        let key = format!("\"{}/{pod}\"", self.ns);
-        self.sim
-            .sim()
-            .requests()
-            .iter()
-            .filter(|r| r.path == "/v1/claim" && r.body.contains(&key))
-            .count()
+        support::sim::claims_for_key(&self.sim, &format!("{}/{pod}", self.ns))
     }
 
     /// The sandbox ids released so far.

@@ -293,6 +293,69 @@ mod tests {
         }
     }
 
+    /// An owner reference that names no resource is a doubt: preserved,
+    /// and nothing is asked.
+    #[tokio::test]
+    async fn unusable_owner_references_preserve_without_asking() {
+        use crate::pods::fixtures::*;
+        use serde_json::Value;
+        for api_version in [
+            "",
+            "/v1beta1",
+            "agents.x-k8s.io/",
+            "a/b/c",
+            "agents.x-k8s.io//v1",
+        ] {
+            let api = ApiServer::new(|_| (200, Value::Null));
+            let mut pod = owned_pod("p1", "o1");
+            if let Some(refs) = pod.metadata.owner_references.as_mut() {
+                refs[1].api_version = api_version.into();
+            }
+            let lookup = within(OwnerResolver::default().lookup(&api.client, &pod)).await;
+            assert!(
+                matches!(lookup, OwnerLookup::BadRef(_)),
+                "{api_version:?}: {lookup:?}"
+            );
+            assert!(!released(&decide(controller_ref(&pod), &lookup)));
+            assert!(
+                api.seen().is_empty(),
+                "{api_version:?}: asked {:?}",
+                api.seen()
+            );
+        }
+        let api = ApiServer::new(|_| (200, Value::Null));
+        let mut pod = owned_pod("p1", "o1");
+        if let Some(refs) = pod.metadata.owner_references.as_mut() {
+            refs[1].kind = String::new();
+        }
+        let lookup = within(OwnerResolver::default().lookup(&api.client, &pod)).await;
+        assert_eq!(lookup, OwnerLookup::BadRef("empty kind".into()));
+        // A core-group owner (`v1`) is looked up in the core API.
+        let api = ApiServer::new(|s| match s.path() {
+            "/api/v1" => (
+                200,
+                serde_json::json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                    {"name": "configmaps", "singularName": "configmap", "namespaced": true,
+                     "kind": "ConfigMap", "verbs": ["get"]}]}),
+            ),
+            "/api/v1/namespaces/ns/configmaps/sb" => sandbox("o1", false),
+            _ => (404, Value::Null),
+        });
+        let mut pod = owned_pod("p1", "o1");
+        if let Some(refs) = pod.metadata.owner_references.as_mut() {
+            refs[1].api_version = "v1".into();
+            refs[1].kind = "ConfigMap".into();
+        }
+        let lookup = within(OwnerResolver::default().lookup(&api.client, &pod)).await;
+        assert_eq!(
+            lookup,
+            OwnerLookup::Found {
+                deleting: false,
+                uid: "o1".into()
+            }
+        );
+    }
+
     /// Discovery is asked once per kind and cached; when it cannot answer,
     /// the English plural is used.
     #[tokio::test]

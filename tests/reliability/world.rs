@@ -594,8 +594,17 @@ impl World {
         // nobody.
         let live_ids: BTreeSet<String> =
             self.sim.sim().claims().into_iter().map(|c| c.id).collect();
+        let prefix = format!("{}/", self.ns);
         for (key, id) in &stored {
-            let name = key.rsplit('/').next().unwrap_or_default();
+            // Pods of other tests' namespaces can be scheduled onto this
+            // node (a template that selects any sandboxd node): their owners
+            // are not this world's to judge.
+            let Some(name) = key.strip_prefix(&prefix) else {
+                t.notes.push(format!(
+                    "stored claim {key} -> {id} belongs to another namespace"
+                ));
+                continue;
+            };
             let owned = self
                 .owners
                 .iter()

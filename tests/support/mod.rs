@@ -170,4 +170,5 @@ pub mod process;
 pub mod progress;
 pub mod prometheus;
 pub mod rbac;
+pub mod sim;
 pub mod vk;
