@@ -14,6 +14,7 @@ pub mod inventory;
 pub mod kube_client;
 pub mod kubelet;
 pub mod metrics;
+pub mod net;
 pub mod node;
 pub mod orphan;
 pub mod pods;

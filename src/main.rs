@@ -34,7 +34,7 @@ fn main() -> ExitCode {
     if let Some(config::Command::Claims(args)) = &cli.command {
         return vk_sandbox::claims_cli::main(args);
     }
-    telemetry::init(cli.run.log_format);
+    telemetry::init(cli.run.admin.log_format);
     // One TLS crypto provider for kube, reqwest and the servers (D1).
     if rustls::crypto::ring::default_provider()
         .install_default()
@@ -47,7 +47,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             error!("{e}");
-            plain_error(cli.run.log_format, &e);
+            plain_error(cli.run.admin.log_format, &e);
             return ExitCode::from(1);
         }
     };
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             error!(error = %e, "vk-sandbox failed");
-            plain_error(cli.run.log_format, &e);
+            plain_error(cli.run.admin.log_format, &e);
             ExitCode::from(1)
         }
     }
@@ -188,7 +188,7 @@ async fn run(cfg: Config) -> Result<()> {
         store: store.clone(),
         provider: Arc::clone(&provider),
     });
-    let kubelet = KubeletApi::prepare(&cfg, &client, pods, Arc::clone(&metrics)).await?;
+    let kubelet = KubeletApi::prepare(&cfg.kubelet(), &client, pods, Arc::clone(&metrics)).await?;
     let admin_listener = cfg.admin_addr.bind().await.map_err(|e| {
         Error::io(
             format!(

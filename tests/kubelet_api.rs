@@ -766,7 +766,7 @@ async fn the_daemon_reloads_rotated_certificates() {
     ))
     .expect("client");
     let api = vk_sandbox::kubelet::KubeletApi::prepare(
-        &cfg,
+        &cfg.kubelet(),
         &kube_client,
         Arc::new(StaticPods::default()),
         Metrics::new().unwrap(),

@@ -31,6 +31,7 @@
 //! Times are kept at whole seconds, the precision of the file, so what the
 //! store returns is what a restart gives back.
 
+pub mod dir;
 pub mod format;
 pub mod state_lock;
 mod writer;

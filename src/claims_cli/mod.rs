@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use crate::config::defaults;
 use crate::sandboxd::SandboxdClient;
 use state::{Daemon, StatePaths, StateView};
 
@@ -35,14 +34,7 @@ pub struct ClaimsArgs {
     pub command: ClaimsCommand,
 }
 
-/// The state path, with the daemon's flag and environment variable.
-#[derive(Debug, Clone, Args)]
-pub struct StateArg {
-    /// The daemon's claims file (its journal `<FILE>.journal` and lock
-    /// `<FILE>.lock` beside it). Read only.
-    #[arg(long, env = "VK_STATE_PATH", default_value = defaults::STATE_PATH, value_name = "FILE")]
-    pub state_path: String,
-}
+pub use crate::config::{SandboxdArgs, StateArg};
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -61,23 +53,6 @@ pub struct ViewArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
-}
-
-/// sandboxd, with the daemon's flags and environment variables.
-#[derive(Debug, Clone, Args)]
-pub struct SandboxdArgs {
-    /// sandboxd base URL.
-    #[arg(long, env = "SANDBOXD_URL", default_value = defaults::SANDBOXD_URL, value_name = "URL")]
-    pub sandboxd_url: String,
-    /// File holding the sandboxd node (root) API token (whitespace
-    /// trimmed). Unset or empty file: no Authorization header.
-    #[arg(
-        long,
-        env = "SANDBOXD_TOKEN_FILE",
-        default_value = "",
-        value_name = "FILE"
-    )]
-    pub sandboxd_token_file: String,
 }
 
 /// What `vk-sandbox claims` does.
@@ -290,14 +265,12 @@ fn list_sandboxd(args: &SandboxdArgs) -> Result<Vec<crate::sandboxd::SandboxRow>
     let token = if args.sandboxd_token_file.is_empty() {
         None
     } else {
-        let text = std::fs::read_to_string(&args.sandboxd_token_file).map_err(|e| {
+        crate::sandboxd::read_token_file(&args.sandboxd_token_file).map_err(|e| {
             format!(
-                "cannot read --sandboxd-token-file (env SANDBOXD_TOKEN_FILE) {}: {e}; give \
-                 the daemon's token file, readable by this user",
-                args.sandboxd_token_file
+                "--sandboxd-token-file (env SANDBOXD_TOKEN_FILE): {e}; give the daemon's token \
+                 file, readable by this user"
             )
-        })?;
-        Some(text.trim().to_string())
+        })?
     };
     let client = SandboxdClient::builder(args.sandboxd_url.clone())
         .token(token)

@@ -29,7 +29,7 @@ pub use server::serve;
 pub use source::PodSource;
 pub use tls::KubeletTls;
 
-use crate::config::Config;
+use crate::config::KubeletSettings;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
@@ -57,19 +57,19 @@ impl KubeletApi {
     /// bind `--listen-addr`. Every error here is a start-up error.
     #[tracing::instrument(skip_all, fields(node = %cfg.node_name, addr = %cfg.listen_addr))]
     pub async fn prepare(
-        cfg: &Config,
+        cfg: &KubeletSettings,
         client: &kube::Client,
         pods: Arc<dyn PodSource>,
         metrics: Arc<Metrics>,
     ) -> Result<KubeletApi> {
         let tls = KubeletTls::init(&cfg.tls, &cfg.node_name, cfg.node_ip.as_deref())?;
-        let client_ca = load_client_ca(&cfg.kubelet_auth, client).await?;
+        let client_ca = load_client_ca(&cfg.auth, client).await?;
         let server_config = tls.server_config(client_ca)?;
-        let auth = cfg.kubelet_auth.enabled.then(|| {
+        let auth = cfg.auth.enabled.then(|| {
             Arc::new(KubeletAuth::with_client(
                 client.clone(),
                 cfg.node_name.clone(),
-                cfg.kubelet_auth.anonymous,
+                cfg.auth.anonymous,
             ))
         });
         let router = router(KubeletState {

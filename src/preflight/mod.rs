@@ -190,7 +190,7 @@ pub async fn run(args: &RunArgs) -> Vec<CheckResult> {
 /// returns the exit code. Logs go to stderr only when `RUST_LOG` is set.
 pub fn main(args: &RunArgs) -> ExitCode {
     if std::env::var_os("RUST_LOG").is_some() {
-        crate::telemetry::init(args.log_format);
+        crate::telemetry::init(args.admin.log_format);
     }
     // One TLS crypto provider for kube and reqwest (decisions.md D1); an
     // already installed provider is the same one.

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use jiff::Timestamp;
 
 use super::CheckResult;
+use crate::claims::dir::{probe_writable as probe, state_dir};
 use crate::claims::format;
 
 const FLAG: &str = "--state-path (env VK_STATE_PATH)";
@@ -17,30 +18,6 @@ const FLAG: &str = "--state-path (env VK_STATE_PATH)";
 /// The state directory line and the state file line.
 pub fn check(path: &Path) -> Vec<CheckResult> {
     vec![directory(path), file(path)]
-}
-
-fn state_dir(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
-/// Create and remove a probe file in `dir` (a mode check would lie for
-/// root and for ACLs).
-fn probe(dir: &Path) -> Result<(), String> {
-    let probe = dir.join(format!(
-        ".vk-sandbox-preflight-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-        .map_err(|e| format!("cannot create a file in {}: {e}", dir.display()))?;
-    fs::remove_file(&probe)
-        .map_err(|e| format!("cannot remove the probe file {}: {e}", probe.display()))
 }
 
 fn directory(path: &Path) -> CheckResult {

@@ -100,7 +100,7 @@ pub enum SandboxdError {
     NotReleased { id: String },
 
     /// The node token file could not be read.
-    #[error("read sandboxd token file {}: {source}", path.display())]
+    #[error("cannot read the sandboxd token file {}: {source}", path.display())]
     TokenFile {
         path: PathBuf,
         #[source]

@@ -1,0 +1,345 @@
+//! The command line: the run command's flags by concern, the
+//! subcommands, and parsing with environment defaults.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, ValueEnum};
+
+use super::defaults;
+
+/// vk-sandbox registers a virtual Node and turns sandbox Pods bound to it
+/// into sandboxd microVM claims.
+///
+/// Environment variables only supply defaults: an explicit flag always wins,
+/// and a variable set to the empty string counts as unset. Kubernetes
+/// credentials: in-cluster service account, else --kubeconfig, else
+/// $KUBECONFIG, else ~/.kube/config.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "vk-sandbox",
+    version = crate::build_info::VERSION_LINE,
+    max_term_width = 100,
+    args_conflicts_with_subcommands = true,
+    disable_help_subcommand = true
+)]
+pub struct Cli {
+    /// `None`: run the virtual node with the flags in `run`.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Subcommands; without one, `vk-sandbox [flags]` runs the daemon.
+// Parsed once per process: the size of the preflight variant is no cost.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Check, without changing anything, that this configuration can start:
+    /// apiserver and credentials, RBAC, the NodeInventory CRD, sandboxd and
+    /// its warm pools, the state path, the listen ports and the node name.
+    /// Takes the same flags and environment as the run command; exits 1
+    /// when any check fails.
+    Preflight(RunArgs),
+    /// Inspect the claims state without changing it (safe while the daemon
+    /// runs): list, show, verify against sandboxd, export as a Go
+    /// claims.json.
+    Claims(crate::claims_cli::ClaimsArgs),
+}
+
+/// Every flag of the run command, by concern (each group has its own
+/// heading in `--help`).
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
+    #[command(flatten)]
+    pub kubelet: KubeletArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub sandboxd: SandboxdArgs,
+    #[command(flatten)]
+    pub state: StateArg,
+    #[command(flatten)]
+    pub audit: AuditArgs,
+    #[command(flatten)]
+    pub inventory: InventoryArgs,
+    #[command(flatten)]
+    pub admin: AdminArgs,
+}
+
+/// The virtual Node.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Node")]
+pub struct NodeArgs {
+    /// Node object name; also the Lease name, a serving-cert SAN and the
+    /// inventory name. Must differ from any other node's name.
+    #[arg(long, env = "VK_NODE_NAME", default_value = defaults::NODE_NAME, value_name = "NAME")]
+    pub node_name: String,
+
+    /// Advertised InternalIP of the Node (omitted when empty); also a
+    /// serving-cert SAN.
+    #[arg(long, env = "VK_NODE_IP", default_value = "", value_name = "IP")]
+    pub node_ip: String,
+
+    /// Node CPU capacity (a Kubernetes quantity; scheduling budget only).
+    #[arg(long, env = "VK_NODE_CPU", default_value = defaults::NODE_CPU, value_name = "QUANTITY")]
+    pub node_cpu: String,
+
+    /// Node memory capacity (a Kubernetes quantity).
+    #[arg(long, env = "VK_NODE_MEMORY", default_value = defaults::NODE_MEMORY, value_name = "QUANTITY")]
+    pub node_memory: String,
+
+    /// Node Pod capacity (a Kubernetes quantity).
+    #[arg(long, env = "VK_NODE_PODS", default_value = defaults::NODE_PODS, value_name = "QUANTITY")]
+    pub node_pods: String,
+
+    /// Extra Node labels "k=v,k2=v2" (items without "=" or with an empty
+    /// key are skipped; later duplicates win). Setting it replaces the
+    /// default.
+    #[arg(long, default_value = defaults::NODE_LABELS, value_name = "K=V,...")]
+    pub node_labels: String,
+
+    /// How often the Node status heartbeat is written (at most 60s keeps
+    /// the node lifecycle controller content). Hidden: for tests.
+    #[arg(long, default_value = "60s", value_name = "DURATION", hide = true)]
+    pub node_status_interval: String,
+}
+
+/// The kubelet API: where it listens, its certificate, who may call it.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Kubelet API")]
+pub struct KubeletArgs {
+    /// Kubelet API (HTTPS) bind address, host:port with a numeric port;
+    /// ":10260" listens on every interface. vk-cocoon uses :10250.
+    #[arg(long, env = "VK_LISTEN_ADDR", default_value = defaults::LISTEN_ADDR, value_name = "HOST:PORT")]
+    pub listen_addr: String,
+
+    /// PEM certificate (chain) for the kubelet API. Used, and reloaded when
+    /// it changes, when both --tls-cert and --tls-key name regular files;
+    /// otherwise a self-signed certificate is generated in memory.
+    #[arg(long, env = "VK_TLS_CERT", default_value = "", value_name = "FILE")]
+    pub tls_cert: String,
+
+    /// PEM private key matching --tls-cert.
+    #[arg(long, env = "VK_TLS_KEY", default_value = "", value_name = "FILE")]
+    pub tls_key: String,
+
+    /// Authenticate (client certificate or bearer token) and authorize
+    /// (SubjectAccessReview on nodes/proxy, nodes/log, nodes/stats,
+    /// nodes/metrics) every kubelet API request but /healthz.
+    /// --kubelet-auth=false serves the API to anyone who reaches the port.
+    #[arg(
+        long,
+        env = "VK_KUBELET_AUTH",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = BoolishValueParser::new(),
+        value_name = "BOOL"
+    )]
+    pub kubelet_auth: bool,
+
+    /// PEM bundle of CAs that sign kubelet API client certificates. Default:
+    /// the key "client-ca-file" of the ConfigMap
+    /// kube-system/extension-apiserver-authentication, read once at start.
+    #[arg(
+        long,
+        env = "VK_CLIENT_CA_FILE",
+        default_value = "",
+        value_name = "FILE"
+    )]
+    pub client_ca_file: String,
+
+    /// Let unauthenticated kubelet API requests through as
+    /// system:anonymous (still subject to authorization).
+    #[arg(
+        long,
+        env = "VK_ANONYMOUS_AUTH",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = BoolishValueParser::new(),
+        value_name = "BOOL"
+    )]
+    pub anonymous_auth: bool,
+}
+
+/// The Kubernetes client.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Kubernetes client")]
+pub struct KubeArgs {
+    /// Path of a kubeconfig file (used when not running in a cluster;
+    /// takes precedence over $KUBECONFIG).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Client-side QPS for every Kubernetes client (never a stricter limit).
+    #[arg(long, default_value_t = defaults::KUBE_API_QPS, value_name = "QPS")]
+    pub kube_api_qps: f32,
+
+    /// Client-side burst for every Kubernetes client.
+    #[arg(long, default_value_t = defaults::KUBE_API_BURST, value_name = "N")]
+    pub kube_api_burst: u32,
+}
+
+/// sandboxd: where it is and the token it is called with (the daemon's flags and environment variables; `vk-sandbox claims verify` takes the same).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "sandboxd")]
+pub struct SandboxdArgs {
+    /// sandboxd base URL (http(s)://host[:port]; trailing "/" trimmed).
+    #[arg(long, env = "SANDBOXD_URL", default_value = defaults::SANDBOXD_URL, value_name = "URL")]
+    pub sandboxd_url: String,
+
+    /// File holding the sandboxd node (root) API token, read once at start
+    /// (whitespace trimmed). Unset or empty file: no Authorization header.
+    #[arg(
+        long,
+        env = "SANDBOXD_TOKEN_FILE",
+        default_value = "",
+        value_name = "FILE"
+    )]
+    pub sandboxd_token_file: String,
+}
+
+/// The claims state (release credentials).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Claims state")]
+pub struct StateArg {
+    /// Claims table file (release credentials). Its directory is created
+    /// with mode 0700 if missing and must be writable.
+    #[arg(long, env = "VK_STATE_PATH", default_value = defaults::STATE_PATH, value_name = "FILE")]
+    pub state_path: String,
+}
+
+/// The orphan audit (report only).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Orphan audit")]
+pub struct AuditArgs {
+    /// Cadence of the sandboxd orphan audit (Go duration, e.g. 60s, 1m30s);
+    /// 0 or negative disables it.
+    #[arg(long, default_value = defaults::ORPHAN_SCAN_INTERVAL, value_name = "DURATION", allow_hyphen_values = true)]
+    pub orphan_scan_interval: String,
+}
+
+/// NodeInventory publishing.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "NodeInventory")]
+pub struct InventoryArgs {
+    /// Publish the NodeInventory object (--publish-inventory or
+    /// --publish-inventory=true|false).
+    #[arg(
+        long,
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = BoolishValueParser::new(),
+        value_name = "BOOL"
+    )]
+    pub publish_inventory: bool,
+
+    /// NodeInventory publish cadence (Go duration; must be > 0 when
+    /// publishing).
+    #[arg(long, default_value = defaults::PUBLISH_INTERVAL, value_name = "DURATION", allow_hyphen_values = true)]
+    pub publish_interval: String,
+
+    /// API group of the published NodeInventory (e.g.
+    /// extensions.agents.x-k8s.io for operators that read that group).
+    #[arg(long, env = "VK_INVENTORY_GROUP", default_value = defaults::INVENTORY_GROUP, value_name = "GROUP")]
+    pub inventory_group: String,
+
+    /// host:port published in the NodeInventory for clients to reach
+    /// sandboxd. Default: the host[:port] of --sandboxd-url (loopback by
+    /// default, so operators should set it).
+    #[arg(
+        long,
+        env = "SANDBOXD_ADVERTISE_ADDR",
+        default_value = "",
+        value_name = "HOST:PORT"
+    )]
+    pub sandboxd_advertise_addr: String,
+}
+
+/// The admin port and logs.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Admin and logs")]
+pub struct AdminArgs {
+    /// Admin (plain HTTP) bind address for /metrics, /livez and /readyz.
+    #[arg(long, env = "VK_ADMIN_ADDR", default_value = defaults::ADMIN_ADDR, value_name = "HOST:PORT")]
+    pub admin_addr: String,
+
+    /// Log line format on stderr.
+    #[arg(long, env = "VK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Log output format (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The clap command with environment defaults applied from `env`.
+///
+/// For each argument that names an environment variable: clap's own
+/// (process-environment, empty-counts-as-set) reading is removed, a
+/// non-empty value from `env` becomes the argument's default, and the
+/// variable's name is appended to the help text.
+pub fn command(env: &dyn Fn(&str) -> Option<String>) -> clap::Command {
+    with_env(Cli::command(), env)
+}
+
+/// [`command`]'s environment defaults on `cmd` and, recursively, on its
+/// subcommands (`preflight`, `claims list`, …).
+fn with_env(cmd: clap::Command, env: &dyn Fn(&str) -> Option<String>) -> clap::Command {
+    let subcommands: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    let mut cmd = cmd.mut_args(|arg| {
+        let Some(var) = arg.get_env().and_then(|v| v.to_str()).map(str::to_owned) else {
+            return arg;
+        };
+        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+        let mut arg = arg
+            .env(None::<&'static str>)
+            .help(format!("{help} [env: {var}]"));
+        if let Some(value) = env(&var).filter(|v| !v.is_empty()) {
+            arg = arg.default_value(value);
+        }
+        arg
+    });
+    for name in subcommands {
+        cmd = cmd.mut_subcommand(name, |c| with_env(c, env));
+    }
+    cmd
+}
+
+/// Parse `args` (argv, including the program name) with environment
+/// defaults from `env`. Errors include `--help` and `--version`, which the
+/// caller shows with `clap::Error::exit` (exit 0 for those, 2 for usage).
+pub fn parse_from<I, T>(args: I, env: &dyn Fn(&str) -> Option<String>) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let mut matches = command(env).try_get_matches_from(args)?;
+    Cli::from_arg_matches_mut(&mut matches)
+}
+
+/// [`parse_from`] on the process's argv and environment; prints help,
+/// version or the usage error and exits as clap does.
+pub fn parse_process_args() -> Cli {
+    let env = |name: &str| std::env::var(name).ok();
+    parse_from(std::env::args_os(), &env).unwrap_or_else(|e| e.exit())
+}

@@ -1,0 +1,72 @@
+//! Command line and environment (behaviour.md §1.1, decisions.md D1, D5).
+//!
+//! Two steps, both before anything touches the cluster:
+//!
+//! 1. [`parse_from`] turns argv plus an environment lookup into [`Cli`].
+//!    An environment variable only supplies a flag's *default*: an explicit
+//!    flag always wins, and a variable set to the empty string counts as
+//!    unset. clap's own `env` support treats an empty variable as set, so the
+//!    `env = "…"` attributes below only *name* the variable; [`parse_from`]
+//!    strips clap's reading and feeds non-empty values in as defaults.
+//! 2. [`Config::from_args`] validates every value into a typed [`Config`]:
+//!    quantities, listen addresses, intervals, the sandboxd URL, labels, the
+//!    token file (read once, trimmed), and the state directory (created 0700
+//!    if missing, then proved writable). Every problem found is reported at
+//!    once, each naming the flag, its environment variable, the value and the
+//!    fix.
+//!
+//! The flags live in [`RunArgs`], one group per concern (node, kubelet API,
+//! Kubernetes client, sandboxd, claims state, orphan audit, NodeInventory,
+//! admin), flattened into the top-level command (no subcommand = run).
+//!
+//! - [`cli`]: the flags and their parsing;
+//! - [`values`]: pure parsers of the Go-compatible values (listen
+//!   addresses, quantities, durations, labels);
+//! - [`settings`]: the validated, typed configuration;
+//! - `validate`: from flags to settings, every problem reported at once.
+//!
+//! `vk-sandbox preflight [flags]` ([`Command::Preflight`]) takes the same
+//! flags and environment and checks them against the world instead of
+//! running (see [`crate::preflight`]).
+//!
+//! `KUBECONFIG` is deliberately not a clap env var: credentials come from
+//! kube's default order (in-cluster, then `--kubeconfig`, then
+//! `$KUBECONFIG`, then `~/.kube/config`).
+
+pub mod cli;
+pub mod settings;
+mod validate;
+pub mod values;
+
+#[cfg(test)]
+mod tests;
+
+pub use cli::{
+    AdminArgs, AuditArgs, Cli, Command, InventoryArgs, KubeArgs, KubeletArgs, LogFormat, NodeArgs,
+    RunArgs, SandboxdArgs, StateArg, command, parse_from, parse_process_args,
+};
+pub use settings::{
+    Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, KubeletSettings,
+    SandboxdConfig, TlsFiles,
+};
+pub use values::{
+    ListenAddr, advertise_default, parse_go_duration, parse_node_labels, validate_quantity,
+};
+
+/// Defaults of behaviour.md §1.1 (and D1/D2/D5), shared by `--help` and tests.
+pub mod defaults {
+    pub const NODE_NAME: &str = "vk-sandboxd";
+    pub const LISTEN_ADDR: &str = ":10260";
+    pub const ADMIN_ADDR: &str = ":10261";
+    pub const NODE_CPU: &str = "4000";
+    pub const NODE_MEMORY: &str = "8Ti";
+    pub const NODE_PODS: &str = "2000";
+    pub const KUBE_API_QPS: f32 = 200.0;
+    pub const KUBE_API_BURST: u32 = 400;
+    pub const SANDBOXD_URL: &str = "http://127.0.0.1:7777";
+    pub const STATE_PATH: &str = "/var/lib/vk-sandbox/claims.json";
+    pub const ORPHAN_SCAN_INTERVAL: &str = "60s";
+    pub const PUBLISH_INTERVAL: &str = "30s";
+    pub const NODE_LABELS: &str = "sandbox.cocoonstack.io/runtime=sandboxd";
+    pub const INVENTORY_GROUP: &str = "sandbox.cocoonstack.io";
+}

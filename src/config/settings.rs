@@ -1,0 +1,119 @@
+//! The validated configuration, typed, and its projections.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::cli::LogFormat;
+use super::values::ListenAddr;
+use crate::sandboxd::Secret;
+
+/// `--tls-cert` / `--tls-key` as given (empty = unset). Whether the pair is
+/// usable (both regular files) is decided when the kubelet API starts and
+/// again on every reload check.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+/// Kubelet API authentication/authorization (decisions.md D5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletAuthConfig {
+    /// `--kubelet-auth`: false serves every route to anyone.
+    pub enabled: bool,
+    /// `--anonymous-auth`: unauthenticated requests become system:anonymous.
+    pub anonymous: bool,
+    /// `--client-ca-file`; `None` = read the cluster's
+    /// kube-system/extension-apiserver-authentication `client-ca-file`.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// Node capacity (= allocatable).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capacity {
+    pub cpu: Quantity,
+    pub memory: Quantity,
+    pub pods: Quantity,
+}
+
+/// Kubernetes client settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubeClientConfig {
+    pub kubeconfig: Option<PathBuf>,
+    pub qps: f32,
+    pub burst: u32,
+}
+
+/// sandboxd connection settings.
+#[derive(Debug, Clone)]
+pub struct SandboxdConfig {
+    /// Base URL, trailing `/` trimmed.
+    pub url: String,
+    /// `host[:port]` for the NodeInventory.
+    pub advertise_addr: String,
+    /// The node (root) token; `None` = no Authorization header.
+    pub token: Option<Secret>,
+    /// Where the token came from (for messages only).
+    pub token_file: Option<PathBuf>,
+}
+
+/// NodeInventory publishing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryConfig {
+    pub publish: bool,
+    /// Positive whenever `publish`; zero when publishing is off and the
+    /// flag was `<= 0`.
+    pub interval: Duration,
+    pub group: String,
+}
+
+/// Everything validated, ready to run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_name: String,
+    /// `None` when `--node-ip` is empty.
+    pub node_ip: Option<String>,
+    pub listen_addr: ListenAddr,
+    pub admin_addr: ListenAddr,
+    pub tls: TlsFiles,
+    pub capacity: Capacity,
+    pub kube: KubeClientConfig,
+    pub sandboxd: SandboxdConfig,
+    /// The claims file; its directory exists and is writable.
+    pub state_path: PathBuf,
+    /// `None` = the orphan audit is disabled (`<= 0`).
+    pub orphan_scan_interval: Option<Duration>,
+    pub inventory: InventoryConfig,
+    /// Extra Node labels from `--node-labels`.
+    pub node_labels: BTreeMap<String, String>,
+    pub kubelet_auth: KubeletAuthConfig,
+    pub log_format: LogFormat,
+    /// Node status heartbeat period (> 0).
+    pub node_status_interval: Duration,
+}
+
+/// What the kubelet API is built from (a projection of [`Config`], as
+/// the node has [`crate::node::NodeSettings`]).
+#[derive(Debug, Clone)]
+pub struct KubeletSettings {
+    pub node_name: String,
+    pub node_ip: Option<String>,
+    pub listen_addr: ListenAddr,
+    pub tls: TlsFiles,
+    pub auth: KubeletAuthConfig,
+}
+
+impl Config {
+    pub fn kubelet(&self) -> KubeletSettings {
+        KubeletSettings {
+            node_name: self.node_name.clone(),
+            node_ip: self.node_ip.clone(),
+            listen_addr: self.listen_addr.clone(),
+            tls: self.tls.clone(),
+            auth: self.kubelet_auth.clone(),
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! From flags to the typed configuration: every value checked, every
+//! problem collected and reported at once, each naming the flag, its
+//! environment variable, the value and the fix.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::cli::RunArgs;
+use super::settings::{
+    Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, SandboxdConfig,
+    TlsFiles,
+};
+use super::values::{
+    ListenAddr, advertise_default, check_label_key, check_label_value, nanos_to_duration,
+    parse_go_duration, parse_node_labels, validate_quantity,
+};
+use crate::error::{Error, Result};
+use crate::sandboxd::Secret;
+
+/// Collects problems so one run reports all of them.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn push(&mut self, flag: &str, env: Option<&str>, value: &str, problem: &str, fix: &str) {
+        let name = match env {
+            Some(env) => format!("--{flag} (env {env})"),
+            None => format!("--{flag}"),
+        };
+        self.0.push(format!("{name}={value:?}: {problem}; {fix}"));
+    }
+}
+
+fn non_empty_path(s: &str) -> Option<PathBuf> {
+    (!s.is_empty()).then(|| PathBuf::from(s))
+}
+
+impl Config {
+    /// Validate `args`; read the token file; create (0700) and prove
+    /// writable the state directory. Touches no cluster.
+    pub fn from_args(args: &RunArgs) -> Result<Config> {
+        Self::validate(args, true)
+    }
+
+    /// [`Config::from_args`] without the state directory step: nothing on
+    /// disk is created or probed (`vk-sandbox preflight` checks the state
+    /// path itself, read-only).
+    pub fn from_args_without_state_check(args: &RunArgs) -> Result<Config> {
+        Self::validate(args, false)
+    }
+
+    fn validate(args: &RunArgs, check_state: bool) -> Result<Config> {
+        let mut p = Problems::default();
+
+        let listen_addr = ListenAddr::parse(&args.kubelet.listen_addr)
+            .map_err(|why| {
+                p.push(
+                    "listen-addr",
+                    Some("VK_LISTEN_ADDR"),
+                    &args.kubelet.listen_addr,
+                    &format!("parse --listen-addr: {why}"),
+                    "give host:port with a port in 1-65535, e.g. :10260 or 10.0.0.5:10260",
+                )
+            })
+            .ok();
+        let admin_addr = ListenAddr::parse(&args.admin.admin_addr)
+            .map_err(|why| {
+                p.push(
+                    "admin-addr",
+                    Some("VK_ADMIN_ADDR"),
+                    &args.admin.admin_addr,
+                    &format!("parse --admin-addr: {why}"),
+                    "give host:port with a port in 1-65535, e.g. :10261 or 127.0.0.1:10261",
+                )
+            })
+            .ok();
+
+        let mut quantity = |flag: &str, env: &str, value: &str| {
+            validate_quantity(value)
+                .map_err(|why| {
+                    p.push(
+                        flag,
+                        Some(env),
+                        value,
+                        &format!("not a usable Kubernetes quantity: {why}"),
+                        "give a positive quantity such as 4000, 500m, 8Ti or 64Gi",
+                    )
+                })
+                .ok()
+        };
+        let cpu = quantity("node-cpu", "VK_NODE_CPU", &args.node.node_cpu);
+        let memory = quantity("node-memory", "VK_NODE_MEMORY", &args.node.node_memory);
+        let pods = quantity("node-pods", "VK_NODE_PODS", &args.node.node_pods);
+
+        if !(args.kube.kube_api_qps.is_finite() && args.kube.kube_api_qps > 0.0) {
+            p.push(
+                "kube-api-qps",
+                None,
+                &args.kube.kube_api_qps.to_string(),
+                "must be a positive number",
+                "give e.g. --kube-api-qps=200",
+            );
+        }
+        if args.kube.kube_api_burst == 0 {
+            p.push(
+                "kube-api-burst",
+                None,
+                "0",
+                "must be at least 1",
+                "give e.g. --kube-api-burst=400",
+            );
+        }
+
+        if args.node.node_name.trim().is_empty() {
+            p.push(
+                "node-name",
+                Some("VK_NODE_NAME"),
+                &args.node.node_name,
+                "the node name is empty",
+                "give a DNS name such as node-a-sandboxd",
+            );
+        }
+
+        let url = crate::sandboxd::normalise_base_url(&args.sandboxd.sandboxd_url)
+            .map_err(|e| {
+                p.push(
+                    "sandboxd-url",
+                    Some("SANDBOXD_URL"),
+                    &args.sandboxd.sandboxd_url,
+                    &e.to_string(),
+                    "give e.g. http://127.0.0.1:7777",
+                )
+            })
+            .ok();
+        let advertise_addr = if args.inventory.sandboxd_advertise_addr.is_empty() {
+            advertise_default(url.as_deref().unwrap_or(&args.sandboxd.sandboxd_url))
+        } else {
+            args.inventory.sandboxd_advertise_addr.clone()
+        };
+
+        let orphan_scan_interval = match parse_go_duration(&args.audit.orphan_scan_interval) {
+            Ok(n) if n <= 0 => None,
+            Ok(n) => Some(nanos_to_duration(n)),
+            Err(why) => {
+                p.push(
+                    "orphan-scan-interval",
+                    None,
+                    &args.audit.orphan_scan_interval,
+                    &format!("not a Go duration: {why}"),
+                    "give e.g. 60s or 5m (0 disables the scan)",
+                );
+                None
+            }
+        };
+        let node_status_interval = match parse_go_duration(&args.node.node_status_interval) {
+            Ok(n) if n > 0 => nanos_to_duration(n),
+            Ok(_) | Err(_) => {
+                p.push(
+                    "node-status-interval",
+                    None,
+                    &args.node.node_status_interval,
+                    "must be a Go duration greater than zero",
+                    "give e.g. 60s",
+                );
+                Duration::from_secs(60)
+            }
+        };
+        let publish_interval = match parse_go_duration(&args.inventory.publish_interval) {
+            Ok(n) if n > 0 => nanos_to_duration(n),
+            Ok(_) if args.inventory.publish_inventory => {
+                p.push(
+                    "publish-interval",
+                    None,
+                    &args.inventory.publish_interval,
+                    "must be greater than zero while --publish-inventory is on",
+                    "give e.g. 30s",
+                );
+                Duration::ZERO
+            }
+            Ok(_) => Duration::ZERO,
+            Err(why) => {
+                p.push(
+                    "publish-interval",
+                    None,
+                    &args.inventory.publish_interval,
+                    &format!("not a Go duration: {why}"),
+                    "give e.g. 30s",
+                );
+                Duration::ZERO
+            }
+        };
+        if args.inventory.inventory_group.trim().is_empty()
+            || args.inventory.inventory_group.contains('/')
+        {
+            p.push(
+                "inventory-group",
+                Some("VK_INVENTORY_GROUP"),
+                &args.inventory.inventory_group,
+                "not an API group name",
+                "give e.g. sandbox.cocoonstack.io or extensions.agents.x-k8s.io",
+            );
+        }
+
+        let node_labels = parse_node_labels(&args.node.node_labels);
+        for (key, value) in &node_labels {
+            if let Err(why) = check_label_key(key).and_then(|()| check_label_value(value)) {
+                p.push(
+                    "node-labels",
+                    None,
+                    &args.node.node_labels,
+                    &why,
+                    "use Kubernetes label syntax, e.g. --node-labels=zone=a,team=infra",
+                );
+            }
+        }
+
+        let client_ca_file = non_empty_path(&args.kubelet.client_ca_file);
+        if let Some(path) = &client_ca_file
+            && let Err(e) = std::fs::metadata(path)
+        {
+            p.push(
+                "client-ca-file",
+                Some("VK_CLIENT_CA_FILE"),
+                &args.kubelet.client_ca_file,
+                &format!("cannot read it: {e}"),
+                "give a readable PEM CA bundle, or leave it empty to use the cluster's \
+                 kube-system/extension-apiserver-authentication client CA",
+            );
+        }
+
+        // Token: read once, trimmed; an empty file means no token.
+        let token_file = non_empty_path(&args.sandboxd.sandboxd_token_file);
+        let token = match &token_file {
+            None => None,
+            Some(path) => match crate::sandboxd::read_token_file(path) {
+                Ok(token) => token.map(Secret::new),
+                Err(e) => {
+                    p.push(
+                        "sandboxd-token-file",
+                        Some("SANDBOXD_TOKEN_FILE"),
+                        &args.sandboxd.sandboxd_token_file,
+                        &e.to_string(),
+                        "make the file readable by this process, or unset the flag to send \
+                         no token",
+                    );
+                    None
+                }
+            },
+        };
+
+        // State path last: only touch the disk when it can matter.
+        let state_path = if args.state.state_path.is_empty() {
+            p.push(
+                "state-path",
+                Some("VK_STATE_PATH"),
+                "",
+                "--state-path is required (it holds the claims' release credentials)",
+                "give a file path such as /var/lib/vk-sandbox/claims.json",
+            );
+            None
+        } else if !check_state {
+            Some(PathBuf::from(&args.state.state_path))
+        } else if p.0.is_empty() {
+            let path = PathBuf::from(&args.state.state_path);
+            match crate::claims::dir::ensure_state_writable(&path) {
+                Ok(()) => Some(path),
+                Err(why) => {
+                    p.push(
+                        "state-path",
+                        Some("VK_STATE_PATH"),
+                        &args.state.state_path,
+                        &format!("claims state is not writable: {why}"),
+                        "make the directory writable by this process's user (chown, fsGroup, \
+                         or a writable volume), or point the flag elsewhere",
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+
+        if !p.0.is_empty() {
+            return Err(Error::Config(if p.0.len() == 1 {
+                p.0.remove(0)
+            } else {
+                format!("{} problems:\n  {}", p.0.len(), p.0.join("\n  "))
+            }));
+        }
+        // Every Option below is Some when no problem was recorded.
+        let missing = || Error::Config("internal: a validated value is missing".into());
+        Ok(Config {
+            node_name: args.node.node_name.clone(),
+            node_ip: (!args.node.node_ip.is_empty()).then(|| args.node.node_ip.clone()),
+            listen_addr: listen_addr.ok_or_else(missing)?,
+            admin_addr: admin_addr.ok_or_else(missing)?,
+            tls: TlsFiles {
+                cert: non_empty_path(&args.kubelet.tls_cert),
+                key: non_empty_path(&args.kubelet.tls_key),
+            },
+            capacity: Capacity {
+                cpu: cpu.ok_or_else(missing)?,
+                memory: memory.ok_or_else(missing)?,
+                pods: pods.ok_or_else(missing)?,
+            },
+            kube: KubeClientConfig {
+                kubeconfig: args.kube.kubeconfig.clone(),
+                qps: args.kube.kube_api_qps,
+                burst: args.kube.kube_api_burst,
+            },
+            sandboxd: SandboxdConfig {
+                url: url.ok_or_else(missing)?,
+                advertise_addr,
+                token,
+                token_file,
+            },
+            state_path: state_path.ok_or_else(missing)?,
+            orphan_scan_interval,
+            inventory: InventoryConfig {
+                publish: args.inventory.publish_inventory,
+                interval: publish_interval,
+                group: args.inventory.inventory_group.trim().to_string(),
+            },
+            node_labels,
+            kubelet_auth: KubeletAuthConfig {
+                enabled: args.kubelet.kubelet_auth,
+                anonymous: args.kubelet.anonymous_auth,
+                client_ca_file,
+            },
+            log_format: args.admin.log_format,
+            node_status_interval,
+        })
+    }
+}
