@@ -146,7 +146,7 @@ async fn run(cfg: Config) -> Result<()> {
 
     let metrics = Metrics::new()?;
     let health = Health::new();
-    let (client, source) = kube_client::client(cfg.kube.kubeconfig.clone()).await?;
+    let (client, source) = kube_client::client(&cfg.kube).await?;
     info!(?source, node = %cfg.node_name, "Kubernetes credentials loaded");
 
     let sandboxd = SandboxdClient::builder(cfg.sandboxd.url.clone())

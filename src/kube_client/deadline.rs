@@ -182,7 +182,12 @@ mod tests {
         });
         let mut cfg = kube::Config::new(format!("http://{addr}").parse().expect("url"));
         cfg.default_namespace = "default".into();
-        let client = crate::kube_client::build(cfg, Duration::from_millis(300)).expect("client");
+        let limits = crate::kube_client::Limits {
+            call_deadline: Duration::from_millis(300),
+            qps: 100.0,
+            burst: 100,
+        };
+        let client = crate::kube_client::build(cfg, limits).expect("client");
         let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
             kube::Api::namespaced(client.clone(), "default");
         let started = std::time::Instant::now();

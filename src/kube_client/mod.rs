@@ -1,9 +1,11 @@
 //! The Kubernetes client: credentials in kube-rs's order (in-cluster
 //! service account first, then `--kubeconfig`, then `$KUBECONFIG`, then
-//! `~/.kube/config`), vk-sandbox's User-Agent, and a deadline on every call
-//! that is not a watch ([`deadline`]).
+//! `~/.kube/config`), vk-sandbox's User-Agent, a deadline on every call
+//! that is not a watch ([`deadline`]) and the `--kube-api-qps`/`-burst`
+//! token bucket ([`rate`]).
 
 pub mod deadline;
+pub mod rate;
 
 use std::path::PathBuf;
 
@@ -33,8 +35,7 @@ fn kubeconfig_candidates(flag: Option<PathBuf>) -> Vec<PathBuf> {
     v
 }
 
-/// Builds the client configuration. kube-rs applies no client-side rate
-/// limit, so nothing here is stricter than `--kube-api-qps/burst`.
+/// Builds the client configuration.
 pub async fn config(kubeconfig_flag: Option<PathBuf>) -> Result<(Config, Source)> {
     if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
         match Config::incluster() {
@@ -72,16 +73,31 @@ pub async fn config(kubeconfig_flag: Option<PathBuf>) -> Result<(Config, Source)
     ))
 }
 
-pub async fn client(kubeconfig_flag: Option<PathBuf>) -> Result<(Client, Source)> {
-    let (cfg, source) = config(kubeconfig_flag).await?;
-    Ok((build(cfg, deadline::DEFAULT)?, source))
+pub async fn client(settings: &crate::config::KubeClientConfig) -> Result<(Client, Source)> {
+    let (cfg, source) = config(settings.kubeconfig.clone()).await?;
+    let limits = Limits {
+        call_deadline: deadline::DEFAULT,
+        qps: settings.qps,
+        burst: settings.burst,
+    };
+    Ok((build(cfg, limits)?, source))
+}
+
+/// The client-side limits of every request.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bound of each non-watch call, send to the end of its body.
+    pub call_deadline: std::time::Duration,
+    /// `--kube-api-qps` / `--kube-api-burst`.
+    pub qps: f32,
+    pub burst: u32,
 }
 
 /// The client for `cfg`: vk-sandbox's User-Agent (the apiserver names the
 /// field manager of writes that name none after it), and every request but
-/// a watch bounded by `call_deadline` from sending it to the end of the
-/// reply's body.
-pub fn build(mut cfg: Config, call_deadline: std::time::Duration) -> Result<Client> {
+/// a watch rate-limited and bounded by its deadline from sending it to the
+/// end of the reply's body.
+pub fn build(mut cfg: Config, limits: Limits) -> Result<Client> {
     cfg.headers.push((
         http::header::USER_AGENT,
         http::HeaderValue::from_static(crate::identity::USER_AGENT),
@@ -89,6 +105,7 @@ pub fn build(mut cfg: Config, call_deadline: std::time::Duration) -> Result<Clie
     let builder = kube::client::ClientBuilder::try_from(cfg)
         .map_err(|e| Error::kube("build the Kubernetes client", e))?;
     Ok(builder
-        .with_layer(&deadline::DeadlineLayer::new(call_deadline))
+        .with_layer(&deadline::DeadlineLayer::new(limits.call_deadline))
+        .with_layer(&rate::RateLimitLayer::new(limits.qps, limits.burst))
         .build())
 }
