@@ -1,0 +1,593 @@
+//! The provider: turns Pod creates and deletes into sandboxd claims and
+//! releases, holding the durable claims store and the in-memory table of
+//! tracked Pods (behaviour.md §3.2–§3.4, §3.7, §4.5; decisions.md D3, D7).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use serde_json::Value;
+use tracing::{info, warn};
+
+use super::annotations::{self, key};
+use super::authority::{self, OwnerResolver, Verdict};
+use super::claim_ref;
+use super::status::{self, ClaimView};
+use crate::claims::{Claim, ClaimState, ClaimsStore};
+use crate::sandboxd::{
+    Op, SandboxRow, SandboxdClient, SandboxdError, Secret, pod_ip_from_owner_addr,
+};
+
+/// Compensating releases run on their own deadline, detached from the
+/// caller (behaviour.md §3.2 steps 5 and 10).
+const UNDO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a create did not produce a Running Pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateFailure {
+    /// `ProviderFailed` or `NoWarmCapacity` (decisions.md D3).
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl CreateFailure {
+    fn provider(message: impl Into<String>) -> Self {
+        CreateFailure {
+            reason: "ProviderFailed",
+            message: message.into(),
+        }
+    }
+}
+
+/// What a successful create did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    Claimed {
+        id: String,
+        status: Value,
+    },
+    /// A claim kept from an earlier Pod under the same key.
+    Adopted {
+        id: String,
+        status: Value,
+    },
+    /// This same Pod's own claim, seen again after a restart: nothing
+    /// changed hands, so there is nothing to announce.
+    Resumed {
+        id: String,
+        status: Value,
+    },
+}
+
+/// What a provider delete did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deleted {
+    /// A newer Pod holds the key: this request was for an old generation.
+    Stale,
+    /// No claim was held for the key.
+    NothingHeld,
+    Preserved {
+        id: String,
+        reason: String,
+    },
+    Released {
+        id: String,
+        reason: String,
+    },
+    /// The owner is gone, but the claim holds no release credential (it
+    /// was recovered without one) and no node token is configured (sandboxd
+    /// in open mode): nothing here can release it. The row is dropped so
+    /// the Pod is not held Terminating; the sandbox ends at its deadline.
+    LeftToExpire {
+        id: String,
+        reason: String,
+    },
+}
+
+pub struct Provider {
+    client: Client,
+    sandboxd: SandboxdClient,
+    claims: Arc<ClaimsStore>,
+    owners: OwnerResolver,
+    /// Pods this provider has claimed for or adopted, by key. Shared with
+    /// the watch cache (the same `Arc`), not a second copy of each Pod.
+    tracked: Mutex<HashMap<String, Arc<Pod>>>,
+    /// Keys to check for strays before claiming for them again.
+    strays: Mutex<strays::Strays>,
+    /// Whether the last sandboxd listing succeeded; while it has not,
+    /// [`Provider::refresh_needed`] asks the side loop to list again, so
+    /// strays and quarantined rows are looked at as soon as sandboxd is back.
+    listing_ok: std::sync::atomic::AtomicBool,
+    /// The tenant-token warning was logged (once per process).
+    said_not_root: std::sync::atomic::AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding these locks cannot leave them inconsistent
+    // (single inserts/removes), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or_default()
+}
+
+/// The view a status is built from; `None` address when owner_addr has no
+/// usable IP (the Pod then runs without an IP, and the Sandbox says so).
+pub fn view(claim: &Claim) -> ClaimView<'_> {
+    ClaimView {
+        id: &claim.id,
+        ip: pod_ip_from_owner_addr(&claim.address)
+            .ok()
+            .map(|ip| ip.to_string()),
+        claimed_at: claim.claimed_at,
+        deadline: claim.deadline,
+    }
+}
+
+impl Provider {
+    pub fn new(client: Client, sandboxd: SandboxdClient, claims: Arc<ClaimsStore>) -> Provider {
+        Provider {
+            client,
+            sandboxd,
+            claims,
+            owners: OwnerResolver::default(),
+            tracked: Mutex::new(HashMap::new()),
+            strays: Mutex::new(strays::Strays::default()),
+            listing_ok: std::sync::atomic::AtomicBool::new(false),
+            said_not_root: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Lists sandboxd. Every successful listing also recomputes which keys
+    /// have stray rows of ours; a failed one marks the listing as needed
+    /// again (a failed list is never an empty one).
+    pub async fn list(&self) -> Result<Vec<SandboxRow>, SandboxdError> {
+        use std::sync::atomic::Ordering;
+        match self.sandboxd.list().await {
+            Ok(listing) => {
+                self.note_listing(&listing);
+                self.listing_ok.store(true, Ordering::Relaxed);
+                Ok(listing)
+            }
+            Err(e) => {
+                self.listing_ok.store(false, Ordering::Relaxed);
+                if e.status() == Some(403) && !self.said_not_root.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        error = %e,
+                        "sandboxd refuses to list with this token: it is not the node (root) \
+                         token (a tenant token?); claims cannot be verified nor strays returned \
+                         until vk-sandbox is given sandboxd's root api_token in \
+                         --sandboxd-token-file (vk-sandbox preflight checks it)"
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether no listing has succeeded since start-up or since the last
+    /// failed one.
+    pub fn refresh_needed(&self) -> bool {
+        !self.listing_ok.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether sandboxd can be asked to release any sandbox by id (a node
+    /// token is configured). Without one (open mode) strays cannot be
+    /// returned and are left to their deadline.
+    fn can_release_by_id(&self) -> bool {
+        self.sandboxd.has_token()
+    }
+
+    pub fn tracked(&self, key: &str) -> Option<Arc<Pod>> {
+        lock(&self.tracked).get(key).cloned()
+    }
+
+    pub fn tracked_pods(&self) -> Vec<Pod> {
+        let mut v: Vec<Pod> = lock(&self.tracked)
+            .values()
+            .map(|p| Pod::clone(p))
+            .collect();
+        v.sort_by_key(key);
+        v
+    }
+
+    pub fn tracked_keys(&self) -> Vec<String> {
+        lock(&self.tracked).keys().cloned().collect()
+    }
+
+    fn track(&self, pod: &Arc<Pod>) {
+        lock(&self.tracked).insert(key(pod), Arc::clone(pod));
+    }
+
+    fn untrack(&self, key: &str, uid: &str) {
+        let mut t = lock(&self.tracked);
+        if t.get(key)
+            .is_some_and(|p| p.metadata.uid.as_deref().unwrap_or_default() == uid)
+        {
+            t.remove(key);
+        }
+    }
+
+    /// Whether the claims store holds a claim (any state) for `key`.
+    pub fn holds(&self, key: &str) -> bool {
+        self.claims.get(key).is_some()
+    }
+
+    /// Replaces the tracked copy (an update of the same Pod generation).
+    pub fn update_tracked(&self, pod: &Arc<Pod>) {
+        let k = key(pod);
+        let mut t = lock(&self.tracked);
+        if t.get(&k).is_some_and(|p| uid(p) == uid(pod)) {
+            t.insert(k, Arc::clone(pod));
+        }
+    }
+
+    /// The running status for a key's settled claim, if it holds one whose
+    /// lease is not known to be over.
+    pub fn running_status(&self, pod: &Pod) -> Option<(String, Value)> {
+        let (claim, state) = self.claims.get(&key(pod))?;
+        if state != ClaimState::Settled {
+            return None;
+        }
+        Some((claim.id.clone(), status::running(pod, &view(&claim))))
+    }
+
+    /// Create (behaviour.md §3.2): adopt a held claim or claim a new sandbox.
+    pub async fn create(&self, pod: &Arc<Pod>) -> Result<Created, CreateFailure> {
+        let k = key(pod);
+        // 1. Runtime gate.
+        annotations::runtime_gate(pod).map_err(CreateFailure::provider)?;
+
+        // 2. A claim from a previous run must be vouched for by sandboxd.
+        if let Some((_, ClaimState::Quarantined)) = self.claims.get(&k) {
+            self.refresh().await.map_err(|e| {
+                CreateFailure::provider(format!(
+                    "a claim from a previous run is unverified and sandboxd cannot be listed; \
+                     refusing to claim over a possibly live sandbox: {e}"
+                ))
+            })?;
+        }
+
+        // 3. A settled claim past its cached deadline: sandboxd decides.
+        if let Some((claim, ClaimState::Settled)) = self.claims.get(&k)
+            && claim.deadline.is_some_and(|d| d <= Timestamp::now())
+        {
+            let listing = self.list().await.map_err(|e| {
+                CreateFailure::provider(format!(
+                    "the claim for {k} is past its cached deadline and sandboxd cannot be \
+                     listed; refusing to replace it: {e}"
+                ))
+            })?;
+            match listing.iter().find(|r| r.id == claim.id) {
+                Some(row) => self.take_listed_deadline(&k, &claim, row).await,
+                None => {
+                    let _ = self.claims.remove(&k, &claim.id).await;
+                }
+            }
+        }
+
+        // 4. Adopt in place: the VM outlived its previous Pod (or this
+        // process restarted under the same Pod).
+        if let Some((claim, ClaimState::Settled)) = self.claims.get(&k) {
+            let same_pod = !claim.pod_uid.is_empty() && claim.pod_uid == uid(pod);
+            if let Err(e) = self.claims.rebind(&k, &claim.id, uid(pod)).await {
+                warn!(pod = %k, error = %e, "adoption not persisted; the claim is kept in memory");
+            }
+            self.track(pod);
+            let claim = self.claims.get(&k).map(|(c, _)| c).unwrap_or(claim);
+            let (id, status) = (claim.id.clone(), status::running(pod, &view(&claim)));
+            return Ok(if same_pod {
+                Created::Resumed { id, status }
+            } else {
+                Created::Adopted { id, status }
+            });
+        }
+
+        // 5. A stranded claim (an earlier commit and undo both failed). One
+        // without a credential is a recovered claim whose commit failed: it
+        // is the Pod's running sandbox, not ours to return; drop the row and
+        // recover it again below.
+        if let Some((claim, ClaimState::Tentative)) = self.claims.get(&k)
+            && claim.token.is_empty()
+        {
+            let _ = self.claims.remove(&k, &claim.id).await;
+        }
+        if let Some((claim, ClaimState::Tentative)) = self.claims.get(&k) {
+            self.undo_release(&claim).await.map_err(|e| {
+                CreateFailure::provider(format!(
+                    "a previous sandbox {} for {k} could not be returned and its credential \
+                     is only in memory: {e}",
+                    claim.id
+                ))
+            })?;
+            let _ = self.claims.remove(&k, &claim.id).await;
+        }
+
+        // A Pod already running on a sandbox no claim holds: the claims
+        // state was lost or replaced while its VM kept serving. Adopt it
+        // (released later with the node token) rather than return it as a
+        // stray or claim a second one.
+        if let Some(adopted) = self.recover_lost_claim(pod, &k).await? {
+            return Ok(adopted);
+        }
+
+        // 6–7. What to claim.
+        let request = annotations::claim_request(pod).map_err(CreateFailure::provider)?;
+
+        // D7: return strays of this Pod's earlier claims whose reply was lost.
+        if self.suspect(&k) {
+            self.return_strays(&k, uid(pod), None).await.map_err(|e| {
+                CreateFailure::provider(format!(
+                    "cannot check for, or return, a sandbox an earlier claim for {k} may \
+                     have left behind; refusing to claim twice: {e}"
+                ))
+            })?;
+        }
+
+        // 8. Claim.
+        let granted = match self.sandboxd.claim(&request).await {
+            Ok(c) => c,
+            Err(e) => {
+                if e.is_outcome_unknown() {
+                    self.note_unknown_outcome(&k, uid(pod));
+                }
+                let reason = if e.is_capacity_miss() {
+                    "NoWarmCapacity"
+                } else {
+                    "ProviderFailed"
+                };
+                return Err(CreateFailure {
+                    reason,
+                    message: format!("claim sandbox for {k} (template {}): {e}", request.template),
+                });
+            }
+        };
+
+        // 9. Durable before it counts.
+        let claim = Claim {
+            id: granted.id.clone(),
+            token: granted.token.expose().to_string(),
+            address: granted.owner_addr.clone(),
+            pod_uid: uid(pod).to_string(),
+            claimed_at: Timestamp::now(),
+            deadline: granted.deadline.expires_at(),
+        };
+        if let Err(persist) = self.claims.commit(&k, claim.clone()).await {
+            // 10. Undo: return the sandbox rather than hold an unrecorded credential.
+            return match self.undo_release(&claim).await {
+                Ok(()) => {
+                    let _ = self.claims.remove(&k, &claim.id).await;
+                    Err(CreateFailure::provider(format!(
+                        "persist claim for {k}: {persist}"
+                    )))
+                }
+                Err(undo) => Err(CreateFailure::provider(format!(
+                    "persist claim for {k}: {persist}; returning sandbox {} also failed: {undo}",
+                    claim.id
+                ))),
+            };
+        }
+        self.track(pod);
+        // 11. Running, from the row as stored (times at the store's
+        // precision), so a later re-publish computes the same status.
+        let claim = self.claims.get(&k).map(|(c, _)| c).unwrap_or(claim);
+        Ok(Created::Claimed {
+            id: claim.id.clone(),
+            status: status::running(pod, &view(&claim)),
+        })
+    }
+
+    /// The Pod names (claim-id annotation) a sandbox sandboxd lists under
+    /// this Pod's key, and no stored claim holds it: its credential is gone
+    /// but the VM is the Pod's. Recorded with an empty token, which
+    /// [`Provider::delete`] releases with the node token.
+    async fn recover_lost_claim(
+        &self,
+        pod: &Arc<Pod>,
+        k: &str,
+    ) -> Result<Option<Created>, CreateFailure> {
+        let Some(id) = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotations::CLAIM_ID))
+            .filter(|id| !id.is_empty())
+        else {
+            return Ok(None);
+        };
+        if self.claims.held_ids().contains(id) {
+            return Ok(None);
+        }
+        let listing = self.list().await.map_err(|e| {
+            CreateFailure::provider(format!(
+                "{k} ran on sandbox {id}, which no stored claim holds, and sandboxd cannot be \
+                 listed to check whether it lives; refusing to claim a second one: {e}"
+            ))
+        })?;
+        let Some(row) = listing
+            .iter()
+            .find(|r| r.id == *id && claim_ref::names_key(&r.claim_ref, k))
+        else {
+            return Ok(None);
+        };
+        let address = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .unwrap_or_default();
+        let claim = Claim {
+            id: id.clone(),
+            token: String::new(),
+            address,
+            pod_uid: uid(pod).to_string(),
+            claimed_at: Timestamp::now(),
+            deadline: row.deadline.expires_at(),
+        };
+        if let Err(e) = self.claims.commit(k, claim.clone()).await {
+            // Nothing to undo (the sandbox is the Pod's, and there is no
+            // credential to lose): drop the row so the next try recovers it
+            // again instead of finding a stranded claim it cannot return.
+            let _ = self.claims.remove(k, id).await;
+            return Err(CreateFailure::provider(format!(
+                "persist the recovered claim of {k} on sandbox {id}: {e}"
+            )));
+        }
+        warn!(
+            pod = %k,
+            sandbox = %id,
+            "adopted a running sandbox whose release credential was not in the claims state \
+             (state file lost or replaced?); it will be released with the node token"
+        );
+        self.track(pod);
+        Ok(Some(Created::Adopted {
+            id: claim.id.clone(),
+            status: status::running(pod, &view(&claim)),
+        }))
+    }
+
+    /// Release with the claim's own token, or the node token for a claim
+    /// recovered without one. `Ok(false)`: no credential can release it
+    /// (recovered claim, no node token).
+    async fn release_claim(&self, claim: &Claim) -> Result<bool, SandboxdError> {
+        if claim.token.is_empty() {
+            if !self.can_release_by_id() {
+                return Ok(false);
+            }
+            self.release_by_id(&claim.id).await?;
+        } else {
+            let token = Secret::new(claim.token.clone());
+            self.sandboxd.release(&claim.id, &token).await?;
+        }
+        Ok(true)
+    }
+
+    async fn undo_release(&self, claim: &Claim) -> Result<(), SandboxdError> {
+        let token = Secret::new(claim.token.clone());
+        match tokio::time::timeout(UNDO_TIMEOUT, self.sandboxd.release(&claim.id, &token)).await {
+            Ok(r) => r.map(|_| ()),
+            Err(_) => Err(SandboxdError::Timeout {
+                op: Op::Release,
+                after: UNDO_TIMEOUT,
+            }),
+        }
+    }
+
+    /// One §4.5 verification pass that also refreshes the stray keys: list
+    /// sandboxd once, then lift or drop the quarantined rows. A failed list
+    /// changes nothing.
+    pub async fn refresh(&self) -> Result<(), SandboxdError> {
+        let snapshot = self.claims.quarantined();
+        let listing = self.list().await?;
+        if snapshot.is_empty() {
+            return Ok(());
+        }
+        match self.claims.apply_verification(&snapshot, &listing).await {
+            Ok(report) => info!(
+                ?report,
+                "claims from the previous run verified against sandboxd"
+            ),
+            Err(e) => warn!(error = %e, "verification could not be persisted; will retry"),
+        }
+        Ok(())
+    }
+
+    /// The claim rows the lease watch must confirm (settled, past their
+    /// deadline, with a tracked Pod) and the listing to confirm them
+    /// against; `Ok(None)` when there are none (sandboxd is not called).
+    pub async fn expiry_check(
+        &self,
+        now: Timestamp,
+    ) -> Result<Option<(Vec<(String, Claim)>, Vec<SandboxRow>)>, SandboxdError> {
+        let candidates: Vec<(String, Claim)> =
+            super::plan::expiry_candidates(self.claims.all(), now, |k| self.tracked(k).is_some())
+                .into_iter()
+                .map(|(k, c, _)| (k, c))
+                .collect();
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+        let listing = self.list().await?;
+        Ok(Some((candidates, listing)))
+    }
+
+    /// A lease-expiry candidate is still listed: take the listing's
+    /// deadline (it may have been renewed, or become "none").
+    pub async fn take_listed_deadline(&self, k: &str, claim: &Claim, row: &SandboxRow) {
+        if let Err(e) = self
+            .claims
+            .set_deadline(k, &claim.id, row.deadline.expires_at())
+            .await
+        {
+            warn!(pod = %k, error = %e, "listed deadline not persisted; kept in memory");
+        }
+    }
+
+    /// Whether `k` still holds claim `id` (the key may change hands while a
+    /// listing is in flight).
+    pub fn holds_id(&self, k: &str, id: &str) -> bool {
+        self.claims.get(k).is_some_and(|(c, _)| c.id == id)
+    }
+
+    /// Whether any claim row still waits for a listing to vouch for it.
+    pub fn has_quarantined(&self) -> bool {
+        !self.claims.quarantined().is_empty()
+    }
+
+    /// Provider Delete (behaviour.md §3.4): preserve unless the owner is
+    /// confirmed gone or tearing down; release with the claim's own token.
+    pub async fn delete(&self, pod: &Pod) -> Result<Deleted, SandboxdError> {
+        let k = key(pod);
+        if let Some(t) = self.tracked(&k)
+            && uid(&t) != uid(pod)
+        {
+            return Ok(Deleted::Stale);
+        }
+        let Some((claim, _state)) = self.claims.get(&k) else {
+            self.untrack(&k, uid(pod));
+            return Ok(Deleted::NothingHeld);
+        };
+        let owner = authority::controller_ref(pod);
+        let lookup = self.owners.lookup(&self.client, pod).await;
+        match authority::decide(owner, &lookup) {
+            Verdict::Preserve(reason) => {
+                info!(pod = %k, sandbox = %claim.id, %reason,
+                      "preserving sandbox: pod deletion is not VM authority");
+                self.untrack(&k, uid(pod));
+                Ok(Deleted::Preserved {
+                    id: claim.id,
+                    reason,
+                })
+            }
+            Verdict::Release(reason) => {
+                let released = self.release_claim(&claim).await?;
+                if let Err(e) = self.claims.remove(&k, &claim.id).await {
+                    warn!(pod = %k, error = %e, "release done but its record could not be removed");
+                }
+                self.untrack(&k, uid(pod));
+                if released {
+                    info!(pod = %k, sandbox = %claim.id, %reason, "released sandbox");
+                    Ok(Deleted::Released {
+                        id: claim.id,
+                        reason,
+                    })
+                } else {
+                    warn!(pod = %k, sandbox = %claim.id, %reason,
+                          "no credential can release this recovered claim (no node token): \
+                           it ends at its deadline");
+                    Ok(Deleted::LeftToExpire {
+                        id: claim.id,
+                        reason,
+                    })
+                }
+            }
+        }
+    }
+}
+
+mod strays;
+#[cfg(test)]
+mod tests;

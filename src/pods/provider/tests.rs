@@ -1,0 +1,478 @@
+use super::*;
+use serde_json::json;
+
+/// A kube client whose requests go nowhere: these paths must not call
+/// the apiserver at all (a call would hang and time the test out).
+fn silent_client() -> Client {
+    let (mock, _handle) = tower_test::mock::pair::<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >();
+    std::mem::forget(_handle);
+    Client::new(mock, "default")
+}
+
+/// An in-process simulator with a warm `base:24.04` pool of two.
+async fn sim_with_pool() -> sandboxd_sim::SimHandle {
+    crate::crypto::install_provider();
+    sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool")],
+        ..Default::default()
+    })
+    .await
+    .expect("sim")
+}
+
+fn pod(uid: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": uid, "annotations": {
+            "sandbox.cocoonstack.io/template": "base:24.04"}},
+        "spec": {"containers": [{"name": "a", "image": "base:24.04"}]},
+    }))
+    .expect("pod")
+}
+
+const TOKEN: &str = "node-root-token";
+
+/// An in-process simulator with a root token and a warm pool of four,
+/// and a provider (node token configured) over a fresh claims store.
+async fn provider_with_token() -> (sandboxd_sim::SimHandle, Provider, tempfile::TempDir) {
+    crate::crypto::install_provider();
+    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+        api_token: TOKEN.into(),
+        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=4").expect("pool")],
+        ..Default::default()
+    })
+    .await
+    .expect("sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let claims = Arc::new(
+        ClaimsStore::open(&dir.path().join("claims.json"))
+            .await
+            .expect("store"),
+    );
+    let sandboxd = SandboxdClient::builder(sim.base_url())
+        .token(Some(TOKEN.into()))
+        .build()
+        .expect("client");
+    let provider = Provider::new(silent_client(), sandboxd, claims);
+    (sim, provider, dir)
+}
+
+/// Another client of the same sandboxd (sandbox-operator's aggregated
+/// apiserver) claims with `claim_ref = <namespace>/<name>`.
+async fn neighbour_claims(sim: &sandboxd_sim::SimHandle, claim_ref: &str) -> String {
+    SandboxdClient::builder(sim.base_url())
+        .token(Some(TOKEN.into()))
+        .build()
+        .expect("client")
+        .claim(&crate::sandboxd::ClaimRequest {
+            template: "base:24.04".into(),
+            claim_ref: claim_ref.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("neighbour claim")
+        .id
+}
+
+fn released(sim: &sandboxd_sim::SimHandle) -> Vec<String> {
+    sim.sim()
+        .requests()
+        .iter()
+        .filter_map(|r| {
+            r.path
+                .strip_prefix("/v1/sandboxes/")
+                .and_then(|p| p.strip_suffix("/release"))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+fn drop_next_claim_reply(sim: &sandboxd_sim::SimHandle) {
+    let fault: sandboxd_sim::Fault =
+        serde_json::from_value(json!({"endpoint": "claim", "kind": "drop_after", "times": 1}))
+            .expect("fault");
+    sim.sim().arm_fault(fault).expect("arm");
+}
+
+/// D7 among neighbours: a sandbox another client claimed under this
+/// Pod's key is never a stray of ours, whether it was listed at
+/// start-up or the Pod needs a fresh claim after a lost reply; the real
+/// lost reply (tagged with this Pod's UID) is returned.
+#[tokio::test(flavor = "multi_thread")]
+async fn neighbours_rows_are_never_returned_our_lost_reply_is() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    let foreign = neighbour_claims(&sim, "ns/p").await;
+    // The start-up listing sees the foreign row.
+    provider.list().await.expect("list");
+    assert!(
+        !provider.suspect("ns/p"),
+        "a foreign row made the key suspect"
+    );
+
+    // A claim whose reply is lost, then the retry.
+    drop_next_claim_reply(&sim);
+    let pod = Arc::new(pod("u1"));
+    let lost = provider.create(&pod).await.expect_err("the reply was lost");
+    assert!(lost.message.contains("outcome unknown"), "{lost:?}");
+    assert!(provider.suspect("ns/p"));
+    let stray: Vec<String> = sim
+        .sim()
+        .claims()
+        .into_iter()
+        .filter(|c| c.claim_ref == "ns/p#vk-sandbox:u1")
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(stray.len(), 1, "the lost reply's sandbox exists, tagged");
+    let created = provider.create(&pod).await.expect("claim again");
+    let Created::Claimed { id, .. } = created else {
+        panic!("expected a fresh claim, got {created:?}");
+    };
+    assert_eq!(released(&sim), stray, "only the lost reply was returned");
+    assert!(
+        sim.sim().claims().iter().any(|c| c.id == foreign),
+        "the neighbour's sandbox was released"
+    );
+    assert!(sim.sim().claims().iter().any(|c| c.id == id));
+    assert!(!provider.suspect("ns/p"));
+    let node_auth = format!("Bearer {TOKEN}");
+    assert!(
+        sim.sim()
+            .requests()
+            .iter()
+            .filter(|r| r.path.ends_with("/release"))
+            .all(|r| r.authorization.as_deref() == Some(node_auth.as_str())),
+        "strays go back with the node token"
+    );
+}
+
+/// After a restart the only trace of a lost reply is the listing: a
+/// tagged row no stored claim holds marks the key, and the next fresh
+/// claim for that Pod returns it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_reply_seen_only_in_the_listing_is_returned() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    let ours = neighbour_claims(&sim, "ns/p#vk-sandbox:u1").await;
+    let other_pod = neighbour_claims(&sim, "ns/p#vk-sandbox:u0").await;
+    assert!(!provider.suspect("ns/p"));
+    provider.list().await.expect("list");
+    assert!(provider.suspect("ns/p"));
+    let created = provider.create(&Arc::new(pod("u1"))).await.expect("claim");
+    assert!(matches!(created, Created::Claimed { .. }), "{created:?}");
+    assert_eq!(released(&sim), vec![ours]);
+    // A stray of another Pod under the same name is not this Pod's to
+    // return (it may be a VM that Pod ran on): it is left alone.
+    assert!(sim.sim().claims().iter().any(|c| c.id == other_pod));
+}
+
+/// A Pod that goes away without having run returns its own strays, and
+/// an unknown outcome is forgotten once settled.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_that_never_ran_returns_its_strays_when_it_goes() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    let foreign = neighbour_claims(&sim, "ns/p").await;
+    drop_next_claim_reply(&sim);
+    let p = pod("u1");
+    provider
+        .create(&Arc::new(p.clone()))
+        .await
+        .expect_err("the reply was lost");
+    assert_eq!(
+        provider.unknown_outcomes(),
+        vec![("ns/p".into(), "u1".into())]
+    );
+    provider.settle_unknown("ns/p", "u1").await.expect("settle");
+    assert!(provider.unknown_outcomes().is_empty());
+    let released = released(&sim);
+    assert_eq!(released.len(), 1, "{released:?}");
+    assert_ne!(released[0], foreign);
+    // forget_never_ran with nothing suspect calls nothing.
+    let before = sim.sim().requests().len();
+    provider.forget_never_ran(&p).await.expect("nothing to do");
+    assert_eq!(sim.sim().requests().len(), before);
+}
+
+/// Open mode (no node token): nothing can be released by id, so no key
+/// is ever held back as suspect, and a create after a lost reply goes
+/// on (the stray ends at its deadline).
+#[tokio::test(flavor = "multi_thread")]
+async fn open_mode_never_waits_on_strays() {
+    let sim = sim_with_pool().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let claims = Arc::new(
+        ClaimsStore::open(&dir.path().join("claims.json"))
+            .await
+            .expect("store"),
+    );
+    let sandboxd = SandboxdClient::builder(sim.base_url())
+        .build()
+        .expect("client");
+    let provider = Provider::new(silent_client(), sandboxd, claims);
+    drop_next_claim_reply(&sim);
+    let pod = Arc::new(pod("u1"));
+    provider.create(&pod).await.expect_err("lost reply");
+    assert!(!provider.suspect("ns/p"));
+    provider.list().await.expect("list");
+    assert!(!provider.suspect("ns/p"), "open mode marked a key suspect");
+    let created = provider.create(&pod).await.expect("claim");
+    assert!(matches!(created, Created::Claimed { .. }));
+    assert!(released(&sim).is_empty());
+}
+
+/// A release by id answered 404 is proof of nothing while sandboxd
+/// still lists the sandbox (a tenant token gets that answer): the row
+/// is kept and the release reported as failed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_404_on_release_by_id_is_not_proof_while_listed() {
+    crate::crypto::install_provider();
+    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+        api_token: TOKEN.into(),
+        tenants: vec![
+            serde_json::from_value(json!({"name": "acme", "token": "tenant-token"}))
+                .expect("tenant"),
+        ],
+        tenant_list: sandboxd_sim::config::TenantList::Own,
+        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool")],
+        ..Default::default()
+    })
+    .await
+    .expect("sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let claims = Arc::new(
+        ClaimsStore::open(&dir.path().join("claims.json"))
+            .await
+            .expect("store"),
+    );
+    let tenant = SandboxdClient::builder(sim.base_url())
+        .token(Some("tenant-token".into()))
+        .build()
+        .expect("client");
+    let provider = Provider::new(silent_client(), tenant, claims);
+    drop_next_claim_reply(&sim);
+    let pod = Arc::new(pod("u1"));
+    provider.create(&pod).await.expect_err("lost reply");
+    let again = provider
+        .create(&pod)
+        .await
+        .expect_err("the stray cannot go");
+    assert!(
+        again.message.contains("cannot release sandboxes by id"),
+        "{again:?}"
+    );
+    assert_eq!(sim.sim().claims().len(), 1, "the stray is still there");
+    assert!(provider.suspect("ns/p"), "the key stays suspect");
+}
+
+/// A claim recovered without its credential whose commit fails must not
+/// wedge the key: the row is not left "stranded" (returning it would
+/// need a token it does not have); once the state is writable again the
+/// next try recovers it, and nothing is released or claimed twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn recovered_claim_whose_commit_fails_is_recovered_again() {
+    crate::crypto::install_provider();
+    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+        api_token: TOKEN.into(),
+        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool")],
+        ..Default::default()
+    })
+    .await
+    .expect("sim");
+    let id = neighbour_claims(&sim, "ns/p#vk-sandbox:u1").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state_dir = dir.path().join("state");
+    let parked = dir.path().join("parked");
+    let claims = Arc::new(
+        ClaimsStore::open(&state_dir.join("claims.json"))
+            .await
+            .expect("store"),
+    );
+    let sandboxd = SandboxdClient::builder(sim.base_url())
+        .token(Some(TOKEN.into()))
+        .build()
+        .expect("client");
+    let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
+    let mut running = pod("u1");
+    running
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(annotations::CLAIM_ID.to_string(), id.clone());
+    running.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        pod_ip: Some("10.0.0.5".into()),
+        ..Default::default()
+    });
+    let running = Arc::new(running);
+    // The state cannot be written: the directory's place is a file.
+    std::fs::rename(&state_dir, &parked).expect("park");
+    std::fs::write(&state_dir, "").expect("block");
+    let failed = provider.create(&running).await.expect_err("not persisted");
+    assert!(
+        failed.message.contains("persist the recovered claim"),
+        "{failed:?}"
+    );
+    assert!(
+        claims.get("ns/p").is_none(),
+        "a stranded token-less row was left"
+    );
+    std::fs::remove_file(&state_dir).expect("unblock");
+    std::fs::rename(&parked, &state_dir).expect("restore");
+    let created = provider.create(&running).await.expect("recovered");
+    assert!(
+        matches!(&created, Created::Adopted { id: got, .. } if *got == id),
+        "{created:?}"
+    );
+    assert!(released(&sim).is_empty(), "the Pod's sandbox was released");
+    assert_eq!(sim.sim().claims().len(), 1, "a second sandbox was claimed");
+}
+
+/// Reliability finding: with the claims state lost, a Pod running on
+/// its sandbox must keep it (adopted, to be released with the node
+/// token), not see it returned as a stray and a second one claimed.
+#[tokio::test(flavor = "multi_thread")]
+async fn lost_credential_is_recovered_not_released() {
+    let sim = sim_with_pool().await;
+    let sandboxd = SandboxdClient::builder(sim.base_url())
+        .build()
+        .expect("client");
+    let first = sandboxd
+        .claim(&crate::sandboxd::ClaimRequest {
+            template: "base:24.04".into(),
+            claim_ref: "ns/p".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("claim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let claims = Arc::new(
+        ClaimsStore::open(&dir.path().join("claims.json"))
+            .await
+            .expect("store"),
+    );
+    let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
+    provider.list().await.expect("list");
+    let mut running = pod("u1");
+    running
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(annotations::CLAIM_ID.to_string(), first.id.clone());
+    running.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        pod_ip: Some("10.0.0.5".into()),
+        ..Default::default()
+    });
+    let created = provider.create(&Arc::new(running)).await.expect("create");
+    assert!(
+        matches!(&created, Created::Adopted { id, .. } if *id == first.id),
+        "expected the running sandbox adopted, got {created:?}"
+    );
+    let requests = sim.sim().requests();
+    assert!(
+        requests.iter().all(|r| !r.path.ends_with("/release")),
+        "the running sandbox was released: {requests:?}"
+    );
+    assert_eq!(
+        requests.iter().filter(|r| r.path == "/v1/claim").count(),
+        1,
+        "a second sandbox was claimed"
+    );
+    let (stored, _) = claims.get("ns/p").expect("stored");
+    assert_eq!(
+        (stored.id.as_str(), stored.token.as_str()),
+        (first.id.as_str(), "")
+    );
+    assert_eq!(sim.sim().claims().len(), 1);
+}
+
+/// After a restart the same Pod resumes its own claim (no Event is
+/// announced for it); a new Pod under the key adopts it. Neither claims.
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_resumes_the_same_pod_and_a_new_pod_adopts() {
+    let sim = sim_with_pool().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.json");
+    let client = || {
+        SandboxdClient::builder(sim.base_url())
+            .build()
+            .expect("client")
+    };
+    let claims = Arc::new(ClaimsStore::open(&path).await.expect("store"));
+    let first = Provider::new(silent_client(), client(), Arc::clone(&claims));
+    let Created::Claimed { id, .. } = first.create(&Arc::new(pod("u1"))).await.expect("claim")
+    else {
+        panic!("expected a fresh claim");
+    };
+    claims.compact().await.expect("compact");
+    drop((first, claims));
+
+    let claims = Arc::new(ClaimsStore::open(&path).await.expect("reopen"));
+    let restarted = Provider::new(silent_client(), client(), Arc::clone(&claims));
+    restarted.refresh().await.expect("verify");
+    let again = restarted
+        .create(&Arc::new(pod("u1")))
+        .await
+        .expect("resume");
+    assert!(
+        matches!(&again, Created::Resumed { id: got, .. } if *got == id),
+        "same Pod after a restart: {again:?}"
+    );
+    let other = Provider::new(silent_client(), client(), Arc::clone(&claims));
+    let next = other.create(&Arc::new(pod("u2"))).await.expect("adopt");
+    assert!(
+        matches!(&next, Created::Adopted { id: got, .. } if *got == id),
+        "a new Pod under the key: {next:?}"
+    );
+    assert_eq!(
+        sim.sim()
+            .requests()
+            .iter()
+            .filter(|r| r.path == "/v1/claim")
+            .count(),
+        1,
+        "claimed again instead of resuming or adopting"
+    );
+}
+
+/// Test 34: a delete or update for an older generation of a tracked key
+/// is ignored: no release, the claim and the tracked Pod stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn stale_uid_is_ignored() {
+    let sim = sim_with_pool().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let claims = Arc::new(
+        ClaimsStore::open(&dir.path().join("claims.json"))
+            .await
+            .expect("store"),
+    );
+    let sandboxd = SandboxdClient::builder(sim.base_url())
+        .build()
+        .expect("client");
+    let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
+
+    let created = provider.create(&Arc::new(pod("u2"))).await.expect("create");
+    let Created::Claimed { id, .. } = created else {
+        panic!("expected a fresh claim, got {created:?}");
+    };
+    let deleted = tokio::time::timeout(Duration::from_secs(5), provider.delete(&pod("u1")))
+        .await
+        .expect("a stale delete must not call out")
+        .expect("delete");
+    assert_eq!(deleted, Deleted::Stale);
+    provider.update_tracked(&Arc::new(pod("u1")));
+    assert_eq!(
+        provider
+            .tracked("ns/p")
+            .and_then(|p| p.metadata.uid.clone())
+            .as_deref(),
+        Some("u2"),
+        "an update for an old generation replaced the tracked Pod"
+    );
+    assert_eq!(claims.get("ns/p").map(|(c, _)| c.id), Some(id));
+    assert!(
+        sim.sim()
+            .requests()
+            .iter()
+            .all(|r| !r.path.ends_with("/release")),
+        "a stale delete released the sandbox"
+    );
+}
