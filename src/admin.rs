@@ -378,18 +378,9 @@ mod tests {
         let metrics = Metrics::new().unwrap();
         metrics.lease_renewed(true);
         metrics.lease_renewed(false);
-        metrics
-            .kubelet_requests
-            .with_label_values(&["/pods", "200"])
-            .inc();
-        metrics
-            .kubelet_auth_failures
-            .with_label_values(&["forbidden"])
-            .inc();
-        metrics
-            .kubelet_cert_reloads
-            .with_label_values(&["success"])
-            .inc();
+        metrics.kubelet_request("/pods", "200");
+        metrics.kubelet_refused("forbidden");
+        metrics.cert_reloaded(true);
         let text = metrics.encode().unwrap();
         let child = std::process::Command::new("promtool")
             .args(["check", "metrics"])

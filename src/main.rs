@@ -161,9 +161,7 @@ async fn run(cfg: Config) -> Result<()> {
     {
         let m = Arc::clone(&metrics);
         claims.on_write(move |elapsed, ok| {
-            m.claims_store_write_duration
-                .with_label_values(&[if ok { "success" } else { "error" }])
-                .observe(elapsed.as_secs_f64());
+            m.claims_store_wrote(elapsed, ok);
         });
     }
     register_sampled_gauges(&metrics, &claims)?;
@@ -207,10 +205,14 @@ async fn run(cfg: Config) -> Result<()> {
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn({
         let ctx = Arc::new(
-            Context::new(client.clone(), Arc::clone(&provider), &cfg.node_name)
-                .with_metrics(Arc::clone(&metrics))
-                .with_health(Arc::clone(&health))
-                .gated(ready_rx.clone()),
+            Context::new(
+                client.clone(),
+                Arc::clone(&provider),
+                &cfg.node_name,
+                Arc::clone(&metrics),
+            )
+            .with_health(Arc::clone(&health))
+            .gated(ready_rx.clone()),
         );
         let fut = controller::run(pod_controller, synced.clone(), ctx, stop.clone());
         async move {
@@ -290,8 +292,8 @@ async fn run(cfg: Config) -> Result<()> {
                 Arc::clone(&claims),
                 &cfg.node_name,
                 &cfg.sandboxd.advertise_addr,
-            )
-            .with_metrics(Arc::clone(&metrics));
+                Arc::clone(&metrics),
+            );
             let fut = publisher.run(
                 cfg.inventory.interval,
                 stop.clone(),
@@ -307,7 +309,7 @@ async fn run(cfg: Config) -> Result<()> {
                 let scanner = orphan::Scanner::new(
                     sandboxd.clone(),
                     Arc::clone(&claims),
-                    Some(Arc::clone(&metrics)),
+                    Arc::clone(&metrics),
                 );
                 let fut = scanner.run(Some(every), stop.clone(), beat("orphan audit", every));
                 tasks.spawn(async move {

@@ -105,7 +105,7 @@ pub fn counts(verdicts: &BTreeMap<String, Verdict>) -> BTreeMap<&'static str, i6
 pub struct Scanner {
     sandboxd: SandboxdClient,
     claims: Arc<ClaimsStore>,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Arc<Metrics>,
     previous: BTreeMap<String, Verdict>,
 }
 
@@ -122,7 +122,7 @@ impl Scanner {
     pub fn new(
         sandboxd: SandboxdClient,
         claims: Arc<ClaimsStore>,
-        metrics: Option<Arc<Metrics>>,
+        metrics: Arc<Metrics>,
     ) -> Scanner {
         Scanner {
             sandboxd,
@@ -146,9 +146,7 @@ impl Scanner {
             Ok(l) => l,
             Err(e) => {
                 warn!(error = %e, "skipping orphan scan this cycle (failed query is not an empty list)");
-                if let Some(m) = &self.metrics {
-                    m.orphan_scans.with_label_values(&["skipped"]).inc();
-                }
+                self.metrics.orphan_scan_skipped();
                 return ScanOutcome::Skipped;
             }
         };
@@ -186,12 +184,7 @@ impl Scanner {
         {
             info!(sandbox = %id, "orphan audit: sandbox back in agreement with the claims table");
         }
-        if let Some(m) = &self.metrics {
-            m.orphan_scans.with_label_values(&["success"]).inc();
-            for (label, n) in counts(&verdicts) {
-                m.orphan_audit.with_label_values(&[label]).set(n);
-            }
-        }
+        self.metrics.orphan_scanned(counts(&verdicts));
         let outcome = ScanOutcome::Scanned {
             verdicts: verdicts.len(),
             logged: fresh.len(),

@@ -512,7 +512,8 @@ async fn disabled_scan_never_lists() {
         .expect("claims store"),
     );
     let stop = tokio_util::sync::CancellationToken::new();
-    let scanner = vk_sandbox::orphan::Scanner::new(sandboxd(&sim), claims.clone(), None);
+    let metrics = vk_sandbox::metrics::Metrics::new().expect("metrics");
+    let scanner = vk_sandbox::orphan::Scanner::new(sandboxd(&sim), claims.clone(), metrics.clone());
     // `None` (a flag value <= 0) returns at once without listing.
     tokio::time::timeout(
         Duration::from_secs(5),
@@ -522,7 +523,7 @@ async fn disabled_scan_never_lists() {
     .expect("a disabled scan returns at once");
     assert_eq!(sim.sim().requests().len(), 0);
     // Control: enabled, it lists.
-    let scanner = vk_sandbox::orphan::Scanner::new(sandboxd(&sim), claims, None);
+    let scanner = vk_sandbox::orphan::Scanner::new(sandboxd(&sim), claims, metrics.clone());
     let running = tokio::spawn(scanner.run(Some(Duration::from_millis(50)), stop.clone(), None));
     wait_for("a scan to list", Duration::from_secs(10), || async {
         let n = sim
@@ -540,4 +541,9 @@ async fn disabled_scan_never_lists() {
     .await;
     stop.cancel();
     running.await.expect("scanner task");
+    let scans = metrics.value(
+        "vk_sandbox_orphan_audit_scans_total",
+        &[("result", "success")],
+    );
+    assert!(scans >= Some(2.0), "every listed cycle counted: {scans:?}");
 }

@@ -292,15 +292,18 @@ async fn routes_without_auth() {
     assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
 
     // Counted by route template and code.
-    let requests = &server.metrics.kubelet_requests;
-    assert_eq!(requests.with_label_values(&["/pods", "200"]).get(), 2);
+    let requests = |route: &str, code: &str| {
+        server.metrics.value(
+            "vk_sandbox_kubelet_requests_total",
+            &[("route", route), ("code", code)],
+        )
+    };
+    assert_eq!(requests("/pods", "200"), Some(2.0));
     assert_eq!(
-        requests
-            .with_label_values(&["/containerLogs/{ns}/{pod}/{container}", "400"])
-            .get(),
-        8
+        requests("/containerLogs/{ns}/{pod}/{container}", "400"),
+        Some(8.0)
     );
-    assert_eq!(requests.with_label_values(&["unmatched", "404"]).get(), 4);
+    assert_eq!(requests("unmatched", "404"), Some(4.0));
 
     server.stop().await;
 }
@@ -601,9 +604,17 @@ async fn auth_refuses_and_admits() {
     );
     assert!(find("mallory", "stats").is_some());
 
-    let failures = &server.metrics.kubelet_auth_failures;
-    assert!(failures.with_label_values(&["unauthenticated"]).get() >= 7);
-    assert_eq!(failures.with_label_values(&["forbidden"]).get(), 2);
+    let failures = |reason: &str| {
+        server
+            .metrics
+            .value(
+                "vk_sandbox_kubelet_auth_failures_total",
+                &[("reason", reason)],
+            )
+            .unwrap_or(0.0)
+    };
+    assert!(failures("unauthenticated") >= 7.0);
+    assert_eq!(failures("forbidden"), 2.0);
     server.stop().await;
 }
 
@@ -673,7 +684,7 @@ async fn certificate_files_are_reloaded() {
     let metrics = server.metrics.clone();
     let watcher = tokio::spawn(tls.clone().watch(
         Duration::from_millis(50),
-        Some(metrics.clone()),
+        metrics.clone(),
         async move {
             let _ = stop_rx.await;
         },
@@ -698,11 +709,11 @@ async fn certificate_files_are_reloaded() {
     write_pair(dir.path(), "second");
     wait_for_cn("second").await;
     assert_eq!(
-        metrics
-            .kubelet_cert_reloads
-            .with_label_values(&["success"])
-            .get(),
-        1
+        metrics.value(
+            "vk_sandbox_kubelet_cert_reloads_total",
+            &[("result", "success")]
+        ),
+        Some(1.0)
     );
 
     // A broken key keeps the current certificate.
@@ -710,11 +721,11 @@ async fn certificate_files_are_reloaded() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(served_cn(&server).await, "second");
     assert_eq!(
-        metrics
-            .kubelet_cert_reloads
-            .with_label_values(&["error"])
-            .get(),
-        1,
+        metrics.value(
+            "vk_sandbox_kubelet_cert_reloads_total",
+            &[("result", "error")]
+        ),
+        Some(1.0),
         "one failure counted once"
     );
     // Missing files keep it too (a rotation in progress: not counted).
@@ -726,11 +737,11 @@ async fn certificate_files_are_reloaded() {
     write_pair(dir.path(), "third");
     wait_for_cn("third").await;
     assert_eq!(
-        metrics
-            .kubelet_cert_reloads
-            .with_label_values(&["success"])
-            .get(),
-        2
+        metrics.value(
+            "vk_sandbox_kubelet_cert_reloads_total",
+            &[("result", "success")]
+        ),
+        Some(2.0)
     );
 
     stop_tx.send(()).unwrap();

@@ -41,7 +41,7 @@ pub struct Publisher {
     node: String,
     address: String,
     resync: Duration,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Arc<Metrics>,
     last: Option<Applied>,
 }
 
@@ -53,6 +53,7 @@ impl Publisher {
         claims: Arc<ClaimsStore>,
         node: &str,
         address: &str,
+        metrics: Arc<Metrics>,
     ) -> Publisher {
         let gvk = GroupVersionKind::gvk(group, VERSION, KIND);
         let resource = ApiResource::from_gvk_with_plural(&gvk, PLURAL);
@@ -64,20 +65,13 @@ impl Publisher {
             node: node.to_string(),
             address: address.to_string(),
             resync: DEFAULT_RESYNC,
-            metrics: None,
+            metrics,
             last: None,
         }
     }
 
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Publisher {
-        self.metrics = Some(metrics);
-        self
-    }
-
     fn skipped(&self, reason: &str) {
-        if let Some(m) = &self.metrics {
-            m.inventory_skips.with_label_values(&[reason]).inc();
-        }
+        self.metrics.inventory_skipped(reason);
     }
 
     /// One reconcile. `Err` only when the apply itself failed (retried next
@@ -109,9 +103,7 @@ impl Publisher {
         }
         match self.apply(&want).await {
             Ok(()) => {
-                if let Some(m) = &self.metrics {
-                    m.inventory_applies.with_label_values(&["success"]).inc();
-                }
+                self.metrics.inventory_applied(true);
                 info!(
                     entries = want.entries.len(),
                     pools = want.pools.len(),
@@ -125,9 +117,7 @@ impl Publisher {
                 Ok(TickOutcome::Applied(decision))
             }
             Err(e) => {
-                if let Some(m) = &self.metrics {
-                    m.inventory_applies.with_label_values(&["error"]).inc();
-                }
+                self.metrics.inventory_applied(false);
                 Err(e)
             }
         }
@@ -185,9 +175,8 @@ impl Publisher {
                 if let Err(e) = &result {
                     warn!(error = %e, retry_in = ?interval, "NodeInventory apply failed");
                 }
-                if let Some(m) = &self.metrics {
-                    m.reconciled("inventory", started.elapsed(), &result.map(|_| ()));
-                }
+                self.metrics
+                    .reconciled("inventory", started.elapsed(), &result.map(|_| ()));
             }
         }
         .instrument(span)

@@ -110,7 +110,7 @@ impl KubeletApi {
         };
         let watcher = self.tls.clone().watch(
             tls::RELOAD_POLL_INTERVAL,
-            Some(Arc::clone(&self.metrics)),
+            Arc::clone(&self.metrics),
             stopped(stop_rx.clone()),
         );
         let server = serve(

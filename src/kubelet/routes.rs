@@ -87,9 +87,7 @@ async fn count(State(state): State<KubeletState>, req: Request, next: Next) -> R
     let resp = next.run(req).await;
     state
         .metrics
-        .kubelet_requests
-        .with_label_values(&[route.as_str(), resp.status().as_str()])
-        .inc();
+        .kubelet_request(route.as_str(), resp.status().as_str());
     resp
 }
 
@@ -117,11 +115,7 @@ async fn authenticate(State(state): State<KubeletState>, mut req: Request, next:
             next.run(req).await
         }
         Err(refusal) => {
-            state
-                .metrics
-                .kubelet_auth_failures
-                .with_label_values(&[refusal.metric_label()])
-                .inc();
+            state.metrics.kubelet_refused(refusal.metric_label());
             tracing::info!(method = %req.method(), %path, refusal = ?refusal, "kubelet API request refused");
             refusal.into_response()
         }

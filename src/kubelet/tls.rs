@@ -265,7 +265,7 @@ impl KubeletTls {
     pub async fn watch(
         self,
         interval: Duration,
-        metrics: Option<Arc<Metrics>>,
+        metrics: Arc<Metrics>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         let Some((cert, key)) = self.files.clone() else {
@@ -285,7 +285,7 @@ impl KubeletTls {
         cert: PathBuf,
         key: PathBuf,
         interval: Duration,
-        metrics: Option<Arc<Metrics>>,
+        metrics: Arc<Metrics>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         let mut seen = (fingerprint(&cert), fingerprint(&key));
@@ -302,11 +302,7 @@ impl KubeletTls {
             if now == seen {
                 continue;
             }
-            let count = |result: &str| {
-                if let Some(m) = &metrics {
-                    m.kubelet_cert_reloads.with_label_values(&[result]).inc();
-                }
-            };
+            let count = |ok: bool| metrics.cert_reloaded(ok);
             let regular = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
             if !(regular(&cert) && regular(&key)) {
                 if last_failed.as_ref() != Some(&now) {
@@ -322,14 +318,14 @@ impl KubeletTls {
                     self.resolver.set(pair);
                     seen = now;
                     last_failed = None;
-                    count("success");
+                    count(true);
                     tracing::info!("kubelet serving certificate reloaded");
                 }
                 Err(e) => {
                     // Often a half-written rotation: retried on the next
                     // change, logged once per distinct state.
                     if last_failed.as_ref() != Some(&now) {
-                        count("error");
+                        count(false);
                         tracing::warn!(error = %e, "kubelet certificate reload failed; keeping the current certificate");
                         last_failed = Some(now);
                     }

@@ -47,7 +47,7 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub node: String,
-    pub metrics: Option<Arc<Metrics>>,
+    pub metrics: Arc<Metrics>,
     /// Liveness: reconciles and side loops report here.
     pub health: Option<Arc<crate::admin::Health>>,
     failures: Mutex<HashMap<ObjectRef<Pod>, u32>>,
@@ -57,7 +57,12 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, provider: Arc<Provider>, node: &str) -> Context {
+    pub fn new(
+        client: Client,
+        provider: Arc<Provider>,
+        node: &str,
+        metrics: Arc<Metrics>,
+    ) -> Context {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -70,7 +75,7 @@ impl Context {
             client,
             recorder,
             node: node.to_string(),
-            metrics: None,
+            metrics,
             health: None,
             failures: Mutex::new(HashMap::new()),
             gate: None,
@@ -90,11 +95,6 @@ impl Context {
             None => true,
             Some(gate) => gate.clone().wait_for(|open| *open).await.is_ok(),
         }
-    }
-
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Context {
-        self.metrics = Some(metrics);
-        self
     }
 
     pub fn with_health(mut self, health: Arc<crate::admin::Health>) -> Context {

@@ -105,7 +105,7 @@ async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
 
 async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
     let started = std::time::Instant::now();
-    let metrics = ctx.metrics.as_deref();
+    let metrics = &*ctx.metrics;
     match ctx.provider.create(&pod).await {
         Ok(created) => {
             // A resumed claim (this same Pod, after a restart) is not news:
@@ -128,10 +128,7 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                     (None, status)
                 }
             };
-            let timed = metrics.filter(|_| announce.is_some());
-            if let Some(m) = timed {
-                m.claim_provider.observe(started.elapsed().as_secs_f64());
-            }
+            let sent = started.elapsed();
             // Only for this Pod: if it was replaced meanwhile, the claim
             // stays tracked and the successor's reconcile settles it.
             let written =
@@ -140,8 +137,10 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                 info!("the Pod went away before its Running status was written");
                 return Ok(Action::await_change());
             }
-            if let Some(m) = timed {
-                m.claim_duration.observe(started.elapsed().as_secs_f64());
+            // Only claims and adoptions are timed: a resumed claim's
+            // reconcile did not make it.
+            if announce.is_some() {
+                metrics.claim_written(sent, started.elapsed());
             }
             if let Some((why, note)) = announce {
                 ctx.event(&pod, EventType::Normal, why, why, note).await;
@@ -187,12 +186,7 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
             .health
             .as_ref()
             .map(|h| h.working("Pod reconcile", RECONCILE_BOUND));
-        let timer = ctx.metrics.as_ref().map(|m| {
-            m.reconcile_runs.with_label_values(&["pods"]).inc();
-            m.reconcile_duration
-                .with_label_values(&["pods"])
-                .start_timer()
-        });
+        let timer = ctx.metrics.reconcile_started("pods");
         let result = reconcile_inner(pod.clone(), &ctx).await;
         drop(timer);
         if result.is_ok() {
@@ -237,8 +231,9 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             };
             // Computed from what the cache shows, so written only onto that
             // version: a Pod marked Failed meanwhile is never flipped back.
-            let metrics = ctx.metrics.as_deref();
-            match writes::write_status(&ctx.client, metrics, &pod, &patch, Guard::Fresh).await? {
+            match writes::write_status(&ctx.client, &ctx.metrics, &pod, &patch, Guard::Fresh)
+                .await?
+            {
                 // The watch brings the newer version, and a reconcile with it.
                 Written::Conflict => Ok(Action::requeue(CONFLICT_RETRY)),
                 _ => Ok(Action::requeue(RESYNC)),
@@ -249,11 +244,7 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
 }
 
 pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
-    if let Some(m) = &ctx.metrics {
-        m.reconcile_failures
-            .with_label_values(&["pods", error.metric_label()])
-            .inc();
-    }
+    ctx.metrics.reconcile_failed("pods", error.metric_label());
     let wait = ctx.backoff(&pod);
     warn!(pod = %key(&pod), error = %error, retry_in = ?wait, "reconcile failed");
     Action::requeue(wait)

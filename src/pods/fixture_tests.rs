@@ -59,7 +59,12 @@ async fn world_with(answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static) ->
         .build()
         .expect("client");
     let provider = Arc::new(Provider::new(api.client.clone(), sandboxd, claims));
-    let ctx = Arc::new(Context::new(api.client.clone(), provider, "node-a"));
+    let ctx = Arc::new(Context::new(
+        api.client.clone(),
+        provider,
+        "node-a",
+        crate::metrics::Metrics::new().expect("metrics"),
+    ));
     World {
         api,
         sim,

@@ -199,8 +199,7 @@ async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>, hb: &Option<LoopHe
         let patch = status::expired(&pod, &view(&claim), deadline);
         // From the cached version only: on a conflict the next tick decides
         // again from the newer one.
-        let metrics = ctx.metrics.as_deref();
-        match writes::write_status(&ctx.client, metrics, &pod, &patch, Guard::Fresh).await {
+        match writes::write_status(&ctx.client, &ctx.metrics, &pod, &patch, Guard::Fresh).await {
             Ok(Written::Written) => {
                 ctx.event(
                     &pod,
@@ -371,8 +370,10 @@ mod tests {
             claims,
         ));
         let health = Health::new();
-        let ctx =
-            Arc::new(Context::new(client, provider, "node-a").with_health(Arc::clone(&health)));
+        let metrics = crate::metrics::Metrics::new().expect("metrics");
+        let ctx = Arc::new(
+            Context::new(client, provider, "node-a", metrics).with_health(Arc::clone(&health)),
+        );
         let (store, _writer) = kube::runtime::reflector::store::<Pod>();
         let stop = tokio_util::sync::CancellationToken::new();
         let periods = Periods {

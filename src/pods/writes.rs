@@ -99,7 +99,7 @@ fn refused_as_gone(status: &kube::core::Status) -> bool {
 /// Writes `patch` to `pod`'s status unless the Pod already shows it.
 pub async fn write_status(
     client: &Client,
-    metrics: Option<&Metrics>,
+    metrics: &Metrics,
     pod: &Pod,
     patch: &Value,
     guard: Guard,
@@ -122,10 +122,7 @@ pub async fn write_status(
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Written::Conflict),
         Err(e) => Err(Error::kube(format!("write status of Pod {}", key(pod)), e)),
     };
-    if let Some(m) = metrics {
-        let label = result.as_ref().map_or("error", |w| w.label());
-        m.pod_status_writes.with_label_values(&[label]).inc();
-    }
+    metrics.pod_status_write(result.as_ref().map_or("error", |w| w.label()));
     result
 }
 

@@ -1,0 +1,377 @@
+//! Prometheus metrics (decisions.md D1: the `prometheus` crate with an
+//! explicit registry, plus its Linux process collector).
+//!
+//! One [`Metrics`] is built in `main` and shared as `Arc<Metrics>`. Every
+//! metric is named `vk_sandbox_…`, counters end in `_total`, units are in the
+//! name. To add a metric: add a field, build it in [`Metrics::with_registry`]
+//! with [`register`], and document it in the field's comment.
+
+use std::sync::Arc;
+
+use prometheus::core::Collector;
+use prometheus::{Encoder, Gauge, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+use crate::error::{Error, Result};
+
+/// Content type of the text exposition format served on `/metrics`.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Buckets for the sub-millisecond paths (sandboxd calls, claims-store
+/// fsyncs, the provider's share of a claim): fine around 1–2 ms, where
+/// sandboxd (0.2–0.7 ms) and a local fsync land, then up to 10 s.
+const FINE_BUCKETS: [f64; 19] = [
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The metrics of one process.
+pub struct Metrics {
+    registry: Registry,
+    /// `vk_sandbox_kubelet_requests_total{route,code}`: kubelet API requests
+    /// by matched route template and HTTP status code.
+    kubelet_requests: IntCounterVec,
+    /// `vk_sandbox_kubelet_auth_failures_total{reason}`: refused kubelet API
+    /// requests; reason is one of `unauthenticated`, `authentication_error`,
+    /// `forbidden`, `authorization_error`.
+    kubelet_auth_failures: IntCounterVec,
+    /// `vk_sandbox_kubelet_cert_reloads_total{result}`: serving certificate
+    /// reloads (`success` / `error`).
+    kubelet_cert_reloads: IntCounterVec,
+    /// `vk_sandbox_lease_renewals_total{result}`: node Lease renewals
+    /// (`success` / `error`).
+    lease_renewals: IntCounterVec,
+    /// `vk_sandbox_lease_last_success_timestamp_seconds`: Unix time of the
+    /// last successful Lease renewal.
+    lease_last_success: Gauge,
+    /// `vk_sandbox_reconcile_runs_total{controller}`.
+    reconcile_runs: IntCounterVec,
+    /// `vk_sandbox_reconcile_failures_total{controller,error}`: failures by
+    /// error kind (`Error::metric_label`).
+    reconcile_failures: IntCounterVec,
+    /// `vk_sandbox_reconcile_duration_seconds{controller}`.
+    reconcile_duration: prometheus::HistogramVec,
+    /// `vk_sandbox_claim_duration_seconds`: from the reconcile that first
+    /// sees a Pod to its Running status written (claims and adoptions).
+    claim_duration: prometheus::Histogram,
+    /// `vk_sandbox_claim_provider_seconds`: the same start to the moment
+    /// the Running status write is sent — vk-sandbox's own share (sandboxd
+    /// claim and claims-store commit included, the apiserver's answer not).
+    claim_provider: prometheus::Histogram,
+    /// `vk_sandbox_sandboxd_requests_total{endpoint,status}`: sandboxd calls
+    /// by endpoint (`claim`, `release`, `list`, `info`) and outcome: `ok`,
+    /// the HTTP status of a refusal, or the error kind (`timeout`,
+    /// `transport`, `decode`, `capacity_miss`, …).
+    sandboxd_requests: IntCounterVec,
+    /// `vk_sandbox_sandboxd_request_duration_seconds{endpoint}`.
+    sandboxd_request_duration: prometheus::HistogramVec,
+    /// `vk_sandbox_claims_store_write_duration_seconds{result}`: one batch of
+    /// the claims store (write + fsync of file and directory).
+    claims_store_write_duration: prometheus::HistogramVec,
+    /// `vk_sandbox_inventory_applies_total{result}`: NodeInventory applies
+    /// (`success` / `error`).
+    inventory_applies: IntCounterVec,
+    /// `vk_sandbox_inventory_skips_total{reason}`: ticks that applied
+    /// nothing: `unchanged`, `list_failed`, `info_failed`.
+    inventory_skips: IntCounterVec,
+    /// `vk_sandbox_orphan_audit_sandboxes{verdict}`: sandboxes per verdict of
+    /// the last successful orphan scan (`orphan`, `external`, `stray`,
+    /// `stale`).
+    orphan_audit: IntGaugeVec,
+    /// `vk_sandbox_orphan_audit_scans_total{result}`: `success` / `skipped`.
+    orphan_scans: IntCounterVec,
+    /// `vk_sandbox_pod_status_writes_total{result}`: `pods/status` writes
+    /// sent: `written`, `conflict` (the Pod changed or was replaced since it
+    /// was read; re-read, never overwritten), `gone`, `error`. Writes found
+    /// unnecessary (the Pod already shows the status) are not sent or counted.
+    pod_status_writes: IntCounterVec,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// Register `collector` in `registry` and hand it back.
+pub fn register<C: Collector + Clone + 'static>(registry: &Registry, collector: C) -> Result<C> {
+    registry
+        .register(Box::new(collector.clone()))
+        .map_err(|e| Error::Internal(format!("registering a metric: {e}")))?;
+    Ok(collector)
+}
+
+fn metric_error(e: prometheus::Error) -> Error {
+    Error::Internal(format!("building a metric: {e}"))
+}
+
+fn counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec> {
+    let vec = IntCounterVec::new(Opts::new(name, help), labels).map_err(metric_error)?;
+    register(registry, vec)
+}
+
+fn histogram_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: Vec<f64>,
+) -> Result<prometheus::HistogramVec> {
+    let vec = prometheus::HistogramVec::new(
+        prometheus::HistogramOpts::new(name, help).buckets(buckets),
+        labels,
+    )
+    .map_err(metric_error)?;
+    register(registry, vec)
+}
+
+impl Metrics {
+    /// A fresh registry with the process collector and every metric.
+    pub fn new() -> Result<Arc<Metrics>> {
+        Self::with_registry(Registry::new())
+    }
+
+    /// Every metric registered into `registry` (plus, on Linux, the process
+    /// collector: `process_cpu_seconds_total`, `process_resident_memory_bytes`, …).
+    pub fn with_registry(registry: Registry) -> Result<Arc<Metrics>> {
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .map_err(|e| Error::Internal(format!("registering the process collector: {e}")))?;
+
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "vk_sandbox_build_info",
+                "Build of the running binary (value is always 1).",
+            ),
+            &["version", "revision"],
+        )
+        .map_err(metric_error)?;
+        register(&registry, build_info)?
+            .with_label_values(&[crate::build_info::VERSION, env!("VK_REVISION")])
+            .set(1);
+
+        let kubelet_requests = counter_vec(
+            &registry,
+            "vk_sandbox_kubelet_requests_total",
+            "Kubelet API requests by route template and HTTP status code.",
+            &["route", "code"],
+        )?;
+        let kubelet_auth_failures = counter_vec(
+            &registry,
+            "vk_sandbox_kubelet_auth_failures_total",
+            "Kubelet API requests refused by authentication or authorization, by reason.",
+            &["reason"],
+        )?;
+        let kubelet_cert_reloads = counter_vec(
+            &registry,
+            "vk_sandbox_kubelet_cert_reloads_total",
+            "Reloads of the kubelet API serving certificate from --tls-cert/--tls-key, by result.",
+            &["result"],
+        )?;
+        let lease_renewals = counter_vec(
+            &registry,
+            "vk_sandbox_lease_renewals_total",
+            "Node Lease renewals by result (success or error).",
+            &["result"],
+        )?;
+        let lease_last_success = register(
+            &registry,
+            Gauge::with_opts(Opts::new(
+                "vk_sandbox_lease_last_success_timestamp_seconds",
+                "Unix time of the last successful node Lease renewal.",
+            ))
+            .map_err(metric_error)?,
+        )?;
+
+        let reconcile_runs = counter_vec(
+            &registry,
+            "vk_sandbox_reconcile_runs_total",
+            "Reconcile runs by controller.",
+            &["controller"],
+        )?;
+        let reconcile_failures = counter_vec(
+            &registry,
+            "vk_sandbox_reconcile_failures_total",
+            "Failed reconciles by controller and error kind.",
+            &["controller", "error"],
+        )?;
+        let reconcile_duration = register(
+            &registry,
+            prometheus::HistogramVec::new(
+                prometheus::HistogramOpts::new(
+                    "vk_sandbox_reconcile_duration_seconds",
+                    "Reconcile duration by controller.",
+                )
+                .buckets(vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ]),
+                &["controller"],
+            )
+            .map_err(metric_error)?,
+        )?;
+        let claim_duration = register(
+            &registry,
+            prometheus::Histogram::with_opts(
+                prometheus::HistogramOpts::new(
+                    "vk_sandbox_claim_duration_seconds",
+                    "From a sandbox Pod's reconcile to its Running status written (claim or adoption).",
+                )
+                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0]),
+            )
+            .map_err(metric_error)?,
+        )?;
+
+        let claim_provider = register(
+            &registry,
+            prometheus::Histogram::with_opts(
+                prometheus::HistogramOpts::new(
+                    "vk_sandbox_claim_provider_seconds",
+                    "From a sandbox Pod's reconcile to its Running status write sent: vk-sandbox's own cost (sandboxd claim and claims-store commit included, the apiserver's answer not).",
+                )
+                .buckets(FINE_BUCKETS.to_vec()),
+            )
+            .map_err(metric_error)?,
+        )?;
+
+        let sandboxd_requests = counter_vec(
+            &registry,
+            "vk_sandbox_sandboxd_requests_total",
+            "sandboxd API calls by endpoint and outcome (ok, the HTTP status of a refusal, or the error kind).",
+            &["endpoint", "status"],
+        )?;
+        let sandboxd_request_duration = histogram_vec(
+            &registry,
+            "vk_sandbox_sandboxd_request_duration_seconds",
+            "sandboxd API call latency by endpoint.",
+            &["endpoint"],
+            FINE_BUCKETS.to_vec(),
+        )?;
+        let claims_store_write_duration = histogram_vec(
+            &registry,
+            "vk_sandbox_claims_store_write_duration_seconds",
+            "Claims store batch writes (journal append or snapshot rewrite, fsync included), by result.",
+            &["result"],
+            FINE_BUCKETS.to_vec(),
+        )?;
+        let inventory_applies = counter_vec(
+            &registry,
+            "vk_sandbox_inventory_applies_total",
+            "NodeInventory server-side applies by result.",
+            &["result"],
+        )?;
+        let inventory_skips = counter_vec(
+            &registry,
+            "vk_sandbox_inventory_skips_total",
+            "NodeInventory ticks that applied nothing, by reason (unchanged, list_failed, info_failed).",
+            &["reason"],
+        )?;
+        let orphan_audit = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "vk_sandbox_orphan_audit_sandboxes",
+                    "Sandboxes per verdict of the last successful orphan audit scan (report only).",
+                ),
+                &["verdict"],
+            )
+            .map_err(metric_error)?,
+        )?;
+        for verdict in ["orphan", "external", "stray", "stale"] {
+            orphan_audit.with_label_values(&[verdict]).set(0);
+        }
+        let orphan_scans = counter_vec(
+            &registry,
+            "vk_sandbox_orphan_audit_scans_total",
+            "Orphan audit scans by result (success, or skipped when sandboxd could not be listed).",
+            &["result"],
+        )?;
+
+        let pod_status_writes = counter_vec(
+            &registry,
+            "vk_sandbox_pod_status_writes_total",
+            "Pod status writes sent to the apiserver, by result (written, conflict, gone, error).",
+            &["result"],
+        )?;
+
+        Ok(Arc::new(Metrics {
+            pod_status_writes,
+            sandboxd_requests,
+            sandboxd_request_duration,
+            claims_store_write_duration,
+            inventory_applies,
+            inventory_skips,
+            orphan_audit,
+            orphan_scans,
+            reconcile_runs,
+            reconcile_failures,
+            reconcile_duration,
+            claim_duration,
+            claim_provider,
+            registry,
+            kubelet_requests,
+            kubelet_auth_failures,
+            kubelet_cert_reloads,
+            lease_renewals,
+            lease_last_success,
+        }))
+    }
+
+    /// The registry, for modules that register their own metrics.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The current value of the series `name` whose labels include
+    /// `labels`: a counter's or gauge's value, a histogram's sample count;
+    /// `None` when no such series was recorded. For tests and diagnostics;
+    /// components record through the typed methods.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        use prometheus::proto::MetricType;
+        let family = self
+            .registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == name)?;
+        let kind = family.get_field_type();
+        family
+            .get_metric()
+            .iter()
+            .find(|m| {
+                labels.iter().all(|(k, v)| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.name() == *k && l.value() == *v)
+                })
+            })
+            .map(|m| match kind {
+                MetricType::COUNTER => m.get_counter().get_value(),
+                MetricType::GAUGE => m.get_gauge().get_value(),
+                MetricType::HISTOGRAM => m.get_histogram().get_sample_count() as f64,
+                _ => f64::NAN,
+            })
+    }
+
+    /// Everything in the text exposition format.
+    pub fn encode(&self) -> Result<String> {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .map_err(|e| Error::Internal(format!("encoding metrics: {e}")))?;
+        String::from_utf8(out).map_err(|e| Error::Internal(format!("encoding metrics: {e}")))
+    }
+}
+
+mod record;
+mod sampled;
+#[cfg(test)]
+mod tests;
+
+pub use record::Timer;
+pub use sampled::{PODS_PENDING_OLDEST, SampledGauge, pending_oldest};

@@ -1,0 +1,158 @@
+use super::*;
+use crate::sandboxd::{Observer, Op, SandboxdError};
+use std::time::Duration;
+
+#[test]
+fn exposition_has_every_family_and_process_metrics() {
+    let m = Metrics::new().unwrap();
+    m.kubelet_requests
+        .with_label_values(&["/pods", "200"])
+        .inc();
+    m.kubelet_auth_failures
+        .with_label_values(&["unauthenticated"])
+        .inc();
+    m.kubelet_cert_reloads.with_label_values(&["success"]).inc();
+    m.lease_renewed(true);
+    m.lease_renewed(false);
+    let text = m.encode().unwrap();
+    for needle in [
+        "# TYPE vk_sandbox_kubelet_requests_total counter",
+        "vk_sandbox_kubelet_requests_total{code=\"200\",route=\"/pods\"} 1",
+        "vk_sandbox_kubelet_auth_failures_total{reason=\"unauthenticated\"} 1",
+        "vk_sandbox_lease_renewals_total{result=\"success\"} 1",
+        "vk_sandbox_lease_renewals_total{result=\"error\"} 1",
+        "# TYPE vk_sandbox_lease_last_success_timestamp_seconds gauge",
+        "vk_sandbox_build_info{",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    assert!(m.lease_last_success.get() > 1.0e9);
+}
+
+#[test]
+fn sandboxd_calls_sampled_gauges_and_reconciles_are_exposed() {
+    let m = Metrics::new().unwrap();
+    let ms = std::time::Duration::from_millis(3);
+    m.observe(Op::Claim, ms, Ok(()));
+    let refused = SandboxdError::Http {
+        op: Op::Release,
+        status: 500,
+        message: String::new(),
+    };
+    m.observe(Op::Release, ms, Err(&refused));
+    m.observe(
+        Op::Claim,
+        ms,
+        Err(&SandboxdError::CapacityMiss {
+            message: String::new(),
+        }),
+    );
+    m.register_sampled(
+        SampledGauge::new("vk_sandbox_test_things", "Things.", "state", || {
+            vec![("b".into(), 2), ("a".into(), 1)]
+        })
+        .unwrap(),
+    )
+    .unwrap();
+    m.reconciled("node", ms, &Ok(()));
+    m.reconciled("inventory", ms, &Err(Error::Config("x".into())));
+    let text = m.encode().unwrap();
+    for needle in [
+        "vk_sandbox_sandboxd_requests_total{endpoint=\"claim\",status=\"ok\"} 1",
+        "vk_sandbox_sandboxd_requests_total{endpoint=\"release\",status=\"500\"} 1",
+        "vk_sandbox_sandboxd_requests_total{endpoint=\"claim\",status=\"capacity_miss\"} 1",
+        "vk_sandbox_sandboxd_request_duration_seconds_count{endpoint=\"claim\"} 2",
+        "# TYPE vk_sandbox_test_things gauge",
+        "vk_sandbox_test_things{state=\"a\"} 1\nvk_sandbox_test_things{state=\"b\"} 2",
+        "vk_sandbox_reconcile_runs_total{controller=\"node\"} 1",
+        "vk_sandbox_reconcile_failures_total{controller=\"inventory\",error=\"config\"} 1",
+        "vk_sandbox_orphan_audit_sandboxes{verdict=\"orphan\"} 0",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+}
+
+#[test]
+fn pending_oldest_by_reason() {
+    use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let at = |s: &str| Time(s.parse().expect("ts"));
+    let pod = |phase: Option<&str>, reason: Option<&str>, created: &str, bound: Option<&str>| {
+        let mut p = Pod::default();
+        p.metadata.creation_timestamp = Some(at(created));
+        p.status = Some(PodStatus {
+            phase: phase.map(Into::into),
+            reason: reason.map(Into::into),
+            conditions: bound.map(|b| {
+                vec![PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "True".into(),
+                    last_transition_time: Some(at(b)),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        });
+        p
+    };
+    let mut deleting = pod(Some("Pending"), None, "2026-01-01T00:00:00Z", None);
+    deleting.metadata.deletion_timestamp = Some(at("2026-01-01T00:00:01Z"));
+    let pods = [
+        // Waiting for capacity since binding 10 min ago (created earlier).
+        pod(
+            Some("Pending"),
+            Some("NoWarmCapacity"),
+            "2026-01-01T00:00:00Z",
+            Some("2026-01-01T00:50:00Z"),
+        ),
+        pod(
+            Some("Pending"),
+            Some("NoWarmCapacity"),
+            "2026-01-01T00:55:00Z",
+            Some("2026-01-01T00:55:00Z"),
+        ),
+        // No status yet: Pending since created.
+        pod(None, None, "2026-01-01T00:59:00Z", None),
+        pod(Some("Running"), None, "2026-01-01T00:00:00Z", None),
+        deleting,
+    ];
+    let now: jiff::Timestamp = "2026-01-01T01:00:00Z".parse().expect("ts");
+    assert_eq!(
+        pending_oldest(&pods, now),
+        vec![
+            ("NoWarmCapacity".to_string(), 600),
+            ("none".to_string(), 60)
+        ]
+    );
+    assert!(pending_oldest(&pods[3..], now).is_empty());
+}
+
+#[test]
+fn registries_are_independent() {
+    let a = Metrics::new().unwrap();
+    let b = Metrics::new().unwrap();
+    a.lease_renewed(true);
+    assert_eq!(b.lease_renewals.with_label_values(&["success"]).get(), 0);
+}
+
+#[test]
+fn value_reads_one_series_by_its_labels() {
+    let m = Metrics::new().unwrap();
+    m.pod_status_write("written");
+    m.pod_status_write("written");
+    m.pod_status_write("conflict");
+    m.claim_written(Duration::from_millis(1), Duration::from_millis(3));
+    let writes = |r: &str| m.value("vk_sandbox_pod_status_writes_total", &[("result", r)]);
+    assert_eq!(writes("written"), Some(2.0));
+    assert_eq!(writes("conflict"), Some(1.0));
+    assert_eq!(writes("gone"), None, "never recorded");
+    assert_eq!(m.value("vk_sandbox_claim_duration_seconds", &[]), Some(1.0));
+    assert_eq!(m.value("vk_sandbox_no_such_metric", &[]), None);
+    m.orphan_scanned([("stray", 3), ("orphan", 0)]);
+    assert_eq!(
+        m.value("vk_sandbox_orphan_audit_sandboxes", &[("verdict", "stray")]),
+        Some(3.0)
+    );
+}
