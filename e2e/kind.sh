@@ -191,7 +191,7 @@ smoke() {
   cargo build -p sandbox-controller --bin sandbox-controller
   k create namespace "$smoke_ns" --dry-run=client -o yaml | k apply -f - >/dev/null
   local log=$dir/sandbox-controller.log
-  "$root/target/debug/sandbox-controller" --kubeconfig "$kubeconfig" --namespace "$smoke_ns" >"$log" 2>&1 &
+  "${CARGO_TARGET_DIR:-$root/target}/debug/sandbox-controller" --kubeconfig "$kubeconfig" --namespace "$smoke_ns" >"$log" 2>&1 &
   local ctl=$!
   # shellcheck disable=SC2064  # expand now: stop this controller on exit
   trap "kill $ctl 2>/dev/null || true" EXIT
