@@ -22,10 +22,20 @@ fn repo_root() -> PathBuf {
 /// Server-side applies every document of a YAML manifest file.
 pub async fn apply_manifest(client: &Client, path: &Path) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let discovery = Discovery::new(client.clone())
-        .run()
-        .await
-        .map_err(|e| format!("discovery: {e}"))?;
+    // A group whose CRD another test just created or deleted can answer
+    // 404 for a moment (the apiserver's discovery lags): retry.
+    let mut attempt = 0;
+    let discovery = loop {
+        attempt += 1;
+        match Discovery::new(client.clone()).run().await {
+            Ok(d) => break d,
+            Err(e) if attempt < 10 => {
+                eprintln!("discovery (attempt {attempt}): {e}; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(format!("discovery: {e}")),
+        }
+    };
     let pp = PatchParams::apply("vk-sandbox-tests").force();
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let value = serde_yaml::Value::deserialize(doc).map_err(|e| e.to_string())?;
