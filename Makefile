@@ -51,7 +51,7 @@ lint: ## clippy with warnings as errors
 ifeq ($(GOARCH),)
 build: ## Release build, copied to ./vk-sandbox (GOOS=linux GOARCH=amd64|arm64: static ./vk-sandbox-linux-<arch>)
 	$(CARGO) build --release --bin vk-sandbox
-	cp target/release/vk-sandbox ./vk-sandbox
+	cp "$${CARGO_TARGET_DIR:-target}/release/vk-sandbox" ./vk-sandbox
 	@echo "built ./vk-sandbox: $$(./vk-sandbox --version)"
 else
 build:

@@ -202,7 +202,7 @@ smoke() {
       say "Sandbox controller: $controller"
       k apply --server-side --force-conflicts -f e2e/sandbox-controller/crds/ >/dev/null
       cargo build -p sandbox-controller --bin sandbox-controller
-      "$root/target/debug/sandbox-controller" --kubeconfig "$kubeconfig" --namespace "$smoke_ns" >"$log" 2>&1 &
+      "${CARGO_TARGET_DIR:-$root/target}/debug/sandbox-controller" --kubeconfig "$kubeconfig" --namespace "$smoke_ns" >"$log" 2>&1 &
       ;;
     *) die "cannot build the upstream agent-sandbox controller (e2e/agent-sandbox.sh which)" ;;
   esac

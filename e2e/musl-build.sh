@@ -55,7 +55,7 @@ case "$profile" in
   *) die "VK_MUSL_PROFILE must be release or dev, got '$profile'" ;;
 esac
 RUSTFLAGS="$rustflags" cargo build --profile "$profile" --target "$target" --bin vk-sandbox
-cp "target/$target/$outdir/vk-sandbox" "$out"
+cp "${CARGO_TARGET_DIR:-target}/$target/$outdir/vk-sandbox" "$out"
 desc=$(file -b "$out")
 [[ "$desc" == *"$want"* ]] || die "$out is not a $want binary: $desc"
 if [[ "$desc" == *"dynamically linked"* ]]; then
