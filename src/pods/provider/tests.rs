@@ -1,4 +1,5 @@
 use super::*;
+use crate::pods::annotations;
 use serde_json::json;
 
 /// A kube client whose requests go nowhere: these paths must not call

@@ -1,0 +1,141 @@
+//! The values of the claims store: a claim, its state, counts and options.
+
+use std::fmt;
+
+use jiff::Timestamp;
+
+use super::format;
+
+/// One claim: the sandbox a Pod key holds and the credential to release it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// sandboxd's sandbox id (`sb_…`).
+    pub id: String,
+    /// The release credential. Never logged: `Debug` redacts it.
+    pub token: String,
+    /// sandboxd's `owner_addr` (may be empty).
+    pub address: String,
+    /// UID of the Pod the claim was made or last adopted for (forensics; the
+    /// stale-UID guard never reads it).
+    pub pod_uid: String,
+    /// When the claim was made (or first seen without a time).
+    pub claimed_at: Timestamp,
+    /// The lease deadline; `None` = no expiry.
+    pub deadline: Option<Timestamp>,
+}
+
+impl fmt::Debug for Claim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Claim")
+            .field("id", &self.id)
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    "<empty>"
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("address", &self.address)
+            .field("pod_uid", &self.pod_uid)
+            .field("claimed_at", &self.claimed_at)
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+impl Claim {
+    /// The claim with its times truncated to whole seconds (the file's
+    /// precision) and an unset `claimed_at` stamped with `now`.
+    pub(super) fn normalised(mut self, now: Timestamp) -> Claim {
+        // Truncate first: a time within the epoch's first second becomes the
+        // epoch, which the file cannot tell from unset.
+        let claimed_at = format::to_second(self.claimed_at);
+        self.claimed_at = if format::is_unset(claimed_at) {
+            format::to_second(now)
+        } else {
+            claimed_at
+        };
+        self.deadline = self.deadline.and_then(format::to_file_deadline);
+        self
+    }
+}
+
+/// Where a row stands (behaviour.md §3.2, §4.5).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ClaimState {
+    /// Durable and vouched for: may be adopted and reported Running.
+    Settled,
+    /// Recorded in memory, not (yet) durable: a fresh claim being committed,
+    /// or one whose commit failed and whose undo has not removed it yet.
+    /// Never adopted or reported Running; releasable.
+    Tentative,
+    /// Loaded from disk and not yet vouched for by a sandboxd listing. Never
+    /// adopted or reported Running; releasable.
+    Quarantined,
+}
+
+/// Row counts per state.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct ClaimCounts {
+    pub settled: usize,
+    pub tentative: usize,
+    pub quarantined: usize,
+}
+
+/// What [`ClaimsStore::apply_verification`] did.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct VerifyReport {
+    /// Keys whose quarantine was lifted (listed by sandboxd).
+    pub lifted: Vec<String>,
+    /// Keys whose row was dropped (not listed, not tentative), with the id
+    /// that was dropped.
+    pub dropped: Vec<(String, String)>,
+    /// Keys that took sandboxd's listed deadline (the row had none).
+    pub deadlines_taken: Vec<String>,
+    /// Snapshotted pairs not judged: the row was removed or replaced since
+    /// the snapshot.
+    pub unjudged: usize,
+    /// Snapshotted rows that were not listed but are tentative (kept).
+    pub kept_tentative: usize,
+    /// Rows still quarantined after this verification (the verification
+    /// loop stops when this is 0).
+    pub remaining_quarantined: usize,
+}
+
+/// Tuning of the store.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreOptions {
+    /// The journal is never compacted below this many bytes.
+    pub compact_min_bytes: u64,
+    /// Above `compact_min_bytes`, the journal is compacted (the snapshot
+    /// rewritten) when it holds more than this many times the snapshot's
+    /// bytes.
+    pub compact_ratio: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            compact_min_bytes: 1 << 20,
+            compact_ratio: 4,
+        }
+    }
+}
+
+/// Counters of the writer, for metrics and tests.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct StoreStats {
+    /// Batches written (each: one journal append + fdatasync, or a rewrite).
+    pub batches: u64,
+    /// Requests served by those batches (`requests / batches` is the group
+    /// commit factor).
+    pub requests: u64,
+    pub journal_appends: u64,
+    /// Snapshot rewrites, start-up and compactions included.
+    pub rewrites: u64,
+    /// Batches whose write failed.
+    pub failures: u64,
+    /// Current journal size.
+    pub journal_bytes: u64,
+}

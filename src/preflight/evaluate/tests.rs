@@ -1,0 +1,248 @@
+use super::*;
+use crate::preflight::Status;
+use std::path::PathBuf;
+
+#[test]
+fn apiserver_lines() {
+    let v = Ok("v1.33.4".to_string());
+    let ok = apiserver("https://a:6443", "kubeconfig /k", &v, &Ok("alice".into()));
+    assert_eq!(ok.status, Status::Ok);
+    assert!(ok.detail.contains("authenticated as alice"), "{ok:?}");
+
+    let rejected_early = apiserver(
+        "https://a:6443",
+        "kubeconfig /k",
+        &Err(ApiError::Status {
+            code: 401,
+            message: "Unauthorized".into(),
+        }),
+        &Err(ApiError::Timeout),
+    );
+    assert_eq!(rejected_early.status, Status::Fail);
+    assert!(rejected_early.detail.contains("rejected the credentials"));
+
+    let unreachable = apiserver(
+        "https://a:6443",
+        "kubeconfig /k",
+        &Err(ApiError::Other("connection refused".into())),
+        &Err(ApiError::Timeout),
+    );
+    assert_eq!(unreachable.status, Status::Fail);
+    assert!(unreachable.detail.contains("connection refused"));
+
+    let rejected = apiserver(
+        "https://a:6443",
+        "kubeconfig /k",
+        &v,
+        &Err(ApiError::Status {
+            code: 401,
+            message: "Unauthorized".into(),
+        }),
+    );
+    assert_eq!(rejected.status, Status::Fail);
+    assert!(
+        rejected
+            .fix
+            .as_deref()
+            .is_some_and(|f| f.contains("--kubeconfig"))
+    );
+
+    let old = apiserver(
+        "https://a:6443",
+        "kubeconfig /k",
+        &v,
+        &Err(ApiError::Status {
+            code: 404,
+            message: "not found".into(),
+        }),
+    );
+    assert_eq!(old.status, Status::Ok);
+}
+
+#[test]
+fn crd_lines() {
+    let g = "sandbox.cocoonstack.io";
+    assert_eq!(inventory_crd(false, g, &Ok(vec![])).status, Status::Ok);
+    let missing = inventory_crd(true, g, &Ok(vec![]));
+    assert_eq!(missing.status, Status::Fail);
+    assert!(
+        missing
+            .detail
+            .contains("nodeinventories.sandbox.cocoonstack.io")
+    );
+    assert!(
+        missing
+            .fix
+            .as_deref()
+            .is_some_and(|f| f.contains("--inventory-group"))
+    );
+    assert_eq!(
+        inventory_crd(true, g, &Ok(vec!["v1beta1".into()])).status,
+        Status::Ok
+    );
+    assert_eq!(
+        inventory_crd(true, g, &Ok(vec!["v1".into()])).status,
+        Status::Fail
+    );
+    assert_eq!(
+        inventory_crd(true, g, &Err(ApiError::Timeout)).status,
+        Status::Fail
+    );
+}
+
+fn node(labels: serde_json::Value) -> Node {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "n", "labels": labels}
+    }))
+    .expect("node")
+}
+
+#[test]
+fn node_name_lines() {
+    assert_eq!(node_name("n", &Ok(None)).status, Status::Ok);
+    let virt = node_name(
+        "n",
+        &Ok(Some(node(serde_json::json!({"type": "virtual-kubelet"})))),
+    );
+    assert_eq!(virt.status, Status::Ok);
+    assert!(virt.detail.contains("adopted"));
+    let phys = node_name(
+        "n",
+        &Ok(Some(node(
+            serde_json::json!({"kubernetes.io/hostname": "n"}),
+        ))),
+    );
+    assert_eq!(phys.status, Status::Fail);
+    assert!(
+        phys.fix
+            .as_deref()
+            .is_some_and(|f| f.contains("VK_NODE_NAME"))
+    );
+    assert!(
+        phys.fix
+            .as_deref()
+            .is_some_and(|f| f.contains("n-sandboxd"))
+    );
+    let forbidden = node_name(
+        "n",
+        &Err(ApiError::Status {
+            code: 403,
+            message: "forbidden".into(),
+        }),
+    );
+    assert_eq!(forbidden.status, Status::Fail);
+}
+
+fn pool(template: &str, warm: u64, target: u64) -> PoolInfo {
+    serde_json::from_value(serde_json::json!({
+        "key": {"template": template, "net": "none", "size": "small"},
+        "warm": warm, "target": target
+    }))
+    .expect("pool info")
+}
+
+fn info(pools: Vec<PoolInfo>) -> NodeInfo {
+    NodeInfo {
+        pools,
+        claimed: 1,
+        hibernated: 0,
+        archived: 0,
+        draining: false,
+        peers: vec![],
+    }
+}
+
+#[test]
+fn sandboxd_ok_lists_pools() {
+    let token = PathBuf::from("/etc/vk-sandbox/sandboxd-token");
+    let r = sandboxd(
+        "http://127.0.0.1:7777",
+        Some(&token),
+        &Ok(info(vec![pool("base:24.04", 2, 2), pool("py", 0, 1)])),
+    );
+    assert_eq!(r.len(), 2);
+    assert_eq!(r[0].status, Status::Ok);
+    assert!(r[0].detail.contains("accepted"));
+    assert_eq!(r[1].status, Status::Ok);
+    assert_eq!(
+        r[1].detail,
+        "1 of 2 warm: base:24.04 (none, small) warm 2/2; py (none, small) warm 0/1"
+    );
+    let cold = sandboxd("u", None, &Ok(info(vec![pool("py", 0, 1)])));
+    assert_eq!(cold[1].status, Status::Warn);
+    let none = sandboxd("u", None, &Ok(info(vec![])));
+    assert_eq!(none[1].status, Status::Warn);
+    let mut draining = info(vec![pool("py", 1, 1)]);
+    draining.draining = true;
+    assert_eq!(sandboxd("u", None, &Ok(draining))[0].status, Status::Warn);
+}
+
+#[test]
+fn sandboxd_failures_name_the_fix() {
+    let token = PathBuf::from("/t");
+    let status = |status, json| SandboxdProblem::Status {
+        status,
+        message: if json {
+            "unauthorized".into()
+        } else {
+            String::new()
+        },
+        json,
+    };
+    let r = sandboxd("u", Some(&token), &Err(status(401, true)));
+    assert_eq!(r[0].status, Status::Fail);
+    assert!(r[0].detail.contains("rejected the token"));
+    assert!(r[0].fix.as_deref().is_some_and(|f| f.contains("/t")));
+    assert_eq!(r[1].status, Status::Warn, "pools not checked");
+    let r = sandboxd("u", None, &Err(status(401, true)));
+    assert!(
+        r[0].fix
+            .as_deref()
+            .is_some_and(|f| f.contains("SANDBOXD_TOKEN_FILE"))
+    );
+    let r = sandboxd("u", Some(&token), &Err(status(403, true)));
+    assert!(r[0].detail.contains("not the node (root) token"));
+    let r = sandboxd("u", None, &Err(status(404, false)));
+    assert!(
+        r[0].fix
+            .as_deref()
+            .is_some_and(|f| f.contains("--sandboxd-url"))
+    );
+    let r = sandboxd(
+        "u",
+        None,
+        &Err(SandboxdProblem::Unreachable("connection refused".into())),
+    );
+    assert!(r[0].detail.contains("cannot reach sandboxd"));
+}
+
+#[test]
+fn port_lines_and_clashes() {
+    let a = ListenAddr::parse("127.0.0.1:10260").expect("addr");
+    assert_eq!(
+        port("kubelet port", "listen-addr", "VK_LISTEN_ADDR", &a, &Ok(())).status,
+        Status::Ok
+    );
+    let used = port(
+        "kubelet port",
+        "listen-addr",
+        "VK_LISTEN_ADDR",
+        &a,
+        &Err((ErrorKind::AddrInUse, "in use".into())),
+    );
+    assert_eq!(used.status, Status::Fail);
+    assert!(used.detail.contains("already in use"));
+    assert!(
+        used.fix
+            .as_deref()
+            .is_some_and(|f| f.contains("VK_LISTEN_ADDR"))
+    );
+    let any = ListenAddr::parse(":10260").expect("addr");
+    let other_port = ListenAddr::parse(":10261").expect("addr");
+    let other_host = ListenAddr::parse("127.0.0.2:10260").expect("addr");
+    assert!(ports_clash(&a, &any));
+    assert!(ports_clash(&a, &a));
+    assert!(!ports_clash(&a, &other_port));
+    assert!(!ports_clash(&a, &other_host));
+}
