@@ -19,6 +19,7 @@ pub mod node;
 pub mod orphan;
 pub mod pods;
 pub mod preflight;
+pub mod runtime;
 pub mod sandboxd;
 pub mod telemetry;
 

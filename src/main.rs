@@ -23,6 +23,7 @@ use vk_sandbox::node::{self, NodeSettings};
 use vk_sandbox::pods::context::Context;
 use vk_sandbox::pods::controller;
 use vk_sandbox::pods::provider::Provider;
+use vk_sandbox::runtime::Threads;
 use vk_sandbox::sandboxd::SandboxdClient;
 use vk_sandbox::{Error, Result, kube_client, orphan, telemetry};
 
@@ -35,14 +36,6 @@ fn main() -> ExitCode {
         return vk_sandbox::claims_cli::main(args);
     }
     telemetry::init(cli.run.admin.log_format);
-    // One TLS crypto provider for kube, reqwest and the servers (D1).
-    if rustls::crypto::ring::default_provider()
-        .install_default()
-        .is_err()
-    {
-        error!("a rustls crypto provider was already installed");
-        return ExitCode::from(1);
-    }
     let cfg = match Config::from_args(&cli.run) {
         Ok(c) => c,
         Err(e) => {
@@ -51,13 +44,13 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The runtime installs the one TLS crypto provider kube, reqwest and
+    // the servers share.
+    let runtime = match vk_sandbox::runtime::build(Threads::Multi) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("vk-sandbox: cannot start the async runtime: {e}");
+            error!("{e}");
+            plain_error(cli.run.admin.log_format, &e);
             return ExitCode::from(1);
         }
     };

@@ -277,10 +277,8 @@ fn list_sandboxd(args: &SandboxdArgs) -> Result<Vec<crate::sandboxd::SandboxRow>
         .timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| format!("--sandboxd-url (env SANDBOXD_URL): {e}"))?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let runtime =
+        crate::runtime::build(crate::runtime::Threads::Current).map_err(|e| e.to_string())?;
     runtime
         .block_on(client.list())
         .map_err(|e| format!("cannot list sandboxd at {}: {e}", client.base_url()))

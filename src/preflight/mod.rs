@@ -192,16 +192,10 @@ pub fn main(args: &RunArgs) -> ExitCode {
     if std::env::var_os("RUST_LOG").is_some() {
         crate::telemetry::init(args.admin.log_format);
     }
-    // One TLS crypto provider for kube and reqwest (decisions.md D1); an
-    // already installed provider is the same one.
-    crate::crypto::install_provider();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::runtime::build(crate::runtime::Threads::Multi) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("vk-sandbox preflight: cannot start the async runtime: {e}");
+            eprintln!("vk-sandbox preflight: {e}");
             return ExitCode::from(1);
         }
     };
