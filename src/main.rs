@@ -1,5 +1,5 @@
 //! vk-sandbox: parse and validate flags, then run the virtual node until
-//! SIGTERM/SIGINT. Start-up order follows behaviour.md §1.3: configuration
+//! SIGTERM/SIGINT. Start-up order (docs/architecture.md#start-up): configuration
 //! (nothing touches the cluster before it is valid), credentials, kubelet
 //! API bound, Pod watch synced, then the Node registered, its Lease and
 //! status heartbeats started, and the Node marked Ready.
@@ -35,7 +35,8 @@ fn main() -> ExitCode {
         return vk_sandbox::claims_cli::main(args);
     }
     telemetry::init(cli.run.admin.log_format);
-    // One TLS crypto provider for kube, reqwest and the servers (D1).
+    // One TLS crypto provider for kube, reqwest and the servers, so no
+    // library picks another.
     if rustls::crypto::ring::default_provider()
         .install_default()
         .is_err()

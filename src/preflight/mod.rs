@@ -1,5 +1,5 @@
 //! `vk-sandbox preflight`: checks, without changing anything, that a
-//! configuration can start (issue 7 item 7).
+//! configuration can start (docs/operations.md#preflight).
 //!
 //! The same flags and environment as the run command are validated first;
 //! then every check runs, each bounded by [`CHECK_TIMEOUT`], and the results
@@ -192,8 +192,8 @@ pub fn main(args: &RunArgs) -> ExitCode {
     if std::env::var_os("RUST_LOG").is_some() {
         crate::telemetry::init(args.admin.log_format);
     }
-    // One TLS crypto provider for kube and reqwest (decisions.md D1); an
-    // already installed provider is the same one.
+    // One TLS crypto provider for kube and reqwest, so neither picks another;
+    // an already installed provider is the same one.
     crate::crypto::install_provider();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
