@@ -4,8 +4,9 @@ SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 
 CARGO ?= cargo
-# Set by `make GOOS=linux GOARCH=amd64 build` (the installation document's
-# spelling): a static musl build copied to ./vk-sandbox-linux-<arch>.
+# Set by `make GOOS=linux GOARCH=amd64 build` (the Go project's spelling,
+# kept so existing install instructions work): a static musl build copied to
+# ./vk-sandbox-linux-<arch>.
 GOOS ?=
 GOARCH ?=
 

@@ -19,8 +19,9 @@
 #   systemd    packaging/vk-sandbox.service passes `systemd-analyze verify`
 #              with no warning (a copy whose ExecStart names a built
 #              binary); packaging/env.example only sets variables that
-#              `vk-sandbox --help` lists (plus RUST_LOG) and every one the
-#              installation document requires.
+#              `vk-sandbox --help` lists (plus RUST_LOG) and sets every one
+#              a systemd install needs (node name and IP, listen address,
+#              sandboxd URL and token file, state path).
 #   static     the static musl binary (the one the Dockerfile copies) is
 #              statically linked and prints --version; run as UID/GID 65532
 #              (setpriv, needs root) it writes its claims file into a
@@ -219,7 +220,7 @@ check_systemd() {
     [[ "$line" =~ ^[A-Z][A-Z0-9_]*=.*$ ]] || fail "$env: not a KEY=value line: $line"
   done < "$env"
   for key in VK_NODE_NAME VK_NODE_IP VK_LISTEN_ADDR SANDBOXD_URL SANDBOXD_TOKEN_FILE VK_STATE_PATH; do
-    grep -qE "^$key=" "$env" || fail "$env: $key is not set (the installation document lists it)"
+    grep -qE "^$key=" "$env" || fail "$env: $key is not set (a systemd install needs it)"
   done
   log "systemd: $env: variables checked against vk-sandbox --help"
 }

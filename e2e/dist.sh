@@ -7,7 +7,7 @@
 # GOARCH=<arch> build`), packed with the systemd unit, the environment
 # template, the manifests and the README into
 # dist/vk-sandbox_Linux_<x86_64|arm64>.tar.gz. The archive has no top
-# directory, so the installation document's commands work right after
+# directory, so the README's installation commands work right after
 # `tar xz`: ./vk-sandbox, ./packaging/vk-sandbox.service,
 # ./packaging/env.example, ./manifests/…, ./README.md, ./SHA256SUMS (of the
 # files inside). dist/checksums.txt holds the archives' SHA-256.

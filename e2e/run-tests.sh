@@ -14,7 +14,7 @@ e2e_only=false
 reliability=false
 case "${1:-}" in
   --e2e-only) e2e_only=true ;;
-  # `make reliability`: the full reliability suite only (issue 8).
+  # `make reliability`: the full reliability suite only (docs/reliability.md).
   --reliability) reliability=true ;;
   "") ;;
   *) echo "usage: e2e/run-tests.sh [--e2e-only|--reliability]" >&2; exit 2 ;;

@@ -1,5 +1,6 @@
-//! The plain-HTTP admin port (`--admin-addr`, default `:10261`;
-//! decisions.md D1, D5): `/metrics`, `/livez`, `/readyz`.
+//! The plain-HTTP admin port (`--admin-addr`, default `:10261`): `/metrics`,
+//! `/livez`, `/readyz`, apart from the kubelet API so scraping and probes
+//! need no certificates or kubelet authorization.
 //!
 //! [`Health`] is the shared liveness/readiness state. The Pod watch calls
 //! [`Health::set_pod_watch_synced`], the Lease loop

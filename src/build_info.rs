@@ -1,4 +1,5 @@
-//! Build-time identity of this binary (behaviour.md §1.1 `--version`).
+//! Build-time identity of this binary (`--version`, in the Go program's
+//! format).
 
 /// `<VERSION> (rev=<REVISION> built=<BUILTAT>)`; clap prefixes the binary name.
 pub const VERSION_LINE: &str = concat!(

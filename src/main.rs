@@ -1,5 +1,5 @@
 //! vk-sandbox: parse and validate flags, then run the virtual node until
-//! SIGTERM/SIGINT. Start-up order follows behaviour.md §1.3: configuration
+//! SIGTERM/SIGINT. Start-up order (docs/architecture.md#start-up): configuration
 //! (nothing touches the cluster before it is valid), credentials, kubelet
 //! API bound, Pod watch synced, then the Node registered, its Lease and
 //! status heartbeats started, and the Node marked Ready.

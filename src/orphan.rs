@@ -1,7 +1,7 @@
-//! The orphan audit scan (behaviour.md §5): compare sandboxd's listing with
-//! the claims table and report what does not match. Report only: the scan
-//! never releases, destroys or drops anything (stray returns are decided by
-//! the claim path, decisions.md D7, not here).
+//! The orphan audit scan: compare sandboxd's listing with the claims table
+//! and report what does not match. Report only: the scan never releases,
+//! destroys or drops anything (stray returns are decided by the claim path,
+//! not here).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -171,7 +171,7 @@ async fn startup_write_creates_empty_file_0600_in_dir_0700() {
     assert_eq!(mode(&path), 0o600);
     assert_eq!(mode(&state_dir), 0o700);
     assert_eq!(mode(&dir.path().join("var/lib")), 0o700);
-    // Acceptance test 6: open + compact of a missing file.
+    // A missing file: open, then compact, leaves the same empty table.
     store.compact().await.expect("compact");
     assert_eq!(fs::read_to_string(&path).expect("read"), r#"{"claims":{}}"#);
     assert!(!journal_of(&path).exists());

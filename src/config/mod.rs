@@ -1,4 +1,4 @@
-//! Command line and environment (behaviour.md §1.1, decisions.md D1, D5).
+//! Command line and environment (docs/configuration.md).
 //!
 //! Two steps, both before anything touches the cluster:
 //!
@@ -53,7 +53,7 @@ pub use values::{
     ListenAddr, advertise_default, parse_go_duration, parse_node_labels, validate_quantity,
 };
 
-/// Defaults of behaviour.md §1.1 (and D1/D2/D5), shared by `--help` and tests.
+/// Flag defaults (docs/configuration.md), shared by `--help` and tests.
 pub mod defaults {
     pub const NODE_NAME: &str = "vk-sandboxd";
     pub const LISTEN_ADDR: &str = ":10260";

@@ -19,7 +19,8 @@ pub struct TlsFiles {
     pub key: Option<PathBuf>,
 }
 
-/// Kubelet API authentication/authorization (decisions.md D5).
+/// Kubelet API authentication/authorization
+/// (docs/architecture.md#decision-kubelet-api).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeletAuthConfig {
     /// `--kubelet-auth`: false serves every route to anyone.

@@ -63,7 +63,7 @@ fn defaults_match_behaviour_1_1() {
     assert_eq!(r.kube.kubeconfig, None);
 }
 
-// Acceptance test 7.
+// An explicit flag beats its environment variable; an empty variable is unset.
 #[test]
 fn flag_beats_env_and_empty_env_is_unset() {
     let both = parse(&["--node-name=b"], &[("VK_NODE_NAME", "a")]);
@@ -172,7 +172,8 @@ fn unknown_flag_is_a_usage_error() {
     assert_eq!(err.exit_code(), 2);
 }
 
-// Acceptance test 1 (the parsing half; the binary test runs --version).
+// `--version` prints the version line and exits 0 (the parsing half; the
+// binary test runs --version).
 #[test]
 fn version_prints_version_line() {
     let err = parse_from(["vk-sandbox", "--version"], &env_of(&[])).unwrap_err();
@@ -264,7 +265,7 @@ fn valid_defaults_build_a_config() {
     assert_eq!(cfg.tls, TlsFiles::default());
 }
 
-// Acceptance test 2.
+// An explicitly empty `--state-path` refuses to start.
 #[test]
 fn empty_state_path_is_refused() {
     let args = parse(&["--state-path="], &[]).run;
@@ -280,7 +281,8 @@ fn empty_state_path_from_env_falls_back_to_default() {
     assert_eq!(args.state.state_path, defaults::STATE_PATH);
 }
 
-// Acceptance test 3 (root-proof variant): a parent that is a regular file.
+// An unwritable state directory refuses to start (root-proof variant: a
+// parent that is a regular file).
 #[test]
 fn unwritable_state_dir_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -294,7 +296,7 @@ fn unwritable_state_dir_is_refused() {
     assert!(err.contains("VK_STATE_PATH"), "{err}");
 }
 
-// Acceptance test 3: a 0500 directory. Root bypasses permission bits,
+// An unwritable state directory: mode 0500. Root bypasses permission bits,
 // so as root this only checks the probe does not lie in the other
 // direction; as an unprivileged user it must refuse.
 #[test]
@@ -340,7 +342,7 @@ fn state_path_that_is_a_directory_is_refused() {
     assert!(err.contains("is a directory"), "{err}");
 }
 
-// Acceptance test 8.
+// `--listen-addr` must be `host:port` with a numeric port in 1-65535.
 #[test]
 fn listen_addr_validation() {
     for bad in [
@@ -387,7 +389,7 @@ async fn listen_addr_binds() {
     assert_eq!(any.socket_addrs().await.unwrap().len(), 2);
 }
 
-// Acceptance test 9.
+// Capacity flags must be non-zero Kubernetes quantities.
 #[test]
 fn quantity_validation() {
     for good in [
@@ -495,7 +497,8 @@ fn intervals() {
     assert_eq!(cfg.inventory.interval, Duration::from_secs(90));
 }
 
-// Acceptance test 10 (configuration half).
+// The sandboxd token file: trimmed, empty means no token, unreadable refuses
+// to start (the configuration half; the headers sent are tested elsewhere).
 #[test]
 fn token_file() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -528,7 +531,8 @@ fn token_file() {
     assert!(Config::from_args(&valid(dir.path(), &[&dir_flag])).is_err());
 }
 
-// Acceptance test 14 (configuration half).
+// `--node-labels`: bad items skipped, empty values kept, later duplicates
+// win, and the flag replaces the default (the configuration half).
 #[test]
 fn node_labels_parsing() {
     let labels = parse_node_labels("a=b, c=,bad,=x,type=vk");

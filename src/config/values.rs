@@ -198,7 +198,7 @@ pub fn parse_go_duration(raw: &str) -> std::result::Result<i128, String> {
     Ok(if negative { -total } else { total })
 }
 
-/// `--node-labels` per behaviour.md §2.1: split on `,`, trim, split at the
+/// `--node-labels` as the Go program reads it: split on `,`, trim, split at the
 /// first `=`; items without `=` or with an empty key are skipped; empty
 /// values are allowed; later duplicates win.
 pub fn parse_node_labels(raw: &str) -> BTreeMap<String, String> {
@@ -288,8 +288,9 @@ pub fn nanos_to_duration(n: i128) -> Duration {
     )
 }
 
-/// behaviour.md §1.1: the URL's `host[:port]` authority; if the value does
-/// not parse as a URL with a host, the raw value minus trailing `/`.
+/// Default of `--sandboxd-advertise-addr`: the URL's `host[:port]` authority;
+/// if the value does not parse as a URL with a host, the raw value minus
+/// trailing `/`.
 pub fn advertise_default(sandboxd_url: &str) -> String {
     match url::Url::parse(sandboxd_url) {
         Ok(u) if u.host_str().is_some() => {

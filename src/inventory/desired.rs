@@ -1,5 +1,5 @@
 //! The desired NodeInventory, built from sandboxd's listing and info plus
-//! this node's claims (behaviour.md §6.1, decisions.md D2). Pure.
+//! this node's claims (docs/architecture.md, "NodeInventory publisher"). Pure.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

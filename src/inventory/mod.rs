@@ -1,5 +1,6 @@
-//! NodeInventory publishing (behaviour.md §6, decisions.md D2): the type and
-//! its CRD, the pure desired-object builder, and the publisher loop.
+//! NodeInventory publishing (docs/architecture.md#decision-nodeinventory):
+//! the type and its CRD, the pure desired-object builder, and the publisher
+//! loop.
 
 pub mod desired;
 pub mod publisher;

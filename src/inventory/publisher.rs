@@ -20,8 +20,8 @@ use crate::sandboxd::SandboxdClient;
 use super::desired::{Applied, ApplyDecision, decide, desired};
 use super::types::{KIND, NodeInventory, PLURAL, VERSION, api_version, crd_name};
 
-/// Unchanged inventories are re-applied this often (decisions.md D2), so
-/// an object edited or deleted by hand comes back.
+/// Unchanged inventories are re-applied this often (only changes are applied
+/// in between), so an object edited or deleted by hand comes back.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(600);
 
 /// What one tick did.

@@ -1,4 +1,4 @@
-//! The `NodeInventory` object (behaviour.md §6.2, decisions.md D2) and the
+//! The `NodeInventory` object (the schema sandbox-operator reads) and the
 //! CRD generated from it.
 //!
 //! The consumer's schema has its fields at the top level (no `spec`), which
@@ -20,7 +20,7 @@ use kube::core::schema::StructuralSchemaRewriter;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Group published by default (the installation document's CRD).
+/// Group published by default (the CRD the README's installation names).
 pub const DEFAULT_GROUP: &str = "sandbox.cocoonstack.io";
 /// Group read by published sandbox-operator builds (`--inventory-group`).
 pub const EXTENSIONS_GROUP: &str = "extensions.agents.x-k8s.io";

@@ -1,4 +1,4 @@
-//! The kubelet HTTPS API (behaviour.md §7, §8; decisions.md D5): axum over
+//! The kubelet HTTPS API (docs/architecture.md, "Kubelet API"): axum over
 //! rustls, TLS ≥ 1.2, HTTP/1.1 and h2, a provided or self-signed serving
 //! certificate reloaded when its files change, and kubelet-style
 //! authentication/authorization in front of every route but `/healthz`.

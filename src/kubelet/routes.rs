@@ -1,4 +1,4 @@
-//! The kubelet API routes (behaviour.md §7 with decisions.md D5).
+//! The kubelet API routes (docs/architecture.md#decision-kubelet-api).
 //!
 //! | Route | Answer |
 //! |---|---|
@@ -34,7 +34,8 @@ use crate::metrics::Metrics;
 /// The shared tail of every not-implemented answer.
 pub const NOT_IMPLEMENTED: &str =
     "vk-sandbox: not implemented; use the sandbox SDK for interactive access";
-/// Body of `/containerLogs` once the query is valid (behaviour.md §7).
+/// Body of `/containerLogs` once the query is valid (the Go program's text,
+/// byte for byte).
 pub const LOGS_NOT_IMPLEMENTED: &str = "error getting container logs?): vk-sandbox: not implemented; use the sandbox SDK for interactive access";
 /// Content type of `/metrics/resource`.
 pub const RESOURCE_METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";
@@ -91,7 +92,7 @@ async fn count(State(state): State<KubeletState>, req: Request, next: Next) -> R
     resp
 }
 
-/// Authentication and authorization (decisions.md D5), skipped for
+/// Authentication and authorization (see `auth`), skipped for
 /// `/healthz` and when auth is off.
 async fn authenticate(State(state): State<KubeletState>, mut req: Request, next: Next) -> Response {
     let Some(auth) = state.auth.as_ref() else {
@@ -201,7 +202,8 @@ fn query_get(query: &str, key: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The `/containerLogs` query checks of behaviour.md §7.
+/// The `/containerLogs` query checks the Go kubelet server makes (a bad
+/// value is a 400).
 pub fn validate_log_query(query: &str) -> Result<(), String> {
     let get = |k: &str| query_get(query, k);
     let tail = get("tailLines");
@@ -261,8 +263,8 @@ fn stream_option(form: &[(String, String)], query: &str, key: &str) -> bool {
         == "1"
 }
 
-/// behaviour.md §7: at least one of stdin/stdout/stderr, and not
-/// tty together with stderr.
+/// exec/attach options as the kubelet checks them: at least one of
+/// stdin/stdout/stderr, and not tty together with stderr.
 pub fn validate_stream_options(form: &[(String, String)], query: &str) -> Result<(), String> {
     let on = |k| stream_option(form, query, k);
     let (stdin, stdout, stderr, tty) = (on("input"), on("output"), on("error"), on("tty"));

@@ -1,6 +1,7 @@
 //! Serving a router over TLS: tokio-rustls for the handshake, hyper-util's
 //! auto builder for HTTP/1.1 and h2 (ALPN), one task per connection, a
-//! 30 s read-header timeout (behaviour.md §8), graceful shutdown.
+//! 30 s read-header timeout (a client that never finishes its headers cannot
+//! hold a connection), graceful shutdown.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,5 +1,6 @@
-//! Prometheus metrics (decisions.md D1: the `prometheus` crate with an
-//! explicit registry, plus its Linux process collector).
+//! Prometheus metrics: the `prometheus` crate with an explicit registry (not
+//! the global default, so tests build their own), plus its Linux process
+//! collector.
 //!
 //! One [`Metrics`] is built in `main` and shared as `Arc<Metrics>`. Every
 //! metric is named `vk_sandbox_…`, counters end in `_total`, units are in the

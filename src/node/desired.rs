@@ -1,5 +1,6 @@
 //! The Node this process registers, as a pure function of its settings
-//! (behaviour.md §2.1). No I/O here: `register` and `heartbeat` apply it.
+//! (docs/architecture.md, "Node and Lease"). No I/O here: `register` and
+//! `heartbeat` apply it.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
 /// Label that marks a Node as a virtual kubelet; vk-sandbox never adopts a
-/// Node without it (decisions.md D1) unless vk-sandbox itself manages it.
+/// Node without it (that is a real kubelet's Node, which it must not take
+/// over) unless vk-sandbox itself manages it.
 pub const VIRTUAL_KUBELET_LABEL: (&str, &str) = ("type", "virtual-kubelet");
 pub const TAINT_KEY: &str = "virtual-kubelet.io/provider";
 pub const TAINT_VALUE: &str = "sandboxd";
@@ -80,7 +82,8 @@ pub fn labels_apply(s: &NodeSettings) -> Value {
 }
 
 /// The conditions vk-sandbox owns. `ready` is true once the Pod watch has
-/// synced; readiness is never tied to sandboxd health (behaviour.md §2.1).
+/// synced; readiness is never tied to sandboxd health (a sandboxd outage
+/// must not make the node NotReady and get its Pods evicted).
 fn conditions(ready: bool) -> [(&'static str, &'static str, &'static str, &'static str); 5] {
     let (ready_status, ready_reason, ready_msg) = if ready {
         ("True", "KubeletReady", "Kubelet is ready")

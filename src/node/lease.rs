@@ -1,5 +1,5 @@
 //! The node Lease (`kube-node-lease/<node>`): the heartbeat the node
-//! lifecycle controller reads (behaviour.md §2.2).
+//! lifecycle controller reads (docs/architecture.md, "Node and Lease").
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! The Pod contract: what a sandbox Pod's annotations ask of sandboxd
-//! (behaviour.md §3.2 steps 1, 6–8). Pure.
+//! (docs/pod-contract.md): runtime gate, TTL, template, claim body. Pure.
 
 use k8s_openapi::api::core::v1::Pod;
 

@@ -1,7 +1,7 @@
-//! Delete authorization: Pod deletion is not VM authority (behaviour.md
-//! §3.4). A sandbox is released only when the Pod's owner is confirmed gone
-//! or tearing down; every doubt preserves it. The decision is pure; the
-//! owner lookup is I/O.
+//! Delete authorization: Pod deletion is not VM authority
+//! (docs/pod-contract.md). A sandbox is released only when the Pod's owner
+//! is confirmed gone or tearing down; every doubt preserves it. The decision
+//! is pure; the owner lookup is I/O.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -46,7 +46,8 @@ pub fn never_restarts(pod: &Pod) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
     /// A different generation is tracked under this key: it is gone, so
-    /// run provider Delete for it first (decisions.md D3).
+    /// run provider Delete for it first, then handle this Pod as new (the Go
+    /// build, seeing the key still tracked, never created the new Pod).
     pub retire_tracked: bool,
     pub step: Step,
 }

@@ -1,4 +1,4 @@
-//! The Pod statuses vk-sandbox publishes (behaviour.md §3.5), as JSON merge
+//! The Pod statuses vk-sandbox publishes (docs/pod-contract.md), as JSON merge
 //! patches of `pods/status`. Pure. Fields we clear are sent as `null`, so
 //! the patch replaces the status we own without a read-modify-write.
 

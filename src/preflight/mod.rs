@@ -1,5 +1,5 @@
 //! `vk-sandbox preflight`: checks, without changing anything, that a
-//! configuration can start (issue 7 item 7).
+//! configuration can start (docs/operations.md#preflight).
 //!
 //! The same flags and environment as the run command are validated first;
 //! then every check runs, each bounded by [`CHECK_TIMEOUT`], and the results

@@ -1,6 +1,6 @@
 //! The permissions vk-sandbox needs, as one table that mirrors the
-//! ClusterRole of `manifests/rbac.yaml` (decisions.md D6; a unit test keeps
-//! the two equal), and the pure evaluation of SelfSubjectAccessReview
+//! ClusterRole of `manifests/rbac.yaml` (a unit test keeps the two equal),
+//! and the pure evaluation of SelfSubjectAccessReview
 //! answers into checklist lines.
 
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! The sandboxd HTTP client (sandboxd.md §1, §4, §6; behaviour.md §3.8).
+//! The sandboxd HTTP client (docs/architecture.md#sandboxd-api).
 
 use std::fmt;
 use std::path::Path;
@@ -13,11 +13,11 @@ use super::decode::{RawReply, body_limit, decode_claim, decode_info, decode_list
 use super::error::{Op, SandboxdError};
 use super::types::{Claim, ClaimBody, ClaimRequest, NodeInfo, ReleaseOutcome, SandboxRow, Secret};
 
-/// Per-request bound (sandboxd.md §6).
+/// Per-request bound, as the Go client's.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Pooled idle connections per host (sandboxd.md §6).
+/// Pooled idle connections per host, so bursts of claims reuse connections.
 pub const POOL_MAX_IDLE_PER_HOST: usize = 64;
-/// How long an idle pooled connection is kept (sandboxd.md §6).
+/// How long an idle pooled connection is kept.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Everything but RFC 3986 unreserved characters is escaped in a path
@@ -231,7 +231,7 @@ impl SandboxdClient {
     }
 
     /// Release any sandbox by id with the node (root) token, for returning
-    /// stray rows of lost claim replies (decisions.md D7).
+    /// stray rows of lost claim replies, whose token nobody holds.
     pub async fn release_as_node(&self, id: &str) -> Result<ReleaseOutcome, SandboxdError> {
         let Some(token) = self.inner.token.clone() else {
             return Err(SandboxdError::InvalidRequest {

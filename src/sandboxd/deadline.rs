@@ -1,10 +1,10 @@
-//! Lease deadlines as sandboxd sends them (sandboxd.md §2.3).
+//! Lease deadlines as sandboxd sends them (docs/architecture.md#sandboxd-api).
 //!
 //! sandboxd writes Go's `time.Time` as RFC 3339 with 0-9 fractional digits and
 //! the server's zone. The zero time `0001-01-01T00:00:00Z` and an absent or
 //! empty field mean "no expiry". A value that does not parse is "unknown",
-//! which behaves as "never expires" (behaviour.md §3.8) but stays visible so
-//! callers can log it.
+//! which behaves as "never expires" (failing a Pod on a guess would be worse
+//! than keeping it) but stays visible so callers can log it.
 
 use std::fmt;
 

@@ -1,15 +1,15 @@
 //! Reply decoding as pure functions of (status, body bytes), so every mapping
-//! in sandboxd.md §4 can be tested without a network, and so no reply,
-//! however malformed, can do more than produce an error.
+//! (docs/architecture.md#sandboxd-api) can be tested without a network, and
+//! so no reply, however malformed, can do more than produce an error.
 
 use serde::Deserialize;
 
 use super::error::{Op, SandboxdError};
 use super::types::{Claim, ClaimReply, ListReply, NodeInfo, ReleaseOutcome, SandboxRow, Secret};
 
-/// Largest error body read (sandboxd.md §6); longer bodies are cut.
+/// Largest error body read; longer bodies are cut.
 pub const ERROR_BODY_LIMIT: usize = 64 * 1024;
-/// Largest JSON success body accepted (sandboxd.md §6).
+/// Largest JSON success body accepted.
 pub const JSON_BODY_LIMIT: usize = 1024 * 1024;
 
 /// A reply as read off the wire: its status and at most the body limit's
@@ -91,7 +91,7 @@ fn http_error(op: Op, reply: &RawReply) -> SandboxdError {
     }
 }
 
-/// `POST /v1/claim` (sandboxd.md §4.1): `200` with an `id` is a claim; `200`
+/// `POST /v1/claim`: `200` with an `id` is a claim; `200`
 /// without one (empty or redirect) and `429` are a capacity miss; any other
 /// status is `Http`; an undecodable `200` is `Decode`.
 pub fn decode_claim(reply: &RawReply) -> Result<Claim, SandboxdError> {
@@ -143,7 +143,7 @@ pub fn decode_claim(reply: &RawReply) -> Result<Claim, SandboxdError> {
     }
 }
 
-/// `POST /v1/sandboxes/{id}/release` (sandboxd.md §4.2, decisions.md D7):
+/// `POST /v1/sandboxes/{id}/release`:
 /// `204` is released; `404` with sandboxd's JSON error is "already gone";
 /// a `404` without it (the router's plain-text reply, i.e. a wrong base URL)
 /// and every other status, other 2xx included, are errors.
@@ -163,7 +163,7 @@ pub fn decode_release(reply: &RawReply) -> Result<ReleaseOutcome, SandboxdError>
     }
 }
 
-/// `GET /v1/sandboxes` (sandboxd.md §4.3): only a `200` with a decodable
+/// `GET /v1/sandboxes`: only a `200` with a decodable
 /// `{"sandboxes":[…]}` is a listing. A failure is never an empty list.
 pub fn decode_list(reply: &RawReply) -> Result<Vec<SandboxRow>, SandboxdError> {
     match reply.status {
@@ -172,7 +172,7 @@ pub fn decode_list(reply: &RawReply) -> Result<Vec<SandboxRow>, SandboxdError> {
     }
 }
 
-/// `GET /v1/info` (sandboxd.md §4.4): only a `200` is node info; anything
+/// `GET /v1/info`: only a `200` is node info; anything
 /// else is an error, never "zero capacity".
 pub fn decode_info(reply: &RawReply) -> Result<NodeInfo, SandboxdError> {
     match reply.status {

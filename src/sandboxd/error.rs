@@ -1,4 +1,4 @@
-//! The client's error taxonomy (sandboxd.md §6).
+//! The client's error taxonomy.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -181,8 +181,8 @@ impl SandboxdError {
     /// True when a claim may have been created and persisted by sandboxd even
     /// though the caller got no usable reply: a transport error or timeout on
     /// a claim, or a `200` claim reply whose body could not be decoded. The
-    /// caller must look for a stray row under its `claim_ref` (decisions.md
-    /// D7) rather than assume nothing happened.
+    /// caller must look for a stray row under its `claim_ref` rather than
+    /// assume nothing happened (sandboxd persists a claim before replying).
     ///
     /// A connection that could not be established (refused, unreachable)
     /// carried no request, so its outcome is known: nothing was created.

@@ -1,4 +1,4 @@
-//! sandboxd HTTP client and wire types (spec/sandboxd.md).
+//! sandboxd HTTP client and wire types (docs/architecture.md#sandboxd-api).
 //!
 //! - [`client`]: the pooled reqwest client (claim, release, list, info);
 //! - [`decode`]: reply mapping as pure functions of status and body;

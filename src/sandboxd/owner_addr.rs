@@ -1,4 +1,4 @@
-//! `owner_addr` in a claim reply (sandboxd.md §2.4).
+//! `owner_addr` in a claim reply.
 //!
 //! sandboxd reports its advertise address in one of these shapes:
 //! - `host:port`, normally `10.0.0.5:7777` (also `[fd00::1]:7777`);

@@ -1,4 +1,5 @@
-//! Wire types of the four calls vk-sandbox makes (sandboxd.md §4).
+//! Wire types of the four calls vk-sandbox makes
+//! (docs/architecture.md#sandboxd-api).
 //!
 //! Replies are decoded leniently: unknown fields (newer builds' extras,
 //! `engine` inside `key`) are ignored.
@@ -50,7 +51,7 @@ impl fmt::Display for Secret {
     }
 }
 
-/// `POST /v1/claim` request (sandboxd.md §4.1). `template` is always sent;
+/// `POST /v1/claim` request. `template` is always sent;
 /// `net`, `size`, `ttl_seconds` and `claim_ref` only when non-empty/non-zero;
 /// `no_redirect` never.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -146,7 +147,7 @@ pub enum ReleaseOutcome {
     AlreadyGone,
 }
 
-/// A pool key (sandboxd.md §2.1). `engine` is sent by some builds only;
+/// A pool key. `engine` is sent by some builds only;
 /// it is carried onto the NodeInventory and otherwise ignored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PoolKey {

@@ -201,7 +201,7 @@ impl PoolConfig {
     }
 }
 
-/// Malformed or version-dependent reply shapes (§9 "Malformed fields").
+/// Malformed or version-dependent reply shapes (deadline, engine, extra fields).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct Quirks {

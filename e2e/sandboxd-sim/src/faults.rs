@@ -1,4 +1,4 @@
-//! Fault injection (§9 "Fault injection worth supporting").
+//! Fault injection: the failures vk-sandbox must survive (e2e/README.md).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,7 +1,7 @@
 //! sandboxd-sim: a simulator of sandboxd's HTTP API as vk-sandbox uses it
-//! (spec/sandboxd.md §9), with fault injection, an injectable clock, a
-//! request log and an admin API. Run it as the `sandboxd-sim` binary, or
-//! in-process with [`start`] / [`start_local`].
+//! (docs/architecture.md#sandboxd-api; e2e/README.md), with fault injection,
+//! an injectable clock, a request log and an admin API. Run it as the
+//! `sandboxd-sim` binary, or in-process with [`start`] / [`start_local`].
 
 pub mod admin;
 pub mod clock;

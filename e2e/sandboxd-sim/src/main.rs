@@ -34,7 +34,7 @@ ADMIN API (under /_sim on the API port, and on --admin-listen if given):
   POST   /_sim/restart {\"drop_ids\":[..],\"drop_connections\":B}   reload from the persisted claims
   GET|POST /_sim/listener {\"accepting\":false,\"resume_after_ms\":N}  refuse API connections";
 
-/// A sandboxd simulator (spec/sandboxd.md §9) for vk-sandbox's tests and demo.
+/// A sandboxd simulator (e2e/README.md) for vk-sandbox's tests and demo.
 #[derive(Debug, Parser)]
 #[command(
     name = "sandboxd-sim",

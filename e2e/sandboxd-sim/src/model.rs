@@ -6,7 +6,7 @@ use jiff::tz::Offset;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Request bodies above this get `400 invalid request body` (§1).
+/// Request bodies above this get `400 invalid request body`, as sandboxd's.
 pub const MAX_BODY: usize = 1024 * 1024;
 /// Default lease for `ttl_seconds` ≤ 0 or absent.
 pub const DEFAULT_TTL_SECONDS: i64 = 300;
@@ -26,8 +26,8 @@ pub struct PoolKey {
 }
 
 impl PoolKey {
-    /// Fill defaults, then validate (§2.1). The error is the text after
-    /// `invalid pool key: `.
+    /// Fill defaults (`none`, `small`), then validate. The error is the text
+    /// after `invalid pool key: `.
     pub fn new(template: &str, net: &str, size: &str) -> Result<PoolKey, String> {
         let net = if net.is_empty() { "none" } else { net };
         let size = if size.is_empty() { "small" } else { size };

@@ -329,7 +329,7 @@ impl Sim {
         }
     }
 
-    // ----- auth (§1.1) ---------------------------------------------------
+    // ----- auth: root, tenant and sandbox tokens, open mode --------------
 
     fn auth_node(st: &State, header: Option<&str>) -> Result<Principal, Reply> {
         let cfg = &st.cfg;
@@ -433,7 +433,7 @@ impl Sim {
         Outcome { reply, after }
     }
 
-    // ----- POST /v1/claim (§4.1) ------------------------------------------
+    // ----- POST /v1/claim -------------------------------------------------
 
     pub async fn claim(self: &Arc<Self>, auth: Option<&str>, body: &[u8]) -> Outcome {
         let fault = self.take_fault(Endpoint::Claim);
@@ -646,7 +646,7 @@ impl Sim {
         }
     }
 
-    // ----- POST /v1/sandboxes/{id}/release (§4.2) -------------------------
+    // ----- POST /v1/sandboxes/{id}/release --------------------------------
 
     pub fn release(&self, auth: Option<&str>, id: &str) -> Outcome {
         let fault = self.take_fault(Endpoint::Release);
@@ -687,7 +687,7 @@ impl Sim {
         outcome
     }
 
-    // ----- GET /v1/sandboxes (§4.3) ---------------------------------------
+    // ----- GET /v1/sandboxes ----------------------------------------------
 
     pub fn list(&self, auth: Option<&str>) -> Outcome {
         let fault = self.take_fault(Endpoint::List);
@@ -737,7 +737,7 @@ impl Sim {
         v
     }
 
-    // ----- GET /v1/info (§4.4) --------------------------------------------
+    // ----- GET /v1/info ---------------------------------------------------
 
     pub fn info(&self, auth: Option<&str>) -> Outcome {
         let fault = self.take_fault(Endpoint::Info);
@@ -785,7 +785,7 @@ impl Sim {
         Self::post_fault(&fault, Reply::json(200, v))
     }
 
-    // ----- reaper (§5, §9.8) ----------------------------------------------
+    // ----- reaper: drops claims past their deadline -----------------------
 
     /// Drop claims whose deadline has strictly passed; hibernated claims of
     /// an archiving pool are archived instead. Returns the ids affected.

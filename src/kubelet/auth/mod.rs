@@ -1,5 +1,6 @@
-//! Authentication and authorization of kubelet API requests (decisions.md
-//! D5), the way a real kubelet does it:
+//! Authentication and authorization of kubelet API requests, the way a real
+//! kubelet does it (the Go program had none: anyone reaching the port could
+//! read every Pod spec on the node):
 //!
 //! - **Authentication**: a client certificate that rustls verified against
 //!   the client CA (user = subject CN, groups = subject O values), else a

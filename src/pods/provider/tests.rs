@@ -97,7 +97,7 @@ fn drop_next_claim_reply(sim: &sandboxd_sim::SimHandle) {
     sim.sim().arm_fault(fault).expect("arm");
 }
 
-/// D7 among neighbours: a sandbox another client claimed under this
+/// Lost replies among neighbours: a sandbox another client claimed under this
 /// Pod's key is never a stray of ours, whether it was listed at
 /// start-up or the Pod needs a fresh claim after a lost reply; the real
 /// lost reply (tagged with this Pod's UID) is returned.
