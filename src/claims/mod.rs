@@ -1,5 +1,5 @@
 //! The durable claims store: which sandboxd claim (id + release token) each
-//! Pod key holds (behaviour.md §4, decisions.md D4).
+//! Pod key holds (docs/architecture.md#decision-claims-store).
 //!
 //! # Files
 //! - `--state-path`: a snapshot in the Go original's `claims.json` format
@@ -22,7 +22,7 @@
 //!
 //! # States
 //! Rows loaded at start-up are [`ClaimState::Quarantined`] until a sandboxd
-//! listing vouches for them (§4.5); a fresh claim is [`ClaimState::Tentative`]
+//! listing vouches for them; a fresh claim is [`ClaimState::Tentative`]
 //! until it is durable, then [`ClaimState::Settled`]. Tentative rows are never
 //! written to the snapshot (a crash forgets them); every state is visible to
 //! release, the orphan scan and address lookups.
@@ -202,7 +202,7 @@ impl ClaimsStore {
         self.inner.counters.snapshot()
     }
 
-    /// Ids held by any row (any state) — for decisions.md D7 lost-reply
+    /// Ids held by any row (any state) — for lost-reply
     /// recovery and the orphan audit.
     pub fn held_ids(&self) -> HashSet<String> {
         lock(&self.inner.table)
@@ -213,7 +213,7 @@ impl ClaimsStore {
     }
 
     /// The (key, id) of every quarantined row, sorted by key: the snapshot a
-    /// verification takes *before* listing sandboxd (behaviour.md §4.5).
+    /// verification takes *before* listing sandboxd.
     /// Empty ⇒ verification succeeds without listing.
     pub fn quarantined(&self) -> Vec<(String, String)> {
         lock(&self.inner.table)
@@ -280,7 +280,7 @@ impl ClaimsStore {
     /// Refused with [`Error::ClaimConflict`] (nothing recorded) when `key`
     /// already holds a *different* claim id: overwriting would lose that
     /// claim's release credential. The caller releases or drops the old row
-    /// first (behaviour.md §3.2 steps 2, 3 and 5). Committing the same id
+    /// first (claim, then commit; released if the commit fails). Committing the same id
     /// again replaces the row's fields.
     pub async fn commit(&self, key: &str, claim: Claim) -> Result<()> {
         let claim = claim.normalised(Timestamp::now());
@@ -323,10 +323,10 @@ impl ClaimsStore {
         .await
     }
 
-    /// Adoption (behaviour.md §3.2 step 4): record `pod_uid` on `key`'s row
+    /// Adoption: record `pod_uid` on `key`'s row
     /// if it still holds claim `id` (and stamp `claimed_at` if unset). No
     /// state change. Writes only when something changed. The change stands
-    /// in memory even on `Err` (the caller only logs it, §4.4).
+    /// in memory even on `Err` (the caller only logs it: the row is still held in memory).
     pub async fn rebind(&self, key: &str, id: &str, pod_uid: &str) -> Result<()> {
         let now = now_second();
         self.persist(|table| match table.rows.get_mut(key) {
@@ -374,7 +374,7 @@ impl ClaimsStore {
         .await
     }
 
-    /// Verification (behaviour.md §4.5) against one *successful* sandboxd
+    /// Verification against one *successful* sandboxd
     /// listing. `snapshot` is what [`ClaimsStore::quarantined`] returned
     /// before the list call. For each snapshotted key whose row still holds
     /// the same id: listed ⇒ quarantine lifted (→ settled) and, if the row
@@ -383,7 +383,7 @@ impl ClaimsStore {
     /// judged, and nothing is resurrected.
     ///
     /// The in-memory effects are applied before the changes are persisted;
-    /// `Err` means only that persisting them failed (log it: §4.4).
+    /// `Err` means only that persisting them failed (log it; memory still holds them).
     pub async fn apply_verification(
         &self,
         snapshot: &[(String, String)],
@@ -440,7 +440,7 @@ impl ClaimsStore {
         Ok(report)
     }
 
-    /// Clean shutdown (decisions.md D7): rewrite the snapshot so the file at
+    /// Clean shutdown: rewrite the snapshot so the file at
     /// the state path is a valid Go `claims.json` (every non-tentative row;
     /// compact JSON, second-precision UTC times, `address` omitted when
     /// empty, `claimedAt`/`deadline` omitted when unset, `podUID` always

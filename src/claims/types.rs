@@ -61,7 +61,8 @@ impl Claim {
     }
 }
 
-/// Where a row stands (behaviour.md §3.2, §4.5).
+/// Where a row stands: settled, tentative (claimed, not yet durable) or
+/// quarantined (loaded, not yet vouched for by sandboxd).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum ClaimState {
     /// Durable and vouched for: may be adopted and reported Running.

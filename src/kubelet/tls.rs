@@ -1,4 +1,5 @@
-//! Serving certificate of the kubelet API (behaviour.md §8, decisions.md D5).
+//! Serving certificate of the kubelet API (docs/architecture.md,
+//! "Kubelet API"; `#decision-kubelet-api`).
 //!
 //! When `--tls-cert` and `--tls-key` both name regular files the pair is
 //! loaded (a parse failure is a start-up error); otherwise a self-signed
@@ -30,7 +31,8 @@ use crate::metrics::Metrics;
 /// How often the certificate files are checked for changes.
 pub const RELOAD_POLL_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The crypto provider of every server here (ring; decisions.md D1).
+/// The crypto provider of every server here (ring, the one the whole
+/// process uses).
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -101,14 +103,15 @@ pub fn pair_from_pem(cert_pem: &[u8], key_pem: &[u8]) -> std::result::Result<Cer
         .map_err(|e| format!("the key does not fit the certificate or is unsupported: {e}"))
 }
 
-/// Both paths set and both regular files (behaviour.md §8).
+/// Both paths set and both regular files (a half-configured pair is a
+/// configuration error, not a reason to self-sign).
 pub fn usable_pair(files: &TlsFiles) -> Option<(PathBuf, PathBuf)> {
     let (cert, key) = (files.cert.as_ref()?, files.key.as_ref()?);
     let regular = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
     (regular(cert) && regular(key)).then(|| (cert.clone(), key.clone()))
 }
 
-/// A self-signed serving certificate (behaviour.md §8): ECDSA P-256, CN
+/// A self-signed serving certificate: ECDSA P-256, CN
 /// `vk-sandbox`, random 128-bit serial, valid from now − 1 h for 3650 days,
 /// digitalSignature + serverAuth, CA=false, SANs node name (DNS or IP),
 /// node IP (IP, else DNS; skipped when empty) and 127.0.0.1. Returns the

@@ -141,7 +141,7 @@ pub fn inventory_crd(
 }
 
 /// The node name line: no Node yet, a virtual one (adopted), or a physical
-/// one (refused at start-up, decisions.md D1).
+/// one (refused at start-up).
 pub fn node_name(name: &str, existing: &Result<Option<Node>, ApiError>) -> CheckResult {
     let check = "node name";
     match existing {

@@ -2,7 +2,7 @@
 //!
 //! # Snapshot (`--state-path`)
 //!
-//! The Go original's `claims.json` (behaviour.md §4.1), byte for byte as Go
+//! The Go original's `claims.json`, byte for byte as Go
 //! writes it: one compact JSON object, no trailing newline,
 //!
 //! ```text

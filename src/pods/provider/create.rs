@@ -13,7 +13,7 @@ use crate::pods::annotations::{self, key};
 use crate::pods::{claim_ref, status};
 
 impl Provider {
-    /// Create (behaviour.md §3.2): adopt a held claim or claim a new sandbox.
+    /// Create: adopt a held claim or claim a new sandbox.
     pub async fn create(&self, pod: &Arc<Pod>) -> Result<Created, CreateFailure> {
         let k = key(pod);
         // 1. Runtime gate.
@@ -95,7 +95,7 @@ impl Provider {
         // 6–7. What to claim.
         let request = annotations::claim_request(pod).map_err(CreateFailure::provider)?;
 
-        // D7: return strays of this Pod's earlier claims whose reply was lost.
+        // Return strays of this Pod's earlier claims whose reply was lost.
         if self.suspect(&k) {
             self.return_strays(&k, uid(pod), None).await.map_err(|e| {
                 CreateFailure::provider(format!(

@@ -1,6 +1,7 @@
 //! The provider: turns Pod creates and deletes into sandboxd claims and
 //! releases, holding the durable claims store and the in-memory table of
-//! tracked Pods (behaviour.md §3.2–§3.4, §3.7, §4.5; decisions.md D3, D7).
+//! tracked Pods (docs/architecture.md, "Pods controller";
+//! `#decision-pods`, `#decision-reliability`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,13 +22,14 @@ use crate::sandboxd::{
 };
 
 /// Compensating releases run on their own deadline, detached from the
-/// caller (behaviour.md §3.2 steps 5 and 10).
+/// caller: a claim whose commit or status failed is given back even if
+/// the reconcile that made it is cancelled.
 const UNDO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a create did not produce a Running Pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateFailure {
-    /// `ProviderFailed` or `NoWarmCapacity` (decisions.md D3).
+    /// `ProviderFailed` or `NoWarmCapacity` (docs/pod-contract.md).
     pub reason: &'static str,
     pub message: String,
 }
@@ -262,7 +264,7 @@ impl Provider {
         }
     }
 
-    /// One §4.5 verification pass that also refreshes the stray keys: list
+    /// One verification pass that also refreshes the stray keys: list
     /// sandboxd once, then lift or drop the quarantined rows. A failed list
     /// changes nothing.
     pub async fn refresh(&self) -> Result<(), SandboxdError> {
@@ -323,7 +325,7 @@ impl Provider {
         !self.claims.quarantined().is_empty()
     }
 
-    /// Provider Delete (behaviour.md §3.4): preserve unless the owner is
+    /// Provider Delete: preserve unless the owner is
     /// confirmed gone or tearing down; release with the claim's own token.
     pub async fn delete(&self, pod: &Pod) -> Result<Deleted, SandboxdError> {
         let k = key(pod);
