@@ -111,6 +111,19 @@ async fn shutdown_signal() -> Result<()> {
     Ok(())
 }
 
+/// The tasks `run` supervises: each ends only on shutdown, or with the error
+/// that stops the process.
+type Tasks = tokio::task::JoinSet<Result<()>>;
+
+/// Spawns a loop that retries its own failures and ends only when told to
+/// stop; ending is reported like any task's.
+fn spawn_loop(tasks: &mut Tasks, fut: impl std::future::Future<Output = ()> + Send + 'static) {
+    tasks.spawn(async move {
+        fut.await;
+        Ok(())
+    });
+}
+
 /// A background task's outcome as `main` reports it.
 fn task_ended(done: std::result::Result<Result<()>, tokio::task::JoinError>) -> Error {
     match done {
@@ -195,8 +208,8 @@ async fn run(cfg: Config) -> Result<()> {
     // Ready: the Pod watch has synced and the Node is registered. Pod
     // reconciles wait for it, so registering is not queued behind them.
     let (ready_tx, ready_rx) = watch::channel(false);
-    let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn({
+    let mut tasks = Tasks::new();
+    {
         let ctx = Arc::new(
             Context::new(
                 client.clone(),
@@ -208,11 +221,8 @@ async fn run(cfg: Config) -> Result<()> {
             .gated(ready_rx.clone()),
         );
         let fut = controller::run(pod_controller, synced.clone(), ctx, stop.clone());
-        async move {
-            fut.await;
-            Ok(())
-        }
-    });
+        spawn_loop(&mut tasks, fut);
+    }
     tasks.spawn(kubelet.run(stop.clone().cancelled_owned()));
     tasks.spawn(admin::serve(
         admin_listener,
@@ -240,7 +250,7 @@ async fn run(cfg: Config) -> Result<()> {
         };
         let lease_metrics = Arc::clone(&metrics);
         let lease_health = Arc::clone(&health);
-        tasks.spawn({
+        {
             let fut = node::lease::run(
                 client.clone(),
                 cfg.node_name.clone(),
@@ -252,12 +262,9 @@ async fn run(cfg: Config) -> Result<()> {
                     lease_health.set_lease_ok(r.is_ok());
                 },
             );
-            async move {
-                fut.await;
-                Ok(())
-            }
-        });
-        tasks.spawn({
+            spawn_loop(&mut tasks, fut);
+        }
+        {
             let fut = node::register::run_status_loop(
                 client.clone(),
                 settings,
@@ -272,11 +279,8 @@ async fn run(cfg: Config) -> Result<()> {
                     move |r: &Result<()>, took| m.reconciled("node", took, r)
                 },
             );
-            async move {
-                fut.await;
-                Ok(())
-            }
-        });
+            spawn_loop(&mut tasks, fut);
+        }
         if cfg.inventory.publish {
             let publisher = Publisher::new(
                 client.clone(),
@@ -292,10 +296,7 @@ async fn run(cfg: Config) -> Result<()> {
                 stop.clone(),
                 beat("NodeInventory publisher", cfg.inventory.interval),
             );
-            tasks.spawn(async move {
-                fut.await;
-                Ok(())
-            });
+            spawn_loop(&mut tasks, fut);
         }
         match cfg.orphan_scan_interval {
             Some(every) => {
@@ -305,10 +306,7 @@ async fn run(cfg: Config) -> Result<()> {
                     Arc::clone(&metrics),
                 );
                 let fut = scanner.run(Some(every), stop.clone(), beat("orphan audit", every));
-                tasks.spawn(async move {
-                    fut.await;
-                    Ok(())
-                });
+                spawn_loop(&mut tasks, fut);
             }
             None => info!("orphan audit scan disabled (--orphan-scan-interval <= 0)"),
         }
