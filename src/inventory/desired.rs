@@ -186,7 +186,7 @@ mod tests {
     }
 
     #[test]
-    fn acceptance_47_entries_and_pool() {
+    fn entries_and_pools_from_listing_info_and_claims() {
         let mut hib = row("sb_b", "");
         hib.hibernated = true;
         let listing = vec![hib, row("sb_a", "ns1/a")];

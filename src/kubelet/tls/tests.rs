@@ -2,7 +2,7 @@ use super::*;
 use x509_parser::prelude::*;
 
 #[test]
-fn self_signed_matches_behaviour_8() {
+fn self_signed_certificate_has_the_documented_shape() {
     let (key, pem) = self_signed("vk-node-a", Some("10.1.2.3")).unwrap();
     let der = key.end_entity_cert().unwrap().to_vec();
     let (_, cert) = parse_x509_certificate(&der).unwrap();
