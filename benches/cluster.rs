@@ -25,27 +25,31 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::discovery::ApiResource;
+use kube::config::Kubeconfig;
 use kube::runtime::watcher;
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 use sandboxd_sim::SimHandle;
-use sandboxd_sim::config::{ConfigPatch, PoolConfig, SimConfig};
+use sandboxd_sim::config::{ConfigPatch, SimConfig};
 use serde_json::{Value, json};
 
-/// The Sandbox controller (upstream agent-sandbox; the stand-in only where
-/// its source is absent), shared with the tests.
-#[path = "../tests/support/controller.rs"]
-mod controller;
+/// The tests' helpers: the cluster, vk-sandbox as a process, the sandboxd
+/// simulator and the Sandbox controller (upstream agent-sandbox; the
+/// stand-in only where its source is absent) are set up as the tests do.
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::TestCluster;
+use support::controller;
+use support::process::{VkProcess, free_port};
+use support::progress::Progress;
 
 const TOKEN: &str = "bench-root-token";
 const TEMPLATE: &str = "base:24.04";
@@ -96,10 +100,6 @@ struct Plan {
     idle_window: Duration,
 }
 
-#[path = "../tests/support/progress.rs"]
-mod progress;
-use progress::Progress;
-
 /// The steps of `plan` with the parts `wants` picks, as `run` takes them.
 fn planned_steps(plan: &Plan) -> usize {
     let mut total = 0;
@@ -131,19 +131,11 @@ impl Plan {
 }
 
 struct Env {
-    admin: Client,
-    admin_kc: PathBuf,
+    /// The admin client and kubeconfig.
+    cluster: TestCluster,
     sa_kubeconfig: PathBuf,
     audit: Option<(String, PathBuf)>,
     dir: PathBuf,
-}
-
-async fn client_for(path: &Path) -> Result<Client, String> {
-    let kc = Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    Client::try_from(config).map_err(|e| e.to_string())
 }
 
 fn run_script(args: &[&str]) -> Result<String, String> {
@@ -173,88 +165,47 @@ fn with_server(src: &Path, server: &str, out: &Path) -> Result<PathBuf, String> 
 
 impl Env {
     async fn new() -> Env {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let admin_kc = match std::env::var_os("VK_TEST_KUBECONFIG") {
+        vk_sandbox::crypto::install_provider();
+        let kubeconfig = match std::env::var_os("VK_TEST_KUBECONFIG") {
             Some(p) => PathBuf::from(p),
             None => PathBuf::from(
                 run_script(&["up"]).unwrap_or_else(|e| die(&format!("start the cluster: {e}"))),
             ),
         };
-        let admin = client_for(&admin_kc)
+        let client = support::client_for(&kubeconfig)
             .await
-            .unwrap_or_else(|e| die(&format!("admin kubeconfig {}: {e}", admin_kc.display())));
+            .unwrap_or_else(|e| die(&format!("admin kubeconfig {}: {e}", kubeconfig.display())));
+        let cluster = TestCluster { client, kubeconfig };
         let dir = repo().join("target/bench-cluster");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| die(&format!("{}: {e}", dir.display())));
-        let sa = dir.join("vk-sandbox.kubeconfig");
-        run_script(&["sa-kubeconfig", &sa.display().to_string()])
-            .unwrap_or_else(|e| die(&format!("ServiceAccount kubeconfig: {e}")));
+        let sa = support::rbac::service_account_kubeconfig(
+            &cluster.client,
+            &cluster.kubeconfig,
+            &dir.join("vk-sandbox.kubeconfig"),
+        )
+        .await
+        .unwrap_or_else(|e| die(&format!("ServiceAccount kubeconfig: {e}")));
         let audit = std::env::var("BENCH_AUDIT").ok().and_then(|v| {
             let (url, log) = v.trim().split_once(' ')?;
             Some((url.to_string(), PathBuf::from(log)))
         });
         eprintln!("bench: {}", controller::describe(controller::kind()));
-        controller::install_crds(&admin, &admin_kc).await;
+        controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
         Env {
-            admin,
-            admin_kc,
+            cluster,
             sa_kubeconfig: sa,
             audit,
             dir,
         }
     }
-
-    async fn namespace(&self, prefix: &str) -> String {
-        let name = format!("{prefix}-{}", suffix());
-        let ns: Namespace = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
-        }))
-        .unwrap_or_else(|e| die(&format!("namespace json: {e}")));
-        Api::<Namespace>::all(self.admin.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap_or_else(|e| die(&format!("create namespace {name}: {e}")));
-        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-            Api::namespaced(self.admin.clone(), &name);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !matches!(sas.get_opt("default").await, Ok(Some(_))) {
-            if Instant::now() > deadline {
-                die(&format!(
-                    "namespace {name}: no default ServiceAccount after 30 s"
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        name
-    }
-
-    async fn drop_namespace(&self, name: &str) {
-        let _ = Api::<Namespace>::all(self.admin.clone())
-            .delete(name, &DeleteParams::background())
-            .await;
-    }
-}
-
-fn suffix() -> String {
-    format!("{:06x}", rand::random::<u32>() & 0xff_ffff)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| die(&format!("bind a loopback port: {e}")))
 }
 
 async fn start_sim(delay_us: u64) -> SimHandle {
-    let pool = PoolConfig::parse_spec(&format!("{TEMPLATE}=5000"))
-        .unwrap_or_else(|e| die(&format!("pool spec: {e}")));
     let cfg = SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![pool],
         refill_delay_ms: 10,
         claim_delay_us: delay_us,
-        ..Default::default()
+        ..support::sim::config(TOKEN, &[&format!("{TEMPLATE}=5000")])
     };
     // sandboxd is a daemon of its own: the simulator gets its own runtime
     // thread, so the bench's watch and Pod creation do not delay its replies
@@ -278,8 +229,7 @@ async fn start_sim(delay_us: u64) -> SimHandle {
 
 struct Vk {
     node: String,
-    child: Option<Child>,
-    admin_port: u16,
+    process: VkProcess,
     log: PathBuf,
     args: Vec<String>,
     kubeconfig: PathBuf,
@@ -298,23 +248,16 @@ impl Vk {
         let dir = env.dir.join(node);
         std::fs::create_dir_all(dir.join("state"))
             .unwrap_or_else(|e| die(&format!("{}: {e}", dir.display())));
-        let token = dir.join("token");
-        std::fs::write(&token, TOKEN).unwrap_or_else(|e| die(&format!("token file: {e}")));
+        let token = support::sim::token_file(&dir, TOKEN);
         let state_path = dir.join("state/claims.json");
         if let Some(bytes) = state {
             std::fs::write(&state_path, bytes).unwrap_or_else(|e| die(&format!("seed state: {e}")));
         }
-        let args = vec![
-            format!("--node-name={node}"),
-            "--node-ip=127.0.0.1".into(),
-            format!("--state-path={}", state_path.display()),
-            format!("--sandboxd-url={}", sim.base_url()),
-            format!("--sandboxd-token-file={}", token.display()),
-        ];
+        let mut args = support::vk::node_args(node, &state_path);
+        args.extend(support::sim::vk_args(sim, Some(&token)));
         let mut vk = Vk {
             node: node.to_string(),
-            child: None,
-            admin_port: 0,
+            process: VkProcess::none(),
             log: dir.join("vk-sandbox.log"),
             args,
             kubeconfig: kubeconfig.to_path_buf(),
@@ -323,46 +266,28 @@ impl Vk {
         vk
     }
 
+    /// Starts the process on fresh ports: `BENCH_VK_BIN`, or the release
+    /// build cargo made for this bench, logging at `BENCH_VK_LOG` (info).
     fn spawn(&mut self) {
-        let out = File::options()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap_or_else(|e| die(&format!("{}: {e}", self.log.display())));
-        let err = out
-            .try_clone()
-            .unwrap_or_else(|e| die(&format!("log handle: {e}")));
-        self.admin_port = free_port();
-        let bin = std::env::var("BENCH_VK_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_vk-sandbox").to_string());
-        let child = Command::new(bin)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg(format!("--listen-addr=127.0.0.1:{}", free_port()))
-            .arg(format!("--admin-addr=127.0.0.1:{}", self.admin_port))
-            .args(&self.args)
-            .env_remove("KUBECONFIG")
-            .env(
-                "RUST_LOG",
-                std::env::var("BENCH_VK_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| die(&format!("spawn vk-sandbox: {e}")));
-        lock(&CHILDREN).push(child.id());
-        self.child = Some(child);
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
+        let bin = std::env::var_os("BENCH_VK_BIN")
+            .map_or_else(|| PathBuf::from(support::process::BIN), PathBuf::from);
+        let rust_log = std::env::var("BENCH_VK_LOG").unwrap_or_else(|_| "info".into());
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.process = VkProcess::start_binary(
+            &bin,
+            &self.kubeconfig,
+            &args,
+            self.log.clone(),
+            (free_port(), free_port()),
+            &rust_log,
+        );
+        lock(&CHILDREN).push(self.process.pid());
     }
 
     /// (VmRSS, VmHWM) in bytes.
     fn memory(&self) -> (f64, f64) {
-        let text =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid()))
+            .unwrap_or_default();
         let kb = |field: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(field))
@@ -373,12 +298,9 @@ impl Vk {
         (kb("VmRSS:"), kb("VmHWM:"))
     }
 
+    /// The `/metrics` text; empty when the process does not answer.
     async fn metrics(&self) -> String {
-        let url = format!("http://127.0.0.1:{}/metrics", self.admin_port);
-        match reqwest::get(&url).await {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        }
+        self.process.metrics().await.unwrap_or_default()
     }
 
     async fn wait_ready(&self, client: &Client, timeout: Duration) -> Duration {
@@ -386,7 +308,7 @@ impl Vk {
         let nodes: Api<Node> = Api::all(client.clone());
         loop {
             if let Ok(Some(n)) = nodes.get_opt(&self.node).await
-                && ready(&n)
+                && support::vk::node_condition(&n, "Ready").as_deref() == Some("True")
             {
                 return start.elapsed();
             }
@@ -401,24 +323,14 @@ impl Vk {
         }
     }
 
-    /// SIGTERM (compacts the claims store into a Go claims.json), then wait.
+    /// SIGTERM (compacts the claims store into a Go claims.json), then
+    /// wait; killed when not gone within 20 s.
     fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            lock(&CHILDREN).retain(|p| *p != c.id());
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(c.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        lock(&CHILDREN).retain(|p| *p != self.process.pid());
+        self.process.signal(nix::sys::signal::Signal::SIGTERM);
+        self.process.wait_exit(Duration::from_secs(20));
+        // Dropping the handle kills a process still running.
+        self.process = VkProcess::none();
     }
 
     async fn delete_node(&self, client: &Client) {
@@ -434,24 +346,7 @@ impl Drop for Vk {
     }
 }
 
-fn ready(n: &Node) -> bool {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 // ------------------------------------------------------------------ Pods
-
-fn sandbox_resource() -> ApiResource {
-    ApiResource {
-        group: "agents.x-k8s.io".into(),
-        version: "v1beta1".into(),
-        api_version: "agents.x-k8s.io/v1beta1".into(),
-        kind: "Sandbox".into(),
-        plural: "sandboxes".into(),
-    }
-}
 
 /// A sandbox Pod bound to `node` at creation (spec.nodeName set, so the
 /// scheduler is not involved and creation is the binding).
@@ -472,7 +367,7 @@ fn pod(name: &str, node: &str, owner_uid: Option<&str>) -> Pod {
         },
         "spec": {
             "nodeName": node,
-            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists", "effect": "NoSchedule"}],
+            "tolerations": [controller::provider_toleration()],
             "containers": [{"name": "agent", "image": TEMPLATE}]
         }
     }))
@@ -811,7 +706,7 @@ async fn burst(
     tag: &str,
     mut memory: MemoryLog<'_>,
 ) -> BurstResult {
-    let api: Api<Pod> = Api::namespaced(env.admin.clone(), ns);
+    let api: Api<Pod> = Api::namespaced(env.cluster.client.clone(), ns);
     let names: Vec<String> = (0..n).map(|i| format!("{tag}-{i:05}")).collect();
     let before = vk.metrics().await;
     sim.sim().clear_requests();
@@ -879,13 +774,11 @@ async fn burst(
     }
 }
 
+/// Successful releases so far.
 fn releases(sim: &SimHandle) -> usize {
-    sim.sim()
-        .requests()
+    support::sim::releases(sim)
         .iter()
-        .filter(|r| {
-            r.method == "POST" && r.path.ends_with("/release") && r.status.is_some_and(|s| s < 300)
-        })
+        .filter(|r| r.status.is_some_and(|s| s < 300))
         .count()
 }
 
@@ -935,7 +828,7 @@ async fn idle(
     n: usize,
     tag: &str,
 ) -> BurstResult {
-    let api: Api<Pod> = Api::namespaced(env.admin.clone(), ns);
+    let api: Api<Pod> = Api::namespaced(env.cluster.client.clone(), ns);
     let before = vk.metrics().await;
     let mut names = Vec::new();
     let mut lat = Vec::new();
@@ -985,7 +878,7 @@ async fn idle(
 /// One status write round trip: patch_status of a Pod that no kubelet
 /// serves (its nodeSelector matches no node), median of `n`.
 async fn status_rtt(env: &Env, ns: &str, n: usize) -> Quantiles {
-    let api: Api<Pod> = Api::namespaced(env.admin.clone(), ns);
+    let api: Api<Pod> = Api::namespaced(env.cluster.client.clone(), ns);
     let p: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "rtt"},
@@ -1039,7 +932,8 @@ async fn status_patches(env: &Env) -> f64 {
         .body(Vec::new())
         .unwrap_or_else(|e| die(&format!("metrics request: {e}")));
     let text = env
-        .admin
+        .cluster
+        .client
         .request_text(req)
         .await
         .unwrap_or_else(|e| die(&format!("apiserver /metrics: {e}")));
@@ -1065,7 +959,7 @@ async fn restart_over_running(env: &Env, vk: &mut Vk, n: usize) -> (f64, f64, f6
     let mut ready_s = None;
     loop {
         if ready_s.is_none() {
-            let url = format!("http://127.0.0.1:{}/readyz", vk.admin_port);
+            let url = format!("http://127.0.0.1:{}/readyz", vk.process.admin_port);
             if reqwest::get(&url)
                 .await
                 .is_ok_and(|r| r.status().is_success())
@@ -1073,7 +967,7 @@ async fn restart_over_running(env: &Env, vk: &mut Vk, n: usize) -> (f64, f64, f6
                 ready_s = Some(start.elapsed().as_secs_f64());
             }
         }
-        let done = metric(
+        let done = support::metric(
             &vk.metrics().await,
             "vk_sandbox_reconcile_duration_seconds_count{controller=\"pods\"}",
         );
@@ -1095,19 +989,14 @@ async fn restart_over_running(env: &Env, vk: &mut Vk, n: usize) -> (f64, f64, f6
     }
 }
 
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
-
 /// `n` claims held by sandboxd and persisted in a Go claims.json, their
 /// Pods existing (no status yet): from process start to Node Ready and to
 /// every Pod Running.
 async fn startup(env: &Env, sim: &SimHandle, n: usize) -> Startup {
-    let ns = env.namespace("bench-startup").await;
-    let node = format!("bench-startup-{}", suffix());
-    let rec = Recorder::start(&env.admin, &ns).await;
-    let api: Api<Pod> = Api::namespaced(env.admin.clone(), &ns);
+    let ns = env.cluster.namespace("bench-startup").await;
+    let node = format!("bench-startup-{}", support::suffix());
+    let rec = Recorder::start(&env.cluster.client, &ns).await;
+    let api: Api<Pod> = Api::namespaced(env.cluster.client.clone(), &ns);
     let names: Vec<String> = (0..n).map(|i| format!("s-{i:05}")).collect();
     eprintln!("bench: start-up: creating {n} Pods bound to {node} (not running yet)");
     let uids = create_pods(
@@ -1139,7 +1028,7 @@ async fn startup(env: &Env, sim: &SimHandle, n: usize) -> Startup {
     let start = Instant::now();
     let mut vk = Vk::start(env, &node, sim, &env.sa_kubeconfig, Some(&state));
     let ready_s = vk
-        .wait_ready(&env.admin, Duration::from_secs(120))
+        .wait_ready(&env.cluster.client, Duration::from_secs(120))
         .await
         .as_secs_f64();
     let timeout = Duration::from_secs(120) + Duration::from_millis(50 * n as u64);
@@ -1162,8 +1051,8 @@ async fn startup(env: &Env, sim: &SimHandle, n: usize) -> Startup {
     eprintln!("bench: start-up: cleaning up");
     delete_and_count_releases(&api, sim, &rec, &names, n, "startup").await;
     vk.stop();
-    vk.delete_node(&env.admin).await;
-    env.drop_namespace(&ns).await;
+    vk.delete_node(&env.cluster.client).await;
+    env.cluster.drop_namespace(&ns).await;
     Startup {
         n,
         ready_s,
@@ -1273,9 +1162,10 @@ async fn load_probe_start(env: &Env, sim: &SimHandle) -> Option<LoadProbe> {
     )
     .unwrap_or_else(|e| die(&format!("audit kubeconfig: {e}")));
     let offset = std::fs::metadata(&log).map_or(0, |m| m.len());
-    let node = format!("bench-load-{}", suffix());
+    let node = format!("bench-load-{}", support::suffix());
     let vk = Vk::start(env, &node, sim, &kc, None);
-    vk.wait_ready(&env.admin, Duration::from_secs(60)).await;
+    vk.wait_ready(&env.cluster.client, Duration::from_secs(60))
+        .await;
     // Past the initial syncs (watch lists, discovery).
     tokio::time::sleep(Duration::from_secs(3)).await;
     Some(LoadProbe {
@@ -1288,13 +1178,16 @@ async fn load_probe_start(env: &Env, sim: &SimHandle) -> Option<LoadProbe> {
 
 async fn load_probe_finish(env: &Env, sim: &SimHandle, mut probe: LoadProbe, n: usize) -> Load {
     let idle_end = now_ts();
-    let ns = env.namespace("bench-load").await;
-    let rec = Recorder::start(&env.admin, &ns).await;
-    let sandboxes: Api<DynamicObject> =
-        Api::namespaced_with(env.admin.clone(), &ns, &sandbox_resource());
+    let ns = env.cluster.namespace("bench-load").await;
+    let rec = Recorder::start(&env.cluster.client, &ns).await;
+    let sandboxes: Api<DynamicObject> = Api::namespaced_with(
+        env.cluster.client.clone(),
+        &ns,
+        &controller::resource("Sandbox"),
+    );
     let names: Vec<String> = (0..n).map(|i| format!("l-{i:03}")).collect();
     // The Sandbox controller makes each Pod (named after its Sandbox).
-    let _controller = controller::start(&env.admin, &env.admin_kc, &ns).await;
+    let _controller = controller::start(&env.cluster.client, &env.cluster.kubeconfig, &ns).await;
     let t0 = now_ts();
     for name in &names {
         let obj: DynamicObject = serde_json::from_value(controller::contract_sandbox(
@@ -1330,8 +1223,8 @@ async fn load_probe_finish(env: &Env, sim: &SimHandle, mut probe: LoadProbe, n: 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let t1 = now_ts();
     probe.vk.stop();
-    probe.vk.delete_node(&env.admin).await;
-    env.drop_namespace(&ns).await;
+    probe.vk.delete_node(&env.cluster.client).await;
+    env.cluster.drop_namespace(&ns).await;
 
     let events = audit_events(&probe.log, probe.offset, SA_USER);
     let idle_resources = ["leases", "nodes", "nodes/status", "nodeinventories"];
@@ -1834,12 +1727,13 @@ async fn run() -> Report {
         progress.total -= 1;
     }
 
-    let ns = env.namespace("bench").await;
+    let ns = env.cluster.namespace("bench").await;
     let rtt = status_rtt(&env, &ns, 20).await;
-    let rec = Recorder::start(&env.admin, &ns).await;
-    let node = format!("bench-{}", suffix());
+    let rec = Recorder::start(&env.cluster.client, &ns).await;
+    let node = format!("bench-{}", support::suffix());
     let vk = Vk::start(&env, &node, &sim, &env.sa_kubeconfig, None);
-    vk.wait_ready(&env.admin, Duration::from_secs(60)).await;
+    vk.wait_ready(&env.cluster.client, Duration::from_secs(60))
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut memory = Vec::new();
     let (rss, hwm) = vk.memory();
@@ -1942,8 +1836,8 @@ async fn run() -> Report {
         }
         None => None,
     };
-    env.drop_namespace(&ns).await;
-    Api::<Node>::all(env.admin.clone())
+    env.cluster.drop_namespace(&ns).await;
+    Api::<Node>::all(env.cluster.client.clone())
         .delete(&node, &DeleteParams::default())
         .await
         .ok();

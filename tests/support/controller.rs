@@ -9,10 +9,6 @@
 //! binaries (or the demo) sharing a cluster never reconcile at once, and it
 //! is stopped (SIGTERM, releasing the Lease) when the binary exits. The
 //! stand-in runs in-process, one per namespace, as before.
-//!
-//! Self-contained (no `super::`) so that benches/cluster.rs can include it
-//! with `#[path]`.
-#![allow(dead_code)]
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
