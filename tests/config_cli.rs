@@ -3,38 +3,17 @@
 //! a server nobody listens on, so reaching the cluster would fail
 //! differently — and says which flag is wrong.
 
+mod support;
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_vk-sandbox");
+use support::process::{BIN, dead_kubeconfig, free_port};
 /// The distroless nonroot user (behaviour.md §1.4).
 const NONROOT: u32 = 65532;
-
-/// A kubeconfig whose server refuses connections.
-fn dead_kubeconfig(dir: &Path) -> String {
-    let path = dir.join("dead.kubeconfig");
-    std::fs::write(
-        &path,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: dead\n  cluster:\n    server: https://127.0.0.1:1\n\
-         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: dead\n  context:\n    cluster: dead\n    user: u\n\
-         current-context: dead\n",
-    )
-    .expect("write kubeconfig");
-    // Readable by the nonroot user too.
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    path.display().to_string()
-}
-
-/// A free loopback port (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("ephemeral port")
-}
 
 fn command(dir: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);

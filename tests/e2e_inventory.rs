@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use kube::Api;
@@ -30,38 +30,17 @@ fn inventory_resource(group: &str) -> ApiResource {
     }
 }
 
+/// The NodeInventory CRDs of `crds/`, one per group vk-sandbox can publish in.
 async fn install_crds(cluster: &TestCluster) {
     for group in [DEFAULT_GROUP, EXTENSIONS_GROUP] {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join(format!("crds/{group}_nodeinventories.yaml"));
-        support::rbac::apply_manifest(&cluster.client, &path)
-            .await
-            .unwrap_or_else(|e| panic!("install {}: {e}", path.display()));
-        let api: Api<DynamicObject> =
-            Api::all_with(cluster.client.clone(), &inventory_resource(group));
-        wait_for(
-            &format!("the NodeInventory CRD in {group} to be served"),
-            Duration::from_secs(30),
-            || async {
-                api.list(&Default::default())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            },
-        )
-        .await;
+        support::crds::install_file(&cluster.client, &path).await;
     }
 }
 
 async fn start_sim() -> SimHandle {
-    let cfg = sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=4").expect("pool")],
-        ..Default::default()
-    };
-    sandboxd_sim::start_local(cfg)
-        .await
-        .expect("start the sandboxd simulator")
+    support::sim::start(support::sim::config(TOKEN, &["base:24.04=4"])).await
 }
 
 fn sandboxd(sim: &SimHandle) -> SandboxdClient {
@@ -83,12 +62,6 @@ async fn claim(sim: &SimHandle, claim_ref: &str) -> vk_sandbox::sandboxd::Claim 
         .expect("claim from the simulator")
 }
 
-fn token_file(dir: &Path) -> PathBuf {
-    let p = dir.join("sandboxd-token");
-    std::fs::write(&p, TOKEN).expect("token file");
-    p
-}
-
 /// vk-sandbox for a fresh node, with `state` (a Go claims.json) seeded.
 async fn start_vk(
     cluster: &TestCluster,
@@ -97,11 +70,8 @@ async fn start_vk(
     state: Option<Value>,
     extra: &[&str],
 ) -> VkUnderTest {
-    let token = token_file(&support::vk::test_dir(&format!("{prefix}-token")));
-    let mut args = vec![
-        format!("--sandboxd-url={}", sim.base_url()),
-        format!("--sandboxd-token-file={}", token.display()),
-    ];
+    let token = support::sim::token_file(&support::vk::test_dir(&format!("{prefix}-token")), TOKEN);
+    let mut args = support::sim::vk_args(sim, Some(&token));
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let state = state.map(|s| s.to_string());

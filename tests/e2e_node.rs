@@ -516,20 +516,6 @@ async fn lifecycle_controller_marks_a_silent_node_and_restart_recovers() {
     vk.delete_node(&client).await;
 }
 
-fn kubectl_bin() -> std::path::PathBuf {
-    let dir = std::env::var_os("VK_K8S_BIN_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            let out =
-                std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/e2e/cluster.sh"))
-                    .arg("bin")
-                    .output()
-                    .expect("e2e/cluster.sh bin");
-            std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        });
-    dir.join("kubectl")
-}
-
 /// Tests 48–50 through the apiserver against the real binary: kubectl
 /// logs/exec/attach/port-forward answer "not implemented", an anonymous
 /// caller is refused, and /metrics passes promtool.
@@ -539,12 +525,7 @@ async fn kubelet_api_through_the_apiserver() {
         return;
     };
     let client = cluster.client.clone();
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("start the sandboxd simulator");
+    let sim = support::sim::start(support::sim::config("", &["base:24.04=2"])).await;
     let vk = VkUnderTest::start(
         &cluster,
         "vk-kapi",
@@ -578,33 +559,14 @@ async fn kubelet_api_through_the_apiserver() {
         },
     )
     .await;
-    let kubectl = kubectl_bin();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(&cluster.kubeconfig)
-            .arg("-n")
-            .arg(&ns)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("run kubectl");
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
     for args in [
-        vec!["logs", "p"],
-        vec!["exec", "p", "--", "true"],
-        vec!["attach", "p"],
-        vec!["port-forward", "pod/p", "0:80"],
+        ["logs", "p"].as_slice(),
+        &["exec", "p", "--", "true"],
+        &["attach", "p"],
+        &["port-forward", "pod/p", "0:80"],
     ] {
-        let (ok, out) = run(&args);
+        let args = [&["-n", ns.as_str()], args].concat();
+        let (ok, out) = support::kubectl::run(&cluster.kubeconfig, &args).await;
         assert!(!ok, "kubectl {args:?} succeeded: {out}");
         assert!(
             out.contains("not implemented"),
@@ -627,40 +589,13 @@ async fn kubelet_api_through_the_apiserver() {
         "anonymous /pods answered {code}"
     );
     // /metrics on the admin port passes promtool.
-    let metrics = reqwest::get(format!(
-        "http://127.0.0.1:{}/metrics",
-        vk.process.admin_port
-    ))
-    .await
-    .expect("GET /metrics")
-    .text()
-    .await
-    .expect("metrics body");
+    let metrics = vk.metrics().await;
     assert!(
         metrics.contains("vk_sandbox_lease_renewals_total"),
         "{metrics}"
     );
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; run `make deps`)");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(metrics.as_bytes())
-        .expect("write metrics");
-    let out = child.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, out) = support::prometheus::promtool(&["check", "metrics"], &metrics);
+    assert!(ok, "promtool check metrics failed: {out}");
     cluster.drop_namespace(&ns).await;
     vk.delete_node(&client).await;
 }

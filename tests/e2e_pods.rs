@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, DynamicObject, PostParams};
-use kube::discovery::ApiResource;
 use kube::{Api, Client};
 use sandboxd_sim::SimHandle;
 use serde_json::{Value, json};
@@ -22,39 +21,12 @@ use support::{TestCluster, wait_for};
 
 const TOKEN: &str = "root-token-e2e";
 
-fn sandbox_resource() -> ApiResource {
-    ApiResource {
-        group: "agents.x-k8s.io".into(),
-        version: "v1beta1".into(),
-        api_version: "agents.x-k8s.io/v1beta1".into(),
-        kind: "Sandbox".into(),
-        plural: "sandboxes".into(),
-    }
-}
-
 struct Env {
     cluster: TestCluster,
     sim: SimHandle,
     vk: VkUnderTest,
     ns: String,
     token_file: PathBuf,
-}
-
-async fn install_crd(cluster: &TestCluster) {
-    // The Pods here are made by hand; only the Sandbox kind must be served.
-    support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
-    let api: Api<DynamicObject> = Api::all_with(cluster.client.clone(), &sandbox_resource());
-    wait_for(
-        "the Sandbox CRD to be served",
-        Duration::from_secs(30),
-        || async {
-            api.list(&Default::default())
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        },
-    )
-    .await;
 }
 
 async fn setup(prefix: &str, extra: &[&str]) -> Option<Env> {
@@ -77,26 +49,14 @@ async fn setup_full(
     with_token: bool,
 ) -> Option<Env> {
     let cluster = support::cluster().await?;
-    install_crd(&cluster).await;
-    let cfg = sandboxd_sim::SimConfig {
-        api_token: if with_token {
-            TOKEN.into()
-        } else {
-            String::new()
-        },
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=8").expect("pool")],
-        ..Default::default()
-    };
-    let sim = sandboxd_sim::start_local(cfg)
-        .await
-        .expect("start the sandboxd simulator");
-    let dir = support::vk::test_dir(prefix);
-    let token_file = dir.join("token");
-    std::fs::write(&token_file, format!(" {TOKEN}\n")).expect("token file");
-    let mut args = vec![format!("--sandboxd-url={}", sim.base_url())];
-    if with_token {
-        args.push(format!("--sandboxd-token-file={}", token_file.display()));
-    }
+    // The Pods here are made by hand; only the Sandbox kind must be served.
+    support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
+    let token = if with_token { TOKEN } else { "" };
+    let sim = support::sim::start(support::sim::config(token, &["base:24.04=8"])).await;
+    // Spelled with the blanks a hand-written file may have.
+    let token_file =
+        support::sim::token_file(&support::vk::test_dir(prefix), &format!(" {TOKEN}\n"));
+    let mut args = support::sim::vk_args(&sim, with_token.then_some(token_file.as_path()));
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let vk = VkUnderTest::start_with(
@@ -122,6 +82,15 @@ async fn setup_full(
 }
 
 impl Env {
+    /// Starts vk-sandbox again (same node, state and ports) against the
+    /// simulator with the token file, plus `extra`.
+    fn restart_vk(&mut self, extra: &[&str]) {
+        let mut args = support::sim::vk_args(&self.sim, Some(&self.token_file));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.vk.restart(&args);
+    }
+
     fn client(&self) -> Client {
         self.cluster.client.clone()
     }
@@ -131,7 +100,11 @@ impl Env {
     }
 
     fn sandboxes(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client(), &self.ns, &sandbox_resource())
+        Api::namespaced_with(
+            self.client(),
+            &self.ns,
+            &support::controller::resource("Sandbox"),
+        )
     }
 
     async fn create_sandbox(&self, name: &str) -> String {
@@ -209,12 +182,7 @@ impl Env {
     }
 
     fn releases(&self) -> Vec<sandboxd_sim::RequestRecord> {
-        self.sim
-            .sim()
-            .requests()
-            .into_iter()
-            .filter(|r| r.path.ends_with("/release"))
-            .collect()
+        support::sim::releases(&self.sim)
     }
 
     async fn wait_phase(&self, name: &str, phase: &str, timeout: Duration) -> Pod {
@@ -271,18 +239,6 @@ impl Env {
             },
         )
         .await;
-    }
-
-    async fn metrics(&self) -> String {
-        reqwest::get(format!(
-            "http://127.0.0.1:{}/metrics",
-            self.vk.process.admin_port
-        ))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics body")
     }
 
     /// The ids the claims state holds, as a restart would load it: the
@@ -433,7 +389,7 @@ async fn claim_run_preserve_and_adopt() {
         "release token leaked onto the Pod"
     );
 
-    let m = env.metrics().await;
+    let m = env.vk.metrics().await;
     assert!(
         m.lines().any(|l| l.starts_with("vk_sandbox_claim_duration_seconds_count") && !l.ends_with(" 0")),
         "claim latency not observed:\n{m}"
@@ -652,7 +608,7 @@ async fn bad_contract_is_reported_without_claiming() {
     let never = env
         .wait_phase("never", "Failed", Duration::from_secs(30))
         .await;
-    let m = env.metrics().await;
+    let m = env.vk.metrics().await;
     assert!(
         m.lines().any(|l| l.starts_with(
             "vk_sandbox_reconcile_failures_total{controller=\"pods\",error=\"pod_create\"}"
@@ -730,10 +686,7 @@ async fn restart_adopts_persisted_claims() {
     let text = std::fs::read_to_string(&env.vk.state_path).expect("state file");
     let parsed: Value = serde_json::from_str(&text).expect("claims.json is JSON");
     assert_eq!(parsed["claims"][format!("{}/sb3", env.ns)]["id"], id);
-    env.vk.restart(&[
-        &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!("--sandboxd-token-file={}", env.token_file.display()),
-    ]);
+    env.restart_vk(&[]);
     env.wait_restarted().await;
     // The same Pod resumes its own claim: taken up again, announced by no
     // Event (a restart over many Pods must not flood the apiserver).
@@ -942,10 +895,7 @@ async fn restart_drops_claims_sandboxd_forgot() {
         .sim()
         .restart(std::slice::from_ref(&first))
         .expect("sim restart dropping the row");
-    env.vk.restart(&[
-        &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!("--sandboxd-token-file={}", env.token_file.display()),
-    ]);
+    env.restart_vk(&[]);
     env.wait_restarted().await;
     let pods = env.pods();
     wait_for(
@@ -1119,10 +1069,7 @@ async fn neighbours_sandboxes_are_never_released() {
             .wait_exit(Duration::from_secs(10))
             .is_some_and(|s| s.success())
     );
-    env.vk.restart(&[
-        &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!("--sandboxd-token-file={}", env.token_file.display()),
-    ]);
+    env.restart_vk(&[]);
     env.wait_restarted().await;
 
     // Pod a: a plain fresh claim under a key a neighbour also uses.
@@ -1209,7 +1156,7 @@ async fn one_status_write_per_running_pod() {
     }
     // Long enough for every echo and a late second write to have come.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let text = env.metrics().await;
+    let text = env.vk.metrics().await;
     let written = support::metric(
         &text,
         "vk_sandbox_pod_status_writes_total{result=\"written\"}",
@@ -1327,10 +1274,7 @@ async fn kill9_mid_burst_loses_and_leaks_nothing() {
     env.vk.process.signal(nix::sys::signal::Signal::SIGKILL);
     env.vk.process.wait_exit(Duration::from_secs(5));
     env.sim.sim().clear_faults();
-    env.vk.restart(&[
-        &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!("--sandboxd-token-file={}", env.token_file.display()),
-    ]);
+    env.restart_vk(&[]);
     env.wait_restarted().await;
     let mut held = std::collections::HashSet::new();
     for i in 0..50 {
@@ -1580,29 +1524,10 @@ async fn prometheus_scrapes_the_admin_port() {
     .await;
 
     // promtool lints the exposition format and naming conventions.
-    let text = env.metrics().await;
+    let text = env.vk.metrics().await;
     check_monitoring_manifests(&prom, &text, &env.vk.dir).await;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run promtool (Debian package prometheus, installed by e2e/deps.sh)");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("feed promtool");
-    let out = child.wait_with_output().expect("promtool output");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, out) = support::prometheus::promtool(&["check", "metrics"], &text);
+    assert!(ok, "promtool check metrics failed:\n{out}");
     env.finish().await;
 }
 
@@ -1632,17 +1557,9 @@ async fn check_monitoring_manifests(prom: &Prometheus, exposition: &str, dir: &s
         serde_yaml::to_string(&rule["spec"]).expect("yaml"),
     )
     .expect("write rules");
-    let out = std::process::Command::new("promtool")
-        .args(["check", "rules"])
-        .arg(&rules_file)
-        .output()
-        .expect("run promtool");
-    assert!(
-        out.status.success(),
-        "promtool check rules: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let rules_file = rules_file.to_str().expect("a UTF-8 temporary path");
+    let (ok, out) = support::prometheus::promtool(&["check", "rules", rules_file], "");
+    assert!(ok, "promtool check rules: {out}");
     for group in rule["spec"]["groups"].as_array().expect("groups") {
         for r in group["rules"].as_array().expect("rules") {
             exprs.push(r["expr"].as_str().expect("expr").to_string());
@@ -1694,11 +1611,7 @@ async fn tokens_never_logged() {
         .await;
     env.vk.process.signal(nix::sys::signal::Signal::SIGKILL);
     env.vk.process.wait_exit(Duration::from_secs(10));
-    env.vk.restart(&[
-        &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!("--sandboxd-token-file={}", env.token_file.display()),
-        "--log-format=json",
-    ]);
+    env.restart_vk(&["--log-format=json"]);
     env.wait_restarted().await;
     env.wait_phase("tok", "Running", Duration::from_secs(30))
         .await;

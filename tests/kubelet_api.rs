@@ -29,10 +29,6 @@ use vk_sandbox::metrics::Metrics;
 
 const NOT_IMPL_LOGS: &str = "error getting container logs?): vk-sandbox: not implemented; use the sandbox SDK for interactive access";
 
-fn install_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 fn pod(ns: &str, name: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -126,7 +122,7 @@ async fn start(
     client_roots: Option<Arc<rustls::RootCertStore>>,
     pods: Arc<StaticPods>,
 ) -> Server {
-    install_crypto();
+    vk_sandbox::crypto::install_provider();
     let metrics = Metrics::new().expect("metrics");
     let state = KubeletState {
         node_name: "node-a".into(),
@@ -160,7 +156,7 @@ fn client() -> reqwest::Client {
 }
 
 fn client_builder() -> reqwest::ClientBuilder {
-    install_crypto();
+    vk_sandbox::crypto::install_provider();
     reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
         .redirect(reqwest::redirect::Policy::none())
@@ -422,7 +418,7 @@ fn tls11_client_hello() -> Vec<u8> {
 // The self-signed certificate verifies for 127.0.0.1 against itself.
 #[tokio::test]
 async fn self_signed_cert_verifies_for_loopback() {
-    install_crypto();
+    vk_sandbox::crypto::install_provider();
     let (key, pem) = tls::self_signed("node-a", None).unwrap();
     let server = start(&KubeletTls::from_key(key), None, None, Arc::default()).await;
     let strict = reqwest::Client::builder()
@@ -757,7 +753,7 @@ async fn certificate_files_are_reloaded() {
 /// would pass if `run` never started it).
 #[tokio::test]
 async fn the_daemon_reloads_rotated_certificates() {
-    install_crypto();
+    vk_sandbox::crypto::install_provider();
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = write_pair(dir.path(), "first");
     let args = [

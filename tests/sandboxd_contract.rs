@@ -23,11 +23,6 @@ const ROOT: &str = "root-token";
 const START: &str = "2026-07-06T00:00:00.25Z";
 const TEMPLATE: &str = "base:24.04";
 
-fn init() {
-    // reqwest is built without a bundled provider; the binary installs ring.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 fn start() -> Timestamp {
     START.parse().expect("start time")
 }
@@ -61,14 +56,14 @@ fn pool(template: &str, warm: u32) -> PoolConfig {
 }
 
 async fn sim(cfg: SimConfig) -> SimHandle {
-    init();
+    vk_sandbox::crypto::install_provider();
     sandboxd_sim::start_local(cfg)
         .await
         .expect("start simulator")
 }
 
 fn client_with(h: &SimHandle, token: Option<&str>, timeout: Duration) -> SandboxdClient {
-    init();
+    vk_sandbox::crypto::install_provider();
     SandboxdClient::builder(format!("{}/", h.base_url()))
         .token(token.map(str::to_string))
         .timeout(timeout)
@@ -293,7 +288,7 @@ async fn claim_http_redirects_are_never_followed() {
     let server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    init();
+    vk_sandbox::crypto::install_provider();
     let c = SandboxdClient::builder(format!("http://{addr}"))
         .token(Some(ROOT.into()))
         .build()
@@ -1562,7 +1557,7 @@ impl Observer for Counting {
 async fn observer_sees_every_call() {
     let h = sim(cfg()).await;
     let counting = Arc::new(Counting::default());
-    init();
+    vk_sandbox::crypto::install_provider();
     let c = SandboxdClient::builder(h.base_url())
         .token(Some(ROOT.into()))
         .observer(counting.clone())
@@ -1677,7 +1672,7 @@ fn client_survives_random_replies_over_http() {
     use axum::body::Body;
     use axum::response::Response;
 
-    init();
+    vk_sandbox::crypto::install_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

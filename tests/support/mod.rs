@@ -64,14 +64,18 @@ pub fn suffix() -> String {
     format!("{:08x}", rand::random::<u32>())
 }
 
+/// A Kubernetes object (or any type) from test JSON that must parse.
+pub fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap_or_else(|e| panic!("test object: {e}"))
+}
+
 impl TestCluster {
     /// A fresh namespace `<prefix>-<random>`.
     pub async fn namespace(&self, prefix: &str) -> String {
         let name = format!("{prefix}-{}", suffix());
-        let ns: Namespace = serde_json::from_value(serde_json::json!({
+        let ns: Namespace = from_json(serde_json::json!({
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
-        }))
-        .expect("static namespace");
+        }));
         Api::<Namespace>::all(self.client.clone())
             .create(&PostParams::default(), &ns)
             .await
@@ -165,6 +169,8 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
 }
 
 pub mod controller;
+pub mod crds;
+pub mod kubectl;
 pub mod kubelet;
 pub mod process;
 pub mod progress;

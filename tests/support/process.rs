@@ -2,6 +2,7 @@
 
 use std::fs::File;
 use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -18,6 +19,22 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("bind an ephemeral loopback port")
+}
+
+/// Writes `<dir>/dead.kubeconfig`, a kubeconfig whose server refuses
+/// connections (readable by any user); returns its path.
+pub fn dead_kubeconfig(dir: &Path) -> PathBuf {
+    let path = dir.join("dead.kubeconfig");
+    std::fs::write(
+        &path,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: dead\n  cluster:\n    server: https://127.0.0.1:1\n\
+         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: dead\n  context:\n    cluster: dead\n    user: u\n\
+         current-context: dead\n",
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+    path
 }
 
 pub struct VkProcess {
