@@ -1,6 +1,6 @@
-//! NodeInventory publishing and the orphan audit scan (behaviour.md §5, §6;
-//! decisions.md D2) on the real local control plane with the CRDs from
-//! `crds/`, the sandboxd simulator and the vk-sandbox binary.
+//! NodeInventory publishing and the orphan audit scan on the real local
+//! control plane with the CRDs from `crds/`, the sandboxd simulator and the
+//! vk-sandbox binary.
 
 mod support;
 
@@ -112,9 +112,10 @@ fn entries(obj: &DynamicObject) -> Vec<Value> {
     obj.data["entries"].as_array().cloned().unwrap_or_default()
 }
 
-/// Acceptance 47 (both groups), then: an unchanged inventory is not
-/// applied again, a change is, and failed sandboxd queries skip the tick
-/// without publishing a half-empty object.
+/// The NodeInventory in either group: the held and the other sandboxes,
+/// the pools and the advertised address; then an unchanged inventory is
+/// not applied again, a change is, and failed sandboxd queries skip the
+/// tick without publishing a half-empty object.
 #[tokio::test(flavor = "multi_thread")]
 async fn inventory_published_only_when_changed() {
     let Some(cluster) = support::cluster().await else {
@@ -297,7 +298,7 @@ fn fault(endpoint: &str, times: u32) -> Fault {
     .expect("fault json")
 }
 
-/// Acceptance 46: with --publish-inventory off, nothing is written and
+/// With --publish-inventory off, nothing is written and
 /// sandboxd's info is never read, while the other loops run.
 #[tokio::test(flavor = "multi_thread")]
 async fn inventory_off_writes_nothing() {
@@ -338,7 +339,7 @@ async fn inventory_off_writes_nothing() {
     assert_eq!(infos, 0, "GET /v1/info while publishing is off");
 }
 
-/// Acceptance 45 and §5: verdicts logged once per change and exported as
+/// Orphan audit: verdicts logged once per change and exported as
 /// gauges; a failed listing skips the cycle and changes nothing; nothing
 /// is ever released.
 #[tokio::test(flavor = "multi_thread")]
@@ -470,7 +471,7 @@ async fn orphan_audit_reports_and_never_releases() {
     }
 }
 
-/// Acceptance 45, second half: with the scan disabled it never lists.
+/// Orphan audit with the scan disabled: it never lists.
 #[tokio::test(flavor = "multi_thread")]
 async fn disabled_scan_never_lists() {
     let sim = start_sim().await;

@@ -1,7 +1,9 @@
 //! The virtual node on the real local control plane, with vk-sandbox running
-//! as the ServiceAccount of manifests/rbac.yaml (behaviour.md §11 tests 2,
-//! 7–10, 12–18; tests 1–4 and 8–10 at the process level are in
-//! tests/config_cli.rs, 48–50 in tests/kubelet_*.rs).
+//! as the ServiceAccount of manifests/rbac.yaml: refusals before the Node is
+//! registered, the Node, its Lease and heartbeats, re-registration, graceful
+//! and silent exits, and the kubelet API reached through the apiserver (the
+//! refusals without a cluster are in tests/config_cli.rs, the kubelet API
+//! in-process in tests/kubelet_*.rs).
 
 mod support;
 
@@ -55,7 +57,8 @@ async fn no_credentials_refuses_to_start() {
     );
 }
 
-/// Start-up refusals happen before the Node is registered (tests 2, 8, 9, 10).
+/// Start-up refusals (state path, listen address, quantity, token file)
+/// happen before the Node is registered.
 #[tokio::test]
 async fn bad_configuration_refuses_before_registering_the_node() {
     let Some(cluster) = support::cluster().await else {
@@ -269,7 +272,9 @@ async fn second_process_on_the_same_state_path_refuses() {
     vk.delete_node(&client).await;
 }
 
-/// Tests 7 (flag beats env), 13, 16, 17, 18 and the scheduler contract.
+/// The registered Node (labels, taint, addresses, port, capacity, only
+/// Ready true), its Lease and heartbeats, the scheduler binding only Pods
+/// that tolerate the taint, and a SIGTERM that leaves Node and Lease.
 #[tokio::test]
 async fn registers_node_lease_and_heartbeats() {
     let Some(cluster) = support::cluster().await else {
@@ -279,7 +284,7 @@ async fn registers_node_lease_and_heartbeats() {
     let vk = VkUnderTest::start(&cluster, "vk-node", &["--node-status-interval=5s"]).await;
     let node = vk.wait_ready(&client, Duration::from_secs(30)).await;
 
-    // Test 13: labels, taint, addresses, port, capacity.
+    // Labels, taint, addresses, port, capacity.
     let labels = node.metadata.labels.clone().unwrap_or_default();
     assert_eq!(
         labels.get("type").map(String::as_str),
@@ -335,7 +340,7 @@ async fn registers_node_lease_and_heartbeats() {
     assert_eq!(cap["memory"].0, "8Ti");
     assert_eq!(cap["pods"].0, "2k");
     assert_eq!(status.capacity, status.allocatable);
-    // Test 16: only Ready is True.
+    // Only Ready is True.
     for c in status.conditions.clone().unwrap_or_default() {
         if c.type_ == "Ready" {
             assert_eq!(c.reason.as_deref(), Some("KubeletReady"));
@@ -352,7 +357,7 @@ async fn registers_node_lease_and_heartbeats() {
         "kubectl get nodes should show a version"
     );
 
-    // Test 17: the Lease, owned by the Node, renewed.
+    // The Lease, owned by the Node, renewed.
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
     let first = wait_for("the node Lease", Duration::from_secs(20), || async {
         leases
@@ -384,7 +389,7 @@ async fn registers_node_lease_and_heartbeats() {
     )
     .await;
 
-    // Test 18 (with a 5 s status interval): heartbeats advance, transition stays.
+    // With a 5 s status interval: heartbeats advance, transition stays.
     let nodes: Api<Node> = Api::all(client.clone());
     let ready = |n: &Node| {
         n.status
@@ -459,7 +464,7 @@ async fn registers_node_lease_and_heartbeats() {
     )
     .await;
 
-    // Test 12: SIGTERM exits 0 and leaves Node and Lease in place.
+    // SIGTERM exits 0 and leaves Node and Lease in place.
     vk.process.signal(nix::sys::signal::Signal::SIGTERM);
     let mut vk = vk;
     let st = vk
@@ -516,7 +521,7 @@ async fn lifecycle_controller_marks_a_silent_node_and_restart_recovers() {
     vk.delete_node(&client).await;
 }
 
-/// Tests 48–50 through the apiserver against the real binary: kubectl
+/// The kubelet API through the apiserver against the real binary: kubectl
 /// logs/exec/attach/port-forward answer "not implemented", an anonymous
 /// caller is refused, and /metrics passes promtool.
 #[tokio::test]

@@ -319,8 +319,8 @@ fn claim_id(p: &Pod) -> String {
         .unwrap_or_default()
 }
 
-/// Tests 19, 27, 28: claim → Running; label change makes no call; Pod
-/// deleted while the owner lives → preserved → same-name Pod adopts.
+/// Claim → Running; a label change makes no call; a Pod deleted while its
+/// owner lives → preserved → a same-name Pod adopts the sandbox.
 #[tokio::test(flavor = "multi_thread")]
 async fn claim_run_preserve_and_adopt() {
     let Some(env) = setup("vk-pods", &[]).await else {
@@ -398,7 +398,7 @@ async fn claim_run_preserve_and_adopt() {
         m.lines().any(|l| l.starts_with("vk_sandbox_claim_provider_seconds_count") && !l.ends_with(" 0")),
         "provider share of the claim latency not observed:\n{m}"
     );
-    // Test 27: a label change makes no sandboxd call.
+    // A label change makes no sandboxd call.
     let before = env.sim.sim().requests().len();
     env.pods()
         .patch(
@@ -415,7 +415,7 @@ async fn claim_run_preserve_and_adopt() {
         "a label change called sandboxd"
     );
 
-    // Test 28: delete the Pod while the Sandbox lives: preserved.
+    // Delete the Pod while the Sandbox lives: preserved.
     env.pods()
         .delete("sb1", &DeleteParams::default())
         .await
@@ -455,7 +455,7 @@ async fn claim_run_preserve_and_adopt() {
     env.finish().await;
 }
 
-/// Tests 29, 32: release when the owner is gone, or when there is none.
+/// Release when the owner is gone, or when there is none.
 #[tokio::test(flavor = "multi_thread")]
 async fn release_when_owner_gone_or_absent() {
     let Some(env) = setup("vk-release", &[]).await else {
@@ -569,7 +569,8 @@ async fn release_when_owner_gone_or_absent() {
     env.finish().await;
 }
 
-/// Tests 20, 21, 22, 24: refusals before any claim; Never → Failed.
+/// A Pod breaking the contract is refused before any claim; with
+/// restartPolicy Never it goes Failed.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_contract_is_reported_without_claiming() {
     let Some(env) = setup("vk-contract", &[]).await else {
@@ -630,7 +631,7 @@ async fn bad_contract_is_reported_without_claiming() {
     env.finish().await;
 }
 
-/// Test 23: 429 then success; the Pod waits with NoWarmCapacity.
+/// 429 then success; the Pod waits with NoWarmCapacity.
 #[tokio::test(flavor = "multi_thread")]
 async fn capacity_miss_is_retried_until_running() {
     let Some(env) = setup("vk-capacity", &[]).await else {
@@ -662,7 +663,7 @@ async fn capacity_miss_is_retried_until_running() {
     env.finish().await;
 }
 
-/// Test 37: a restart adopts the persisted claim (after verification).
+/// A restart adopts the persisted claim (after verification).
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_adopts_persisted_claims() {
     let Some(mut env) = setup("vk-restart", &[]).await else {
@@ -745,7 +746,7 @@ async fn events(env: &Env) -> Vec<k8s_openapi::api::events::v1::Event> {
         .unwrap_or_default()
 }
 
-/// Tests 35, 36: a failing release keeps the claim and the Pod
+/// A failing release keeps the claim and the Pod
 /// Terminating until sandboxd recovers; a Pod that never got a claim goes
 /// at once without a sandboxd call.
 #[tokio::test(flavor = "multi_thread")]
@@ -804,7 +805,7 @@ async fn failed_release_is_retried_and_unclaimed_pods_go_at_once() {
         "not released after recovery"
     );
 
-    // Test 36.
+    // A Pod that never got a claim goes at once, without a sandboxd call.
     let before = env.sim.sim().requests().len();
     let pending = env
         .create_pod(&env.pod(
@@ -833,7 +834,7 @@ async fn failed_release_is_retried_and_unclaimed_pods_go_at_once() {
     env.finish().await;
 }
 
-/// Test 26: 32 Pods at once; every claim recorded.
+/// 32 Pods at once; every claim recorded.
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_creates_all_recorded() {
     let Some(mut env) = setup("vk-burst", &[]).await else {
@@ -872,7 +873,7 @@ async fn concurrent_creates_all_recorded() {
     env.finish().await;
 }
 
-/// Test 38: a persisted claim sandboxd no longer lists is dropped at
+/// A persisted claim sandboxd no longer lists is dropped at
 /// restart and the Pod gets a fresh claim.
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_drops_claims_sandboxd_forgot() {
@@ -919,15 +920,15 @@ async fn restart_drops_claims_sandboxd_forgot() {
     env.finish().await;
 }
 
-/// Tests 41, 42, 43: the lease watch marks a Pod Failed only once sandboxd no
-/// longer lists its sandbox.
+/// The lease watch marks a Pod Failed only once sandboxd no longer lists
+/// its sandbox, and publishes nothing while sandboxd cannot be listed.
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_expiry_confirmed_by_sandboxd() {
     let Some(env) = setup("vk-lease", &[]).await else {
         return;
     };
     // sandboxd's clock two hours behind: a 10-minute lease is already past
-    // by wall-clock time, but sandboxd still lists it (test 42).
+    // by wall-clock time, but sandboxd still lists it: not Failed.
     let past = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(2);
     env.sim.sim().patch_clock(
         serde_json::from_value(json!({"set": past.to_string(), "frozen": true})).expect("clock"),
@@ -956,7 +957,7 @@ async fn lease_expiry_confirmed_by_sandboxd() {
         .sim()
         .patch_clock(serde_json::from_value(json!({"advance_seconds": 7200})).expect("clock"));
     env.sim.sim().reap();
-    // Test 43: while sandboxd cannot be listed, a tick publishes nothing.
+    // While sandboxd cannot be listed, a tick publishes nothing.
     let list_down: sandboxd_sim::Fault =
         serde_json::from_value(json!({"endpoint": "list", "kind": "status", "status": 503}))
             .expect("fault");
@@ -998,8 +999,8 @@ async fn lease_expiry_confirmed_by_sandboxd() {
     env.finish().await;
 }
 
-/// Decisions D7: a claim whose reply was lost is returned (node token) before
-/// the Pod is claimed for again; nothing else is touched.
+/// A claim whose reply was lost is returned (node token) before the Pod is
+/// claimed for again; nothing else is touched.
 #[tokio::test(flavor = "multi_thread")]
 async fn lost_claim_reply_is_returned_before_claiming_again() {
     let Some(env) = setup("vk-lost", &[]).await else {
@@ -1033,8 +1034,8 @@ async fn lost_claim_reply_is_returned_before_claiming_again() {
     env.finish().await;
 }
 
-/// Neighbours on one sandboxd (decisions in docs/reliability.md, "Lost
-/// claim replies among neighbours"): sandbox-operator's aggregated
+/// Neighbours on one sandboxd (docs/reliability.md, "Lost claim replies
+/// among neighbours"): sandbox-operator's aggregated
 /// apiserver claims with `claim_ref = <namespace>/<Sandbox>`, the key of
 /// the Pod this node then serves. Those sandboxes are never released: not
 /// when they are in the start-up listing, not when that Pod is claimed for,
@@ -1316,7 +1317,7 @@ async fn kill9_mid_burst_loses_and_leaks_nothing() {
     env.finish().await;
 }
 
-/// Tests 30, 31: an owner held by a finalizer (deletionTimestamp set) is
+/// An owner held by a finalizer (deletionTimestamp set) is
 /// tearing down → release; an owner the shipped RBAC may not read (403) →
 /// preserve.
 #[tokio::test(flavor = "multi_thread")]
@@ -1418,9 +1419,9 @@ async fn owner_in_teardown_releases_unreadable_owner_preserves() {
     env.finish().await;
 }
 
-/// Test 25 with D7: sandboxd does not answer within the client's 10 s; the
-/// create fails (outcome unknown), the sandbox sandboxd made meanwhile is
-/// returned, and the retry runs the Pod on exactly one sandbox.
+/// sandboxd does not answer within the client's 10 s: the claim fails
+/// (outcome unknown), the sandbox sandboxd made meanwhile is returned with
+/// the node token, and the retry runs the Pod on exactly one sandbox.
 #[tokio::test(flavor = "multi_thread")]
 async fn unanswered_claim_times_out_and_its_sandbox_is_returned() {
     let Some(env) = setup("vk-slow", &[]).await else {
@@ -1468,7 +1469,7 @@ async fn unanswered_claim_times_out_and_its_sandbox_is_returned() {
     env.finish().await;
 }
 
-/// Issue 6: a real Prometheus scrapes the admin port; the target is up
+/// A real Prometheus scrapes the admin port; the target is up
 /// and the reconcile and claim metrics move when a Pod is claimed; the
 /// exposition passes `promtool check metrics`.
 #[tokio::test(flavor = "multi_thread")]
@@ -1595,7 +1596,7 @@ async fn check_monitoring_manifests(prom: &Prometheus, exposition: &str, dir: &s
     }
 }
 
-/// Issue 6: no credential ever reaches the logs — the sandboxd node token,
+/// No credential ever reaches the logs — the sandboxd node token,
 /// every claim's release token, and the ServiceAccount bearer token — over
 /// claim, failed and retried release, restart with the claims reloaded (in
 /// JSON log format), adoption and release, at trace level.

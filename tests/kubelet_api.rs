@@ -1,7 +1,6 @@
-//! The kubelet HTTPS API over real TLS on 127.0.0.1 (behaviour.md §7, §8,
-//! decisions.md D5; acceptance tests 48 and 50): routes, redirects, 404/405,
-//! authentication and authorization refusals, client certificates, HTTP/2,
-//! and serving-certificate hot reload.
+//! The kubelet HTTPS API over real TLS on 127.0.0.1: routes, redirects,
+//! 404/405, authentication and authorization refusals, client
+//! certificates, HTTP/2, and serving-certificate hot reload.
 
 mod support;
 
@@ -181,7 +180,9 @@ async fn get(
     text(c.get(server.url(path)).send().await.expect("request")).await
 }
 
-// Acceptance tests 48 and 50, plus redirects, 404 and 405 (auth off).
+// Auth off: container logs answer "not implemented"; stats summary,
+// resource metrics, healthz, pods and running pods answer in a kubelet's
+// shape (empty where vk-sandbox has nothing); redirects, 404 and 405.
 #[tokio::test]
 async fn routes_without_auth() {
     let pods = Arc::new(StaticPods::new(
@@ -304,7 +305,8 @@ async fn routes_without_auth() {
     server.stop().await;
 }
 
-// Acceptance test 49 at the kubelet: nothing is upgraded or executed.
+// exec, attach and port-forward are refused before any protocol upgrade:
+// nothing is executed.
 #[tokio::test]
 async fn exec_attach_port_forward_refuse_before_upgrade() {
     let server = start(&self_signed_tls(), None, None, Arc::default()).await;

@@ -1,5 +1,5 @@
 //! Kubelet API authentication and authorization against the real local
-//! control plane (decisions.md D5, D6; acceptance test 49):
+//! control plane:
 //!
 //! - with the shipped RBAC's ServiceAccount: the client CA is read from
 //!   kube-system/extension-apiserver-authentication, TokenReview and
@@ -338,7 +338,8 @@ async fn apiserver_reaches_the_kubelet_api_and_strangers_are_refused() {
     let resp = direct.get(&healthz).send().await.expect("healthz");
     assert_eq!(resp.status(), reqwest::StatusCode::OK);
 
-    // kubectl exec/attach/port-forward through the apiserver (test 49).
+    // kubectl exec/attach/port-forward/logs through the apiserver fail,
+    // naming "not implemented" and the sandbox SDK.
     let kubectl = support::kubectl::path();
     if kubectl.is_file() {
         let base = ["-n", ns.as_str()];
