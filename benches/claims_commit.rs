@@ -1,4 +1,5 @@
-//! Cost of persisting one claim (decisions.md D4), fsync included.
+//! Cost of persisting one claim, fsync included (a claim is on disk before
+//! its Pod is reported Running).
 //!
 //! - `claims_commit/one/N`: one `ClaimsStore::commit` into a store already
 //!   holding N claims (journal append + fdatasync);

@@ -3,6 +3,8 @@
 //! tail, a daemon holding the state lock, and `verify` against the sandboxd
 //! simulator. Nothing the command reads is ever changed.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,7 @@ use vk_sandbox::sandboxd::{ClaimRequest, SandboxdClient};
 const GO_STATE: &str = r#"{"claims":{"ns/a":{"id":"sb_a","token":"secret-a","address":"10.0.0.5:7777","podUID":"uid-a","claimedAt":"2026-01-01T00:00:00Z","deadline":"2999-01-02T03:04:05Z"},"ns/b":{"id":"sb_b","token":"secret-b","podUID":"","claimedAt":"2026-01-01T00:00:01Z","deadline":"2026-01-02T00:00:00Z"},"ns/c":{"id":"sb_c","token":"secret-c","podUID":"uid-c"}}}"#;
 
 fn vk(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vk-sandbox"));
+    let mut cmd = std::process::Command::new(support::process::BIN);
     cmd.args(args)
         .env_remove("VK_STATE_PATH")
         .env_remove("SANDBOXD_URL")
@@ -354,13 +356,7 @@ fn a_running_daemon_is_detected_through_its_lock() {
 #[tokio::test(flavor = "multi_thread")]
 async fn verify_against_the_sandboxd_simulator() {
     const TOKEN: &str = "claims-cli-node-token";
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=6").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("simulator");
+    let sim = support::sim::start(support::sim::config(TOKEN, &["base:24.04=6"])).await;
     let client = SandboxdClient::builder(sim.base_url())
         .token(Some(TOKEN.into()))
         .build()
@@ -391,8 +387,7 @@ async fn verify_against_the_sandboxd_simulator() {
         "ns/gone": row(&gone),
     }});
     fs::write(&path, state_json.to_string()).expect("state");
-    let token_file = dir.path().join("token");
-    fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
+    let token_file = support::sim::token_file(dir.path(), &format!("{TOKEN}\n"));
 
     let url = sim.base_url();
     let token_path = token_file.display().to_string();
@@ -495,7 +490,7 @@ async fn verify_against_the_sandboxd_simulator() {
     let after = files(dir.path());
     assert_eq!(
         after.keys().collect::<Vec<_>>(),
-        vec!["claims.json", "token", "wrong"],
+        vec!["claims.json", "sandboxd-token", "wrong"],
         "verify created a file"
     );
     assert_eq!(after["claims.json"].0, consistent.to_string().into_bytes());

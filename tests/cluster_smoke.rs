@@ -10,10 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-
-fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
-    serde_json::from_value(v).expect("test object")
-}
+use support::from_json;
 
 #[tokio::test]
 async fn scheduler_binds_by_toleration_and_gc_collects_dependents() {

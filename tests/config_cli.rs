@@ -1,7 +1,10 @@
-//! The binary's refusals to start (behaviour.md §1, acceptance tests 1–4,
-//! 8–10): each exits before touching Kubernetes — the kubeconfig here names
-//! a server nobody listens on, so reaching the cluster would fail
-//! differently — and says which flag is wrong.
+//! The binary as a process, without a cluster: `--version` and `--help`,
+//! the refusals to start — each exits before touching Kubernetes (the
+//! kubeconfig here names a server nobody listens on, so reaching the
+//! cluster would fail differently) and says which flag is wrong —, the
+//! claims state file as start-up finds or creates it, and JSON log lines.
+
+mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -9,32 +12,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_vk-sandbox");
-/// The distroless nonroot user (behaviour.md §1.4).
+use support::process::{BIN, dead_kubeconfig, free_port};
+/// The distroless image's nonroot user and group.
 const NONROOT: u32 = 65532;
-
-/// A kubeconfig whose server refuses connections.
-fn dead_kubeconfig(dir: &Path) -> String {
-    let path = dir.join("dead.kubeconfig");
-    std::fs::write(
-        &path,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: dead\n  cluster:\n    server: https://127.0.0.1:1\n\
-         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: dead\n  context:\n    cluster: dead\n    user: u\n\
-         current-context: dead\n",
-    )
-    .expect("write kubeconfig");
-    // Readable by the nonroot user too.
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    path.display().to_string()
-}
-
-/// A free loopback port (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("ephemeral port")
-}
 
 fn command(dir: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
@@ -71,7 +51,7 @@ fn tempdir() -> tempfile::TempDir {
     dir
 }
 
-// Acceptance test 1.
+/// `--version` prints the version line and creates no state directory.
 #[test]
 fn version_prints_and_touches_nothing() {
     let dir = tempdir();
@@ -95,7 +75,7 @@ fn help_and_unknown_flags() {
     assert_eq!(out.status.code(), Some(2), "{text}");
 }
 
-// Acceptance test 2.
+/// An empty `--state-path` is the one problem reported.
 #[test]
 fn empty_state_path_is_refused() {
     let dir = tempdir();
@@ -108,7 +88,8 @@ fn empty_state_path_is_refused() {
     );
 }
 
-// Acceptance test 8.
+/// A `--listen-addr` that is not `[host]:port` with a numeric port from 1
+/// to 65535 is refused.
 #[test]
 fn bad_listen_addresses_are_refused() {
     let dir = tempdir();
@@ -120,7 +101,8 @@ fn bad_listen_addresses_are_refused() {
     }
 }
 
-// Acceptance test 9.
+/// Node capacities that are not Kubernetes quantities are refused, from
+/// flags and from the environment (named as such).
 #[test]
 fn bad_quantities_are_refused() {
     let dir = tempdir();
@@ -136,7 +118,7 @@ fn bad_quantities_are_refused() {
     assert!(text.contains("VK_NODE_CPU"), "{text}");
 }
 
-// Acceptance test 10 (start-up half).
+/// A sandboxd token file that cannot be read stops start-up.
 #[test]
 fn unreadable_token_file_is_refused() {
     let dir = tempdir();
@@ -149,7 +131,8 @@ fn unreadable_token_file_is_refused() {
     assert!(text.contains("sandboxd token file"), "{text}");
 }
 
-// Acceptance test 3, as root: a state path under a regular file.
+/// A state path under a regular file is refused as not writable, root
+/// included.
 #[test]
 fn state_under_a_file_is_refused() {
     let dir = tempdir();
@@ -173,7 +156,8 @@ fn as_nonroot(mut cmd: Command) -> Command {
     cmd
 }
 
-// Acceptance test 3: a 0500 state directory, as an unprivileged user.
+/// A 0500 state directory is not writable for an unprivileged user; the
+/// refusal names VK_STATE_PATH.
 #[test]
 fn mode_0500_state_dir_is_refused_for_a_normal_user() {
     if !is_root() {
@@ -196,9 +180,9 @@ fn mode_0500_state_dir_is_refused_for_a_normal_user() {
     assert!(text.contains("VK_STATE_PATH"), "{text}");
 }
 
-// Acceptance test 4: UID 65532 with the default state path cannot create
-// /var/lib/vk-sandbox; with a state directory it owns, configuration
-// passes (and start-up goes on to the cluster, here unreachable).
+// UID 65532 with the default state path cannot create /var/lib/vk-sandbox;
+// with a state directory it owns, configuration passes (and start-up goes
+// on to the cluster, here unreachable).
 #[test]
 fn nonroot_needs_a_writable_state_dir() {
     if !is_root() {
@@ -257,8 +241,8 @@ fn nonroot_needs_a_writable_state_dir() {
     assert!(!text.trim().is_empty(), "it went on and said so");
 }
 
-// Acceptance test 5: a malformed state file stops start-up and is left
-// byte for byte as it was.
+// A malformed state file stops start-up and is left byte for byte as it
+// was.
 #[test]
 fn malformed_state_file_is_refused_and_kept() {
     let dir = tempdir();
@@ -283,8 +267,8 @@ fn malformed_state_file_is_refused_and_kept() {
     );
 }
 
-// Acceptance test 6: with no state file, start-up writes `{"claims":{}}`
-// (0600) in a newly created 0700 directory — before anything else can fail.
+// With no state file, start-up writes `{"claims":{}}` (0600) in a newly
+// created 0700 directory — before anything else can fail.
 #[test]
 fn missing_state_file_is_created_empty_and_private() {
     let dir = tempdir();
@@ -298,7 +282,7 @@ fn missing_state_file_is_created_empty_and_private() {
     assert_eq!(mode(&dir.path().join("state")), 0o700);
 }
 
-/// `--log-format=json` (issue 17): every line on stderr is one JSON object
+/// `--log-format=json`: every line on stderr is one JSON object
 /// with the fields log shippers expect, span fields included; the fatal
 /// error is the last object, not an extra plain line. The dead kubeconfig
 /// stops start-up after the kubelet certificate was made (inside the

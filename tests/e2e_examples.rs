@@ -10,8 +10,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -23,38 +22,12 @@ use support::wait_for;
 
 const TOKEN: &str = "examples-token";
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn kubectl() -> PathBuf {
-    let dir = std::env::var_os("VK_K8S_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let out = Command::new(repo().join("e2e/cluster.sh"))
-                .arg("bin")
-                .output()
-                .expect("e2e/cluster.sh bin");
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        });
-    dir.join("kubectl")
-}
-
 /// `kubectl apply -f <file>` into `ns`, the file as it is in the repo.
-fn apply(kubeconfig: &Path, ns: &str, file: &str) {
-    let out = Command::new(kubectl())
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["-n", ns, "apply", "-f"])
-        .arg(repo().join(file))
-        .output()
-        .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl apply -f {file}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+async fn apply(kubeconfig: &Path, ns: &str, file: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    let path = path.to_str().expect("a UTF-8 repository path");
+    let (ok, out) = support::kubectl::run(kubeconfig, &["-n", ns, "apply", "-f", path]).await;
+    assert!(ok, "kubectl apply -f {file}: {out}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -102,7 +75,7 @@ async fn example_files_apply_unchanged_and_run() {
     };
 
     // sandbox.yaml: one Sandbox, its Pod Running here.
-    apply(&cluster.kubeconfig, &ns, "manifests/examples/sandbox.yaml");
+    apply(&cluster.kubeconfig, &ns, "manifests/examples/sandbox.yaml").await;
     wait_for(
         "the Pod of manifests/examples/sandbox.yaml Running",
         Duration::from_secs(90),
@@ -125,12 +98,14 @@ async fn example_files_apply_unchanged_and_run() {
         &cluster.kubeconfig,
         &ns,
         "manifests/examples/sandboxtemplate.yaml",
-    );
+    )
+    .await;
     apply(
         &cluster.kubeconfig,
         &ns,
         "manifests/examples/sandboxwarmpool.yaml",
-    );
+    )
+    .await;
     let pool: DynamicObject = Api::<DynamicObject>::namespaced_with(
         cluster.client.clone(),
         &ns,
@@ -175,7 +150,8 @@ async fn example_files_apply_unchanged_and_run() {
         &cluster.kubeconfig,
         &ns,
         "manifests/examples/sandboxclaim.yaml",
-    );
+    )
+    .await;
     let claims: Api<DynamicObject> =
         Api::namespaced_with(cluster.client.clone(), &ns, &ctl::resource("SandboxClaim"));
     let sandbox = wait_for(

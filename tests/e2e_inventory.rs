@@ -1,10 +1,10 @@
-//! NodeInventory publishing and the orphan audit scan (behaviour.md §5, §6;
-//! decisions.md D2) on the real local control plane with the CRDs from
-//! `crds/`, the sandboxd simulator and the vk-sandbox binary.
+//! NodeInventory publishing and the orphan audit scan on the real local
+//! control plane with the CRDs from `crds/`, the sandboxd simulator and the
+//! vk-sandbox binary.
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use kube::Api;
@@ -30,38 +30,17 @@ fn inventory_resource(group: &str) -> ApiResource {
     }
 }
 
+/// The NodeInventory CRDs of `crds/`, one per group vk-sandbox can publish in.
 async fn install_crds(cluster: &TestCluster) {
     for group in [DEFAULT_GROUP, EXTENSIONS_GROUP] {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join(format!("crds/{group}_nodeinventories.yaml"));
-        support::rbac::apply_manifest(&cluster.client, &path)
-            .await
-            .unwrap_or_else(|e| panic!("install {}: {e}", path.display()));
-        let api: Api<DynamicObject> =
-            Api::all_with(cluster.client.clone(), &inventory_resource(group));
-        wait_for(
-            &format!("the NodeInventory CRD in {group} to be served"),
-            Duration::from_secs(30),
-            || async {
-                api.list(&Default::default())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            },
-        )
-        .await;
+        support::crds::install_file(&cluster.client, &path).await;
     }
 }
 
 async fn start_sim() -> SimHandle {
-    let cfg = sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=4").expect("pool")],
-        ..Default::default()
-    };
-    sandboxd_sim::start_local(cfg)
-        .await
-        .expect("start the sandboxd simulator")
+    support::sim::start(support::sim::config(TOKEN, &["base:24.04=4"])).await
 }
 
 fn sandboxd(sim: &SimHandle) -> SandboxdClient {
@@ -83,12 +62,6 @@ async fn claim(sim: &SimHandle, claim_ref: &str) -> vk_sandbox::sandboxd::Claim 
         .expect("claim from the simulator")
 }
 
-fn token_file(dir: &Path) -> PathBuf {
-    let p = dir.join("sandboxd-token");
-    std::fs::write(&p, TOKEN).expect("token file");
-    p
-}
-
 /// vk-sandbox for a fresh node, with `state` (a Go claims.json) seeded.
 async fn start_vk(
     cluster: &TestCluster,
@@ -97,11 +70,8 @@ async fn start_vk(
     state: Option<Value>,
     extra: &[&str],
 ) -> VkUnderTest {
-    let token = token_file(&support::vk::test_dir(&format!("{prefix}-token")));
-    let mut args = vec![
-        format!("--sandboxd-url={}", sim.base_url()),
-        format!("--sandboxd-token-file={}", token.display()),
-    ];
+    let token = support::sim::token_file(&support::vk::test_dir(&format!("{prefix}-token")), TOKEN);
+    let mut args = support::sim::vk_args(sim, Some(&token));
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let state = state.map(|s| s.to_string());
@@ -142,9 +112,10 @@ fn entries(obj: &DynamicObject) -> Vec<Value> {
     obj.data["entries"].as_array().cloned().unwrap_or_default()
 }
 
-/// Acceptance 47 (both groups), then: an unchanged inventory is not
-/// applied again, a change is, and failed sandboxd queries skip the tick
-/// without publishing a half-empty object.
+/// The NodeInventory in either group: the held and the other sandboxes,
+/// the pools and the advertised address; then an unchanged inventory is
+/// not applied again, a change is, and failed sandboxd queries skip the
+/// tick without publishing a half-empty object.
 #[tokio::test(flavor = "multi_thread")]
 async fn inventory_published_only_when_changed() {
     let Some(cluster) = support::cluster().await else {
@@ -327,7 +298,7 @@ fn fault(endpoint: &str, times: u32) -> Fault {
     .expect("fault json")
 }
 
-/// Acceptance 46: with --publish-inventory off, nothing is written and
+/// With --publish-inventory off, nothing is written and
 /// sandboxd's info is never read, while the other loops run.
 #[tokio::test(flavor = "multi_thread")]
 async fn inventory_off_writes_nothing() {
@@ -368,7 +339,7 @@ async fn inventory_off_writes_nothing() {
     assert_eq!(infos, 0, "GET /v1/info while publishing is off");
 }
 
-/// Acceptance 45 and §5: verdicts logged once per change and exported as
+/// Orphan audit: verdicts logged once per change and exported as
 /// gauges; a failed listing skips the cycle and changes nothing; nothing
 /// is ever released.
 #[tokio::test(flavor = "multi_thread")]
@@ -500,7 +471,7 @@ async fn orphan_audit_reports_and_never_releases() {
     }
 }
 
-/// Acceptance 45, second half: with the scan disabled it never lists.
+/// Orphan audit with the scan disabled: it never lists.
 #[tokio::test(flavor = "multi_thread")]
 async fn disabled_scan_never_lists() {
     let sim = start_sim().await;

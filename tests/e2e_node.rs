@@ -1,7 +1,9 @@
 //! The virtual node on the real local control plane, with vk-sandbox running
-//! as the ServiceAccount of manifests/rbac.yaml (behaviour.md §11 tests 2,
-//! 7–10, 12–18; tests 1–4 and 8–10 at the process level are in
-//! tests/config_cli.rs, 48–50 in tests/kubelet_*.rs).
+//! as the ServiceAccount of manifests/rbac.yaml: refusals before the Node is
+//! registered, the Node, its Lease and heartbeats, re-registration, graceful
+//! and silent exits, and the kubelet API reached through the apiserver (the
+//! refusals without a cluster are in tests/config_cli.rs, the kubelet API
+//! in-process in tests/kubelet_*.rs).
 
 mod support;
 
@@ -55,7 +57,8 @@ async fn no_credentials_refuses_to_start() {
     );
 }
 
-/// Start-up refusals happen before the Node is registered (tests 2, 8, 9, 10).
+/// Start-up refusals (state path, listen address, quantity, token file)
+/// happen before the Node is registered.
 #[tokio::test]
 async fn bad_configuration_refuses_before_registering_the_node() {
     let Some(cluster) = support::cluster().await else {
@@ -269,7 +272,9 @@ async fn second_process_on_the_same_state_path_refuses() {
     vk.delete_node(&client).await;
 }
 
-/// Tests 7 (flag beats env), 13, 16, 17, 18 and the scheduler contract.
+/// The registered Node (labels, taint, addresses, port, capacity, only
+/// Ready true), its Lease and heartbeats, the scheduler binding only Pods
+/// that tolerate the taint, and a SIGTERM that leaves Node and Lease.
 #[tokio::test]
 async fn registers_node_lease_and_heartbeats() {
     let Some(cluster) = support::cluster().await else {
@@ -279,7 +284,7 @@ async fn registers_node_lease_and_heartbeats() {
     let vk = VkUnderTest::start(&cluster, "vk-node", &["--node-status-interval=5s"]).await;
     let node = vk.wait_ready(&client, Duration::from_secs(30)).await;
 
-    // Test 13: labels, taint, addresses, port, capacity.
+    // Labels, taint, addresses, port, capacity.
     let labels = node.metadata.labels.clone().unwrap_or_default();
     assert_eq!(
         labels.get("type").map(String::as_str),
@@ -335,7 +340,7 @@ async fn registers_node_lease_and_heartbeats() {
     assert_eq!(cap["memory"].0, "8Ti");
     assert_eq!(cap["pods"].0, "2k");
     assert_eq!(status.capacity, status.allocatable);
-    // Test 16: only Ready is True.
+    // Only Ready is True.
     for c in status.conditions.clone().unwrap_or_default() {
         if c.type_ == "Ready" {
             assert_eq!(c.reason.as_deref(), Some("KubeletReady"));
@@ -352,7 +357,7 @@ async fn registers_node_lease_and_heartbeats() {
         "kubectl get nodes should show a version"
     );
 
-    // Test 17: the Lease, owned by the Node, renewed.
+    // The Lease, owned by the Node, renewed.
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
     let first = wait_for("the node Lease", Duration::from_secs(20), || async {
         leases
@@ -384,7 +389,7 @@ async fn registers_node_lease_and_heartbeats() {
     )
     .await;
 
-    // Test 18 (with a 5 s status interval): heartbeats advance, transition stays.
+    // With a 5 s status interval: heartbeats advance, transition stays.
     let nodes: Api<Node> = Api::all(client.clone());
     let ready = |n: &Node| {
         n.status
@@ -459,7 +464,7 @@ async fn registers_node_lease_and_heartbeats() {
     )
     .await;
 
-    // Test 12: SIGTERM exits 0 and leaves Node and Lease in place.
+    // SIGTERM exits 0 and leaves Node and Lease in place.
     vk.process.signal(nix::sys::signal::Signal::SIGTERM);
     let mut vk = vk;
     let st = vk
@@ -516,21 +521,7 @@ async fn lifecycle_controller_marks_a_silent_node_and_restart_recovers() {
     vk.delete_node(&client).await;
 }
 
-fn kubectl_bin() -> std::path::PathBuf {
-    let dir = std::env::var_os("VK_K8S_BIN_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            let out =
-                std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/e2e/cluster.sh"))
-                    .arg("bin")
-                    .output()
-                    .expect("e2e/cluster.sh bin");
-            std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        });
-    dir.join("kubectl")
-}
-
-/// Tests 48–50 through the apiserver against the real binary: kubectl
+/// The kubelet API through the apiserver against the real binary: kubectl
 /// logs/exec/attach/port-forward answer "not implemented", an anonymous
 /// caller is refused, and /metrics passes promtool.
 #[tokio::test]
@@ -539,12 +530,7 @@ async fn kubelet_api_through_the_apiserver() {
         return;
     };
     let client = cluster.client.clone();
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("start the sandboxd simulator");
+    let sim = support::sim::start(support::sim::config("", &["base:24.04=2"])).await;
     let vk = VkUnderTest::start(
         &cluster,
         "vk-kapi",
@@ -578,33 +564,14 @@ async fn kubelet_api_through_the_apiserver() {
         },
     )
     .await;
-    let kubectl = kubectl_bin();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(&cluster.kubeconfig)
-            .arg("-n")
-            .arg(&ns)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("run kubectl");
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    };
     for args in [
-        vec!["logs", "p"],
-        vec!["exec", "p", "--", "true"],
-        vec!["attach", "p"],
-        vec!["port-forward", "pod/p", "0:80"],
+        ["logs", "p"].as_slice(),
+        &["exec", "p", "--", "true"],
+        &["attach", "p"],
+        &["port-forward", "pod/p", "0:80"],
     ] {
-        let (ok, out) = run(&args);
+        let args = [&["-n", ns.as_str()], args].concat();
+        let (ok, out) = support::kubectl::run(&cluster.kubeconfig, &args).await;
         assert!(!ok, "kubectl {args:?} succeeded: {out}");
         assert!(
             out.contains("not implemented"),
@@ -627,40 +594,13 @@ async fn kubelet_api_through_the_apiserver() {
         "anonymous /pods answered {code}"
     );
     // /metrics on the admin port passes promtool.
-    let metrics = reqwest::get(format!(
-        "http://127.0.0.1:{}/metrics",
-        vk.process.admin_port
-    ))
-    .await
-    .expect("GET /metrics")
-    .text()
-    .await
-    .expect("metrics body");
+    let metrics = vk.metrics().await;
     assert!(
         metrics.contains("vk_sandbox_lease_renewals_total"),
         "{metrics}"
     );
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus; run `make deps`)");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(metrics.as_bytes())
-        .expect("write metrics");
-    let out = child.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, out) = support::prometheus::promtool(&["check", "metrics"], &metrics);
+    assert!(ok, "promtool check metrics failed: {out}");
     cluster.drop_namespace(&ns).await;
     vk.delete_node(&client).await;
 }

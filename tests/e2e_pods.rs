@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, DynamicObject, PostParams};
-use kube::discovery::ApiResource;
 use kube::{Api, Client};
 use sandboxd_sim::SimHandle;
 use serde_json::{Value, json};
@@ -22,39 +21,12 @@ use support::{TestCluster, wait_for};
 
 const TOKEN: &str = "root-token-e2e";
 
-fn sandbox_resource() -> ApiResource {
-    ApiResource {
-        group: "agents.x-k8s.io".into(),
-        version: "v1beta1".into(),
-        api_version: "agents.x-k8s.io/v1beta1".into(),
-        kind: "Sandbox".into(),
-        plural: "sandboxes".into(),
-    }
-}
-
 struct Env {
     cluster: TestCluster,
     sim: SimHandle,
     vk: VkUnderTest,
     ns: String,
     token_file: PathBuf,
-}
-
-async fn install_crd(cluster: &TestCluster) {
-    // The Pods here are made by hand; only the Sandbox kind must be served.
-    support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
-    let api: Api<DynamicObject> = Api::all_with(cluster.client.clone(), &sandbox_resource());
-    wait_for(
-        "the Sandbox CRD to be served",
-        Duration::from_secs(30),
-        || async {
-            api.list(&Default::default())
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        },
-    )
-    .await;
 }
 
 async fn setup(prefix: &str, extra: &[&str]) -> Option<Env> {
@@ -77,26 +49,14 @@ async fn setup_full(
     with_token: bool,
 ) -> Option<Env> {
     let cluster = support::cluster().await?;
-    install_crd(&cluster).await;
-    let cfg = sandboxd_sim::SimConfig {
-        api_token: if with_token {
-            TOKEN.into()
-        } else {
-            String::new()
-        },
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=8").expect("pool")],
-        ..Default::default()
-    };
-    let sim = sandboxd_sim::start_local(cfg)
-        .await
-        .expect("start the sandboxd simulator");
-    let dir = support::vk::test_dir(prefix);
-    let token_file = dir.join("token");
-    std::fs::write(&token_file, format!(" {TOKEN}\n")).expect("token file");
-    let mut args = vec![format!("--sandboxd-url={}", sim.base_url())];
-    if with_token {
-        args.push(format!("--sandboxd-token-file={}", token_file.display()));
-    }
+    // The Pods here are made by hand; only the Sandbox kind must be served.
+    support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
+    let token = if with_token { TOKEN } else { "" };
+    let sim = support::sim::start(support::sim::config(token, &["base:24.04=8"])).await;
+    // Spelled with the blanks a hand-written file may have.
+    let token_file =
+        support::sim::token_file(&support::vk::test_dir(prefix), &format!(" {TOKEN}\n"));
+    let mut args = support::sim::vk_args(&sim, with_token.then_some(token_file.as_path()));
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let vk = VkUnderTest::start_with(
@@ -122,6 +82,15 @@ async fn setup_full(
 }
 
 impl Env {
+    /// Starts vk-sandbox again (same node, state and ports) against the
+    /// simulator with the token file, plus `extra`.
+    fn restart_vk(&mut self, extra: &[&str]) {
+        let mut args = support::sim::vk_args(&self.sim, Some(&self.token_file));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.vk.restart(&args);
+    }
+
     fn client(&self) -> Client {
         self.cluster.client.clone()
     }
@@ -131,7 +100,11 @@ impl Env {
     }
 
     fn sandboxes(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client(), &self.ns, &sandbox_resource())
+        Api::namespaced_with(
+            self.client(),
+            &self.ns,
+            &support::controller::resource("Sandbox"),
+        )
     }
 
     async fn create_sandbox(&self, name: &str) -> String {
@@ -209,12 +182,7 @@ impl Env {
     }
 
     fn releases(&self) -> Vec<sandboxd_sim::RequestRecord> {
-        self.sim
-            .sim()
-            .requests()
-            .into_iter()
-            .filter(|r| r.path.ends_with("/release"))
-            .collect()
+        support::sim::releases(&self.sim)
     }
 
     async fn wait_phase(&self, name: &str, phase: &str, timeout: Duration) -> Pod {
@@ -271,18 +239,6 @@ impl Env {
             },
         )
         .await;
-    }
-
-    async fn metrics(&self) -> String {
-        reqwest::get(format!(
-            "http://127.0.0.1:{}/metrics",
-            self.vk.process.admin_port
-        ))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics body")
     }
 
     /// The ids the claims state holds, as a restart would load it: the
@@ -363,8 +319,8 @@ fn claim_id(p: &Pod) -> String {
         .unwrap_or_default()
 }
 
-/// Tests 19, 27, 28: claim → Running; label change makes no call; Pod
-/// deleted while the owner lives → preserved → same-name Pod adopts.
+/// Claim → Running; a label change makes no call; a Pod deleted while its
+/// owner lives → preserved → a same-name Pod adopts the sandbox.
 #[tokio::test(flavor = "multi_thread")]
 async fn claim_run_preserve_and_adopt() {
     let Some(env) = setup("vk-pods", &[]).await else {
@@ -433,7 +389,7 @@ async fn claim_run_preserve_and_adopt() {
         "release token leaked onto the Pod"
     );
 
-    let m = env.metrics().await;
+    let m = env.vk.metrics().await;
     assert!(
         m.lines().any(|l| l.starts_with("vk_sandbox_claim_duration_seconds_count") && !l.ends_with(" 0")),
         "claim latency not observed:\n{m}"
@@ -442,7 +398,7 @@ async fn claim_run_preserve_and_adopt() {
         m.lines().any(|l| l.starts_with("vk_sandbox_claim_provider_seconds_count") && !l.ends_with(" 0")),
         "provider share of the claim latency not observed:\n{m}"
     );
-    // Test 27: a label change makes no sandboxd call.
+    // A label change makes no sandboxd call.
     let before = env.sim.sim().requests().len();
     env.pods()
         .patch(
@@ -459,7 +415,7 @@ async fn claim_run_preserve_and_adopt() {
         "a label change called sandboxd"
     );
 
-    // Test 28: delete the Pod while the Sandbox lives: preserved.
+    // Delete the Pod while the Sandbox lives: preserved.
     env.pods()
         .delete("sb1", &DeleteParams::default())
         .await
@@ -499,7 +455,7 @@ async fn claim_run_preserve_and_adopt() {
     env.finish().await;
 }
 
-/// Tests 29, 32: release when the owner is gone, or when there is none.
+/// Release when the owner is gone, or when there is none.
 #[tokio::test(flavor = "multi_thread")]
 async fn release_when_owner_gone_or_absent() {
     let Some(env) = setup("vk-release", &[]).await else {
@@ -613,7 +569,8 @@ async fn release_when_owner_gone_or_absent() {
     env.finish().await;
 }
 
-/// Tests 20, 21, 22, 24: refusals before any claim; Never → Failed.
+/// A Pod breaking the contract is refused before any claim; with
+/// restartPolicy Never it goes Failed.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_contract_is_reported_without_claiming() {
     let Some(env) = setup("vk-contract", &[]).await else {
@@ -652,7 +609,7 @@ async fn bad_contract_is_reported_without_claiming() {
     let never = env
         .wait_phase("never", "Failed", Duration::from_secs(30))
         .await;
-    let m = env.metrics().await;
+    let m = env.vk.metrics().await;
     assert!(
         m.lines().any(|l| l.starts_with(
             "vk_sandbox_reconcile_failures_total{controller=\"pods\",error=\"pod_create\"}"
@@ -674,7 +631,7 @@ async fn bad_contract_is_reported_without_claiming() {
     env.finish().await;
 }
 
-/// Test 23: 429 then success; the Pod waits with NoWarmCapacity.
+/// 429 then success; the Pod waits with NoWarmCapacity.
 #[tokio::test(flavor = "multi_thread")]
 async fn capacity_miss_is_retried_until_running() {
     let Some(env) = setup("vk-capacity", &[]).await else {
@@ -706,7 +663,7 @@ async fn capacity_miss_is_retried_until_running() {
     env.finish().await;
 }
 
-/// Test 37: a restart adopts the persisted claim (after verification).
+/// A restart adopts the persisted claim (after verification).
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_adopts_persisted_claims() {
     let Some(mut env) = setup("vk-restart", &[]).await else {
@@ -730,10 +687,7 @@ async fn restart_adopts_persisted_claims() {
     let text = std::fs::read_to_string(&env.vk.state_path).expect("state file");
     let parsed: Value = serde_json::from_str(&text).expect("claims.json is JSON");
     assert_eq!(parsed["claims"][format!("{}/sb3", env.ns)]["id"], id);
-    env.vk.restart(&[
-        &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!("--sandboxd-token-file={}", env.token_file.display()),
-    ]);
+    env.restart_vk(&[]);
     env.wait_restarted().await;
     // The same Pod resumes its own claim: taken up again, announced by no
     // Event (a restart over many Pods must not flood the apiserver).
@@ -792,7 +746,7 @@ async fn events(env: &Env) -> Vec<k8s_openapi::api::events::v1::Event> {
         .unwrap_or_default()
 }
 
-/// Tests 35, 36: a failing release keeps the claim and the Pod
+/// A failing release keeps the claim and the Pod
 /// Terminating until sandboxd recovers; a Pod that never got a claim goes
 /// at once without a sandboxd call.
 #[tokio::test(flavor = "multi_thread")]
@@ -851,7 +805,7 @@ async fn failed_release_is_retried_and_unclaimed_pods_go_at_once() {
         "not released after recovery"
     );
 
-    // Test 36.
+    // A Pod that never got a claim goes at once, without a sandboxd call.
     let before = env.sim.sim().requests().len();
     let pending = env
         .create_pod(&env.pod(
@@ -880,7 +834,7 @@ async fn failed_release_is_retried_and_unclaimed_pods_go_at_once() {
     env.finish().await;
 }
 
-/// Test 26: 32 Pods at once; every claim recorded.
+/// 32 Pods at once; every claim recorded.
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_creates_all_recorded() {
     let Some(mut env) = setup("vk-burst", &[]).await else {
@@ -919,7 +873,7 @@ async fn concurrent_creates_all_recorded() {
     env.finish().await;
 }
 
-/// Test 38: a persisted claim sandboxd no longer lists is dropped at
+/// A persisted claim sandboxd no longer lists is dropped at
 /// restart and the Pod gets a fresh claim.
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_drops_claims_sandboxd_forgot() {
@@ -942,10 +896,7 @@ async fn restart_drops_claims_sandboxd_forgot() {
         .sim()
         .restart(std::slice::from_ref(&first))
         .expect("sim restart dropping the row");
-    env.vk.restart(&[
-        &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!("--sandboxd-token-file={}", env.token_file.display()),
-    ]);
+    env.restart_vk(&[]);
     env.wait_restarted().await;
     let pods = env.pods();
     wait_for(
@@ -969,15 +920,15 @@ async fn restart_drops_claims_sandboxd_forgot() {
     env.finish().await;
 }
 
-/// Tests 41, 42, 43: the lease watch marks a Pod Failed only once sandboxd no
-/// longer lists its sandbox.
+/// The lease watch marks a Pod Failed only once sandboxd no longer lists
+/// its sandbox, and publishes nothing while sandboxd cannot be listed.
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_expiry_confirmed_by_sandboxd() {
     let Some(env) = setup("vk-lease", &[]).await else {
         return;
     };
     // sandboxd's clock two hours behind: a 10-minute lease is already past
-    // by wall-clock time, but sandboxd still lists it (test 42).
+    // by wall-clock time, but sandboxd still lists it: not Failed.
     let past = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(2);
     env.sim.sim().patch_clock(
         serde_json::from_value(json!({"set": past.to_string(), "frozen": true})).expect("clock"),
@@ -1006,7 +957,7 @@ async fn lease_expiry_confirmed_by_sandboxd() {
         .sim()
         .patch_clock(serde_json::from_value(json!({"advance_seconds": 7200})).expect("clock"));
     env.sim.sim().reap();
-    // Test 43: while sandboxd cannot be listed, a tick publishes nothing.
+    // While sandboxd cannot be listed, a tick publishes nothing.
     let list_down: sandboxd_sim::Fault =
         serde_json::from_value(json!({"endpoint": "list", "kind": "status", "status": 503}))
             .expect("fault");
@@ -1048,8 +999,8 @@ async fn lease_expiry_confirmed_by_sandboxd() {
     env.finish().await;
 }
 
-/// Decisions D7: a claim whose reply was lost is returned (node token) before
-/// the Pod is claimed for again; nothing else is touched.
+/// A claim whose reply was lost is returned (node token) before the Pod is
+/// claimed for again; nothing else is touched.
 #[tokio::test(flavor = "multi_thread")]
 async fn lost_claim_reply_is_returned_before_claiming_again() {
     let Some(env) = setup("vk-lost", &[]).await else {
@@ -1083,8 +1034,8 @@ async fn lost_claim_reply_is_returned_before_claiming_again() {
     env.finish().await;
 }
 
-/// Neighbours on one sandboxd (decisions in docs/reliability.md, "Lost
-/// claim replies among neighbours"): sandbox-operator's aggregated
+/// Neighbours on one sandboxd (docs/reliability.md, "Lost claim replies
+/// among neighbours"): sandbox-operator's aggregated
 /// apiserver claims with `claim_ref = <namespace>/<Sandbox>`, the key of
 /// the Pod this node then serves. Those sandboxes are never released: not
 /// when they are in the start-up listing, not when that Pod is claimed for,
@@ -1119,10 +1070,7 @@ async fn neighbours_sandboxes_are_never_released() {
             .wait_exit(Duration::from_secs(10))
             .is_some_and(|s| s.success())
     );
-    env.vk.restart(&[
-        &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!("--sandboxd-token-file={}", env.token_file.display()),
-    ]);
+    env.restart_vk(&[]);
     env.wait_restarted().await;
 
     // Pod a: a plain fresh claim under a key a neighbour also uses.
@@ -1209,7 +1157,7 @@ async fn one_status_write_per_running_pod() {
     }
     // Long enough for every echo and a late second write to have come.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let text = env.metrics().await;
+    let text = env.vk.metrics().await;
     let written = support::metric(
         &text,
         "vk_sandbox_pod_status_writes_total{result=\"written\"}",
@@ -1327,10 +1275,7 @@ async fn kill9_mid_burst_loses_and_leaks_nothing() {
     env.vk.process.signal(nix::sys::signal::Signal::SIGKILL);
     env.vk.process.wait_exit(Duration::from_secs(5));
     env.sim.sim().clear_faults();
-    env.vk.restart(&[
-        &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!("--sandboxd-token-file={}", env.token_file.display()),
-    ]);
+    env.restart_vk(&[]);
     env.wait_restarted().await;
     let mut held = std::collections::HashSet::new();
     for i in 0..50 {
@@ -1372,7 +1317,7 @@ async fn kill9_mid_burst_loses_and_leaks_nothing() {
     env.finish().await;
 }
 
-/// Tests 30, 31: an owner held by a finalizer (deletionTimestamp set) is
+/// An owner held by a finalizer (deletionTimestamp set) is
 /// tearing down → release; an owner the shipped RBAC may not read (403) →
 /// preserve.
 #[tokio::test(flavor = "multi_thread")]
@@ -1474,9 +1419,9 @@ async fn owner_in_teardown_releases_unreadable_owner_preserves() {
     env.finish().await;
 }
 
-/// Test 25 with D7: sandboxd does not answer within the client's 10 s; the
-/// create fails (outcome unknown), the sandbox sandboxd made meanwhile is
-/// returned, and the retry runs the Pod on exactly one sandbox.
+/// sandboxd does not answer within the client's 10 s: the claim fails
+/// (outcome unknown), the sandbox sandboxd made meanwhile is returned with
+/// the node token, and the retry runs the Pod on exactly one sandbox.
 #[tokio::test(flavor = "multi_thread")]
 async fn unanswered_claim_times_out_and_its_sandbox_is_returned() {
     let Some(env) = setup("vk-slow", &[]).await else {
@@ -1524,7 +1469,7 @@ async fn unanswered_claim_times_out_and_its_sandbox_is_returned() {
     env.finish().await;
 }
 
-/// Issue 6: a real Prometheus scrapes the admin port; the target is up
+/// A real Prometheus scrapes the admin port; the target is up
 /// and the reconcile and claim metrics move when a Pod is claimed; the
 /// exposition passes `promtool check metrics`.
 #[tokio::test(flavor = "multi_thread")]
@@ -1580,29 +1525,10 @@ async fn prometheus_scrapes_the_admin_port() {
     .await;
 
     // promtool lints the exposition format and naming conventions.
-    let text = env.metrics().await;
+    let text = env.vk.metrics().await;
     check_monitoring_manifests(&prom, &text, &env.vk.dir).await;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run promtool (Debian package prometheus, installed by e2e/deps.sh)");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("feed promtool");
-    let out = child.wait_with_output().expect("promtool output");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, out) = support::prometheus::promtool(&["check", "metrics"], &text);
+    assert!(ok, "promtool check metrics failed:\n{out}");
     env.finish().await;
 }
 
@@ -1632,17 +1558,9 @@ async fn check_monitoring_manifests(prom: &Prometheus, exposition: &str, dir: &s
         serde_yaml::to_string(&rule["spec"]).expect("yaml"),
     )
     .expect("write rules");
-    let out = std::process::Command::new("promtool")
-        .args(["check", "rules"])
-        .arg(&rules_file)
-        .output()
-        .expect("run promtool");
-    assert!(
-        out.status.success(),
-        "promtool check rules: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let rules_file = rules_file.to_str().expect("a UTF-8 temporary path");
+    let (ok, out) = support::prometheus::promtool(&["check", "rules", rules_file], "");
+    assert!(ok, "promtool check rules: {out}");
     for group in rule["spec"]["groups"].as_array().expect("groups") {
         for r in group["rules"].as_array().expect("rules") {
             exprs.push(r["expr"].as_str().expect("expr").to_string());
@@ -1678,7 +1596,7 @@ async fn check_monitoring_manifests(prom: &Prometheus, exposition: &str, dir: &s
     }
 }
 
-/// Issue 6: no credential ever reaches the logs — the sandboxd node token,
+/// No credential ever reaches the logs — the sandboxd node token,
 /// every claim's release token, and the ServiceAccount bearer token — over
 /// claim, failed and retried release, restart with the claims reloaded (in
 /// JSON log format), adoption and release, at trace level.
@@ -1694,11 +1612,7 @@ async fn tokens_never_logged() {
         .await;
     env.vk.process.signal(nix::sys::signal::Signal::SIGKILL);
     env.vk.process.wait_exit(Duration::from_secs(10));
-    env.vk.restart(&[
-        &format!("--sandboxd-url={}", env.sim.base_url()),
-        &format!("--sandboxd-token-file={}", env.token_file.display()),
-        "--log-format=json",
-    ]);
+    env.restart_vk(&["--log-format=json"]);
     env.wait_restarted().await;
     env.wait_phase("tok", "Running", Duration::from_secs(30))
         .await;

@@ -136,12 +136,7 @@ impl Env {
     }
 
     fn releases(&self) -> usize {
-        self.sim
-            .sim()
-            .requests()
-            .iter()
-            .filter(|r| r.path.ends_with("/release"))
-            .count()
+        support::sim::releases(&self.sim).len()
     }
 
     fn token_of(&self, id: &str) -> String {

@@ -1,7 +1,6 @@
-//! The kubelet HTTPS API over real TLS on 127.0.0.1 (behaviour.md §7, §8,
-//! decisions.md D5; acceptance tests 48 and 50): routes, redirects, 404/405,
-//! authentication and authorization refusals, client certificates, HTTP/2,
-//! and serving-certificate hot reload.
+//! The kubelet HTTPS API over real TLS on 127.0.0.1: routes, redirects,
+//! 404/405, authentication and authorization refusals, client
+//! certificates, HTTP/2, and serving-certificate hot reload.
 
 mod support;
 
@@ -28,10 +27,6 @@ use vk_sandbox::kubelet::{KubeletAuth, KubeletState, UserInfo, router, serve};
 use vk_sandbox::metrics::Metrics;
 
 const NOT_IMPL_LOGS: &str = "error getting container logs?): vk-sandbox: not implemented; use the sandbox SDK for interactive access";
-
-fn install_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
 
 fn pod(ns: &str, name: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
@@ -126,7 +121,7 @@ async fn start(
     client_roots: Option<Arc<rustls::RootCertStore>>,
     pods: Arc<StaticPods>,
 ) -> Server {
-    install_crypto();
+    vk_sandbox::crypto::install_provider();
     let metrics = Metrics::new().expect("metrics");
     let state = KubeletState {
         node_name: "node-a".into(),
@@ -160,7 +155,7 @@ fn client() -> reqwest::Client {
 }
 
 fn client_builder() -> reqwest::ClientBuilder {
-    install_crypto();
+    vk_sandbox::crypto::install_provider();
     reqwest::Client::builder()
         .danger_accept_invalid_certs(true)
         .redirect(reqwest::redirect::Policy::none())
@@ -185,7 +180,9 @@ async fn get(
     text(c.get(server.url(path)).send().await.expect("request")).await
 }
 
-// Acceptance tests 48 and 50, plus redirects, 404 and 405 (auth off).
+// Auth off: container logs answer "not implemented"; stats summary,
+// resource metrics, healthz, pods and running pods answer in a kubelet's
+// shape (empty where vk-sandbox has nothing); redirects, 404 and 405.
 #[tokio::test]
 async fn routes_without_auth() {
     let pods = Arc::new(StaticPods::new(
@@ -308,7 +305,8 @@ async fn routes_without_auth() {
     server.stop().await;
 }
 
-// Acceptance test 49 at the kubelet: nothing is upgraded or executed.
+// exec, attach and port-forward are refused before any protocol upgrade:
+// nothing is executed.
 #[tokio::test]
 async fn exec_attach_port_forward_refuse_before_upgrade() {
     let server = start(&self_signed_tls(), None, None, Arc::default()).await;
@@ -422,7 +420,7 @@ fn tls11_client_hello() -> Vec<u8> {
 // The self-signed certificate verifies for 127.0.0.1 against itself.
 #[tokio::test]
 async fn self_signed_cert_verifies_for_loopback() {
-    install_crypto();
+    vk_sandbox::crypto::install_provider();
     let (key, pem) = tls::self_signed("node-a", None).unwrap();
     let server = start(&KubeletTls::from_key(key), None, None, Arc::default()).await;
     let strict = reqwest::Client::builder()
@@ -757,7 +755,7 @@ async fn certificate_files_are_reloaded() {
 /// would pass if `run` never started it).
 #[tokio::test]
 async fn the_daemon_reloads_rotated_certificates() {
-    install_crypto();
+    vk_sandbox::crypto::install_provider();
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = write_pair(dir.path(), "first");
     let args = [

@@ -1,5 +1,5 @@
 //! Kubelet API authentication and authorization against the real local
-//! control plane (decisions.md D5, D6; acceptance test 49):
+//! control plane:
 //!
 //! - with the shipped RBAC's ServiceAccount: the client CA is read from
 //!   kube-system/extension-apiserver-authentication, TokenReview and
@@ -22,6 +22,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+use support::from_json;
 use support::kubelet::StaticPods;
 use tokio::sync::oneshot;
 use vk_sandbox::config::{KubeletAuthConfig, TlsFiles};
@@ -33,18 +34,9 @@ use vk_sandbox::kubelet::{
 };
 use vk_sandbox::metrics::Metrics;
 
-fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
-    serde_json::from_value(v).expect("test object")
-}
-
 /// A client acting as the `vk-sandbox` ServiceAccount of manifests/rbac.yaml.
 async fn vk_client(cluster: &support::TestCluster) -> Client {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = dir.path().join("vk-sandbox.kubeconfig");
-    let path =
-        support::rbac::service_account_kubeconfig(&cluster.client, &cluster.kubeconfig, &out)
-            .await
-            .unwrap_or_else(|e| panic!("service account kubeconfig: {e}"));
+    let path = support::vk::sa_kubeconfig(cluster).await;
     support::client_for(&path)
         .await
         .unwrap_or_else(|e| panic!("client for the vk-sandbox ServiceAccount: {e}"))
@@ -226,39 +218,11 @@ async fn start_kubelet_api(vk: &Client, node: &str) -> RunningApi {
     }
 }
 
-fn kubectl() -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("VK_K8S_BIN_DIR")?;
-    let path = std::path::PathBuf::from(dir).join("kubectl");
-    path.is_file().then_some(path)
-}
-
-/// Runs kubectl (killed after 30 s); returns (success, stdout + stderr).
-async fn run_kubectl(kubectl: &std::path::Path, args: &[&str]) -> (bool, String) {
-    let child = tokio::process::Command::new(kubectl)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    match tokio::time::timeout(Duration::from_secs(30), child).await {
-        Ok(Ok(out)) => (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        ),
-        Ok(Err(e)) => panic!("run kubectl: {e}"),
-        Err(_) => (false, "kubectl timed out".to_string()),
-    }
-}
-
 #[tokio::test]
 async fn apiserver_reaches_the_kubelet_api_and_strangers_are_refused() {
     let Some(cluster) = support::cluster().await else {
         return;
     };
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let vk = vk_client(&cluster).await;
     let ns = cluster.namespace("kauth-api").await;
     let node = format!("kauth-api-{}", support::suffix());
@@ -374,10 +338,11 @@ async fn apiserver_reaches_the_kubelet_api_and_strangers_are_refused() {
     let resp = direct.get(&healthz).send().await.expect("healthz");
     assert_eq!(resp.status(), reqwest::StatusCode::OK);
 
-    // kubectl exec/attach/port-forward through the apiserver (test 49).
-    if let Some(kubectl) = kubectl() {
-        let kc = cluster.kubeconfig.to_string_lossy().to_string();
-        let base = ["--kubeconfig", kc.as_str(), "-n", ns.as_str()];
+    // kubectl exec/attach/port-forward/logs through the apiserver fail,
+    // naming "not implemented" and the sandbox SDK.
+    let kubectl = support::kubectl::path();
+    if kubectl.is_file() {
+        let base = ["-n", ns.as_str()];
         let cases: [&[&str]; 4] = [
             &["exec", "p", "--", "true"],
             &["exec", "-i", "p", "--", "sh"],
@@ -386,19 +351,20 @@ async fn apiserver_reaches_the_kubelet_api_and_strangers_are_refused() {
         ];
         for case in cases {
             let args: Vec<&str> = base.iter().chain(case.iter()).copied().collect();
-            let (ok, out) = run_kubectl(&kubectl, &args).await;
+            let (ok, out) = support::kubectl::run(&cluster.kubeconfig, &args).await;
             eprintln!("kubectl {case:?}: {}", out.trim());
             assert!(!ok, "kubectl {case:?} must fail: {out}");
             assert!(out.contains("not implemented"), "kubectl {case:?}: {out}");
             assert!(out.contains("sandbox SDK"), "kubectl {case:?}: {out}");
         }
-        let (ok, out) = run_kubectl(&kubectl, &[&base[..], &["logs", "p"]].concat()).await;
+        let (ok, out) =
+            support::kubectl::run(&cluster.kubeconfig, &[&base[..], &["logs", "p"]].concat()).await;
         assert!(
             !ok && out.contains("not implemented"),
             "kubectl logs: {out}"
         );
     } else {
-        eprintln!("SKIPPED kubectl part: VK_K8S_BIN_DIR has no kubectl");
+        eprintln!("SKIPPED kubectl part: no kubectl at {}", kubectl.display());
     }
 
     let _ = nodes.delete(&node, &DeleteParams::default()).await;

@@ -5,9 +5,10 @@
 //! `for:`. promtool reads plain rule files, so the PrometheusRule's `spec`
 //! is written to one beside a copy of the test file.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_yaml::Value;
 
@@ -46,24 +47,8 @@ fn promtool_test(spec: &Value) -> (bool, String) {
     .expect("write rules");
     let tests = dir.path().join("prometheusrule.test.yaml");
     std::fs::copy(monitoring().join("prometheusrule.test.yaml"), &tests).expect("copy tests");
-    let out = Command::new("promtool")
-        .args(["test", "rules"])
-        .arg(&tests)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run promtool ({e}): it is in the Debian package prometheus, which \
-                 `make test` and `make deps` install (e2e/deps.sh)"
-            )
-        });
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    let tests = tests.to_str().expect("a UTF-8 temporary path");
+    support::prometheus::promtool(&["test", "rules", tests], "")
 }
 
 #[test]

@@ -14,8 +14,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
-use support::process::{free_port, run_to_exit};
-use support::{TestCluster, wait_for};
+use support::process::{dead_kubeconfig, free_port, run_to_exit};
+use support::{TestCluster, from_json};
 
 const TOKEN: &str = "preflight-node-token";
 
@@ -29,20 +29,13 @@ struct Env {
 }
 
 async fn env(prefix: &str) -> Env {
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![
-            sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2/3").expect("pool"),
-            sandboxd_sim::config::PoolConfig::parse_spec("py:3.12=0/1").expect("pool"),
-        ],
+    let sim = support::sim::start(sandboxd_sim::SimConfig {
         refill_delay_ms: 3_600_000,
-        ..Default::default()
+        ..support::sim::config(TOKEN, &["base:24.04=2/3", "py:3.12=0/1"])
     })
-    .await
-    .expect("start the sandboxd simulator");
+    .await;
     let dir = support::vk::test_dir(prefix);
-    let token_file = dir.join("sandboxd-token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+    let token_file = support::sim::token_file(&dir, &format!("{TOKEN}\n"));
     Env {
         sim,
         dir,
@@ -253,11 +246,10 @@ async fn a_physical_node_name_fails_and_a_virtual_one_is_adopted() {
         (&physical, json!({"kubernetes.io/hostname": physical})),
         (&virtual_, json!({"type": "virtual-kubelet"})),
     ] {
-        let node: Node = serde_json::from_value(json!({
+        let node: Node = from_json(json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels}
-        }))
-        .expect("node json");
+        }));
         nodes
             .create(&PostParams::default(), &node)
             .await
@@ -296,10 +288,9 @@ async fn a_service_account_without_rbac_fails_the_rbac_lines() {
     };
     let env = env("pf-rbac").await;
     let ns = cluster.namespace("pf-rbac").await;
-    let sa: ServiceAccount = serde_json::from_value(json!({
+    let sa: ServiceAccount = from_json(json!({
         "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "bare"}
-    }))
-    .expect("sa json");
+    }));
     Api::<ServiceAccount>::namespaced(cluster.client.clone(), &ns)
         .create(&PostParams::default(), &sa)
         .await
@@ -349,7 +340,7 @@ async fn a_service_account_without_rbac_fails_the_rbac_lines() {
 
 /// Installs a minimal cluster-scoped NodeInventory CRD in `group`.
 async fn install_inventory_crd(cluster: &TestCluster, group: &str) {
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+    let crd = from_json(json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": format!("nodeinventories.{group}")},
         "spec": {
@@ -360,26 +351,8 @@ async fn install_inventory_crd(cluster: &TestCluster, group: &str) {
                           "schema": {"openAPIV3Schema": {"type": "object",
                               "x-kubernetes-preserve-unknown-fields": true}}}]
         }
-    }))
-    .expect("crd json");
-    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
-    crds.create(&PostParams::default(), &crd)
-        .await
-        .expect("create crd");
-    wait_for(
-        "the test NodeInventory CRD to be served",
-        Duration::from_secs(30),
-        || async {
-            kube::discovery::oneshot::pinned_group(
-                &cluster.client,
-                &kube::core::GroupVersion::gv(group, "v1beta1"),
-            )
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-        },
-    )
-    .await;
+    }));
+    support::crds::install(&cluster.client, &crd).await;
 }
 
 /// --publish-inventory: the CRD must be served in --inventory-group. Run
@@ -442,18 +415,9 @@ async fn inventory_crd_is_required_when_publishing() {
 #[tokio::test]
 async fn unreachable_apiserver_and_sandboxd_fail_quickly() {
     let dir = support::vk::test_dir("pf-dead");
-    let kubeconfig = dir.join("dead.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: dead\n  cluster:\n    server: https://127.0.0.1:1\n\
-         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: dead\n  context:\n    cluster: dead\n    user: u\n\
-         current-context: dead\n",
-    )
-    .expect("write kubeconfig");
+    let kubeconfig = dead_kubeconfig(&dir);
     let env = Env {
-        sim: sandboxd_sim::start_local(Default::default())
-            .await
-            .expect("sim"),
+        sim: support::sim::start(Default::default()).await,
         token_file: dir.join("none"),
         dir,
         node: "pf-dead".into(),

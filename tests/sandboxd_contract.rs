@@ -1,7 +1,7 @@
 //! Contract tests: the sandboxd client against the sandboxd simulator, one
-//! test per row of the status-code tables in spec/sandboxd.md (§1.1 auth,
-//! §4.1 claim, §4.2 release, §4.3 list, §4.4 info), plus the lost-reply,
-//! token-header, restart, reaper and property tests.
+//! test per status code each endpoint can answer (authentication, claim,
+//! release, list, info) and what the client makes of it, plus the
+//! lost-reply, token-header, restart, reaper and property tests.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,11 +22,6 @@ use vk_sandbox::sandboxd::{
 const ROOT: &str = "root-token";
 const START: &str = "2026-07-06T00:00:00.25Z";
 const TEMPLATE: &str = "base:24.04";
-
-fn init() {
-    // reqwest is built without a bundled provider; the binary installs ring.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
 
 fn start() -> Timestamp {
     START.parse().expect("start time")
@@ -61,14 +56,14 @@ fn pool(template: &str, warm: u32) -> PoolConfig {
 }
 
 async fn sim(cfg: SimConfig) -> SimHandle {
-    init();
+    vk_sandbox::crypto::install_provider();
     sandboxd_sim::start_local(cfg)
         .await
         .expect("start simulator")
 }
 
 fn client_with(h: &SimHandle, token: Option<&str>, timeout: Duration) -> SandboxdClient {
-    init();
+    vk_sandbox::crypto::install_provider();
     SandboxdClient::builder(format!("{}/", h.base_url()))
         .token(token.map(str::to_string))
         .timeout(timeout)
@@ -162,7 +157,7 @@ async fn refused(h: &SimHandle) -> bool {
 }
 
 // ---------------------------------------------------------------------------
-// §4.1 POST /v1/claim
+// POST /v1/claim
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -293,7 +288,7 @@ async fn claim_http_redirects_are_never_followed() {
     let server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    init();
+    vk_sandbox::crypto::install_provider();
     let c = SandboxdClient::builder(format!("http://{addr}"))
         .token(Some(ROOT.into()))
         .build()
@@ -566,7 +561,7 @@ async fn claim_persist_then_drop_is_transport_and_the_claim_is_listed() {
         .await
         .expect("raw body");
     assert!(raw.contains("ns/lost") && !raw.contains(&stored[0].token));
-    // The root token can return it by id (decisions.md D7).
+    // Without its token, the node (root) token can still release it by id.
     assert_eq!(
         c.release_as_node(&lost[0].id).await.expect("root release"),
         ReleaseOutcome::Released
@@ -734,7 +729,7 @@ async fn claim_takes_warm_vms_and_the_pool_refills() {
 }
 
 // ---------------------------------------------------------------------------
-// §4.2 POST /v1/sandboxes/{id}/release
+// POST /v1/sandboxes/{id}/release
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -982,7 +977,7 @@ async fn release_as_node_needs_a_node_token_and_open_mode_needs_the_claim_token(
 }
 
 // ---------------------------------------------------------------------------
-// §4.3 GET /v1/sandboxes
+// GET /v1/sandboxes
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -1152,7 +1147,7 @@ async fn list_reply_over_1_mib_is_a_decode_error() {
 }
 
 // ---------------------------------------------------------------------------
-// §4.4 GET /v1/info
+// GET /v1/info
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -1257,7 +1252,7 @@ async fn info_failures_are_errors_never_zero_capacity() {
 }
 
 // ---------------------------------------------------------------------------
-// §1.1 authentication and the token header
+// Authentication and the token header
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -1562,7 +1557,7 @@ impl Observer for Counting {
 async fn observer_sees_every_call() {
     let h = sim(cfg()).await;
     let counting = Arc::new(Counting::default());
-    init();
+    vk_sandbox::crypto::install_provider();
     let c = SandboxdClient::builder(h.base_url())
         .token(Some(ROOT.into()))
         .observer(counting.clone())
@@ -1677,7 +1672,7 @@ fn client_survives_random_replies_over_http() {
     use axum::body::Body;
     use axum::response::Response;
 
-    init();
+    vk_sandbox::crypto::install_provider();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

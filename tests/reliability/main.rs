@@ -1,4 +1,4 @@
-//! The reliability suite (issue 8): scenarios that try to make vk-sandbox
+//! The reliability suite: scenarios that try to make vk-sandbox
 //! release a VM whose owner lives, leak one whose owner is gone, or lose a
 //! release credential, on the real local control plane + the sandboxd
 //! simulator, with invariants checked after each and a report table.

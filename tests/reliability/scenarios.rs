@@ -1,4 +1,4 @@
-//! The scenarios of issue 8. Each takes a seeded world, injects its faults
+//! The reliability scenarios. Each takes a seeded world, injects its faults
 //! with randomized timing, and hands the world back for the invariant
 //! check. Counts scale with the run's size (short in `make test`, full in
 //! `make reliability`).
@@ -101,7 +101,8 @@ pub async fn sandboxd_faults(w: &mut World, size: Size) {
         );
         w.create(2).await;
         w.jitter(500).await;
-        // Succeeds server-side after the client's 10 s timeout: D7 returns it.
+        // Succeeds server-side after the client's 10 s timeout: vk-sandbox
+        // must return that sandbox with the node token.
         arm(
             w,
             json!({"endpoint": "claim", "kind": "slow", "ms": 11000, "times": 1}),
@@ -233,7 +234,7 @@ fn sh(cmd: &str, args: &[&str]) -> Result<(), String> {
 }
 
 /// While the store is faulty, a Pod may only be reported Running once its
-/// claim is on disk (decisions.md D4: durable before Running). A full
+/// claim is on disk (the claim is durable before the Pod runs). A full
 /// tmpfs can still take a small journal append in a page's slack, so
 /// Running is allowed; running without the claim on disk is not.
 async fn assert_durable_if_running(w: &mut World, what: &str, names: &[String]) {

@@ -18,6 +18,7 @@ use sandboxd_sim::SimHandle;
 use serde_json::Value;
 
 use crate::support::TestCluster;
+use crate::support::sim as support_sim;
 use crate::support::vk::{VkUnderTest, tail};
 
 pub const TOKEN: &str = "reliability-root-token";
@@ -87,19 +88,10 @@ pub struct World {
 
 impl World {
     pub async fn new(cluster: TestCluster, prefix: &str, seed: u64, pool: u32) -> World {
-        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-            api_token: TOKEN.into(),
-            pools: vec![
-                sandboxd_sim::config::PoolConfig::parse_spec(&format!("base:24.04={pool}"))
-                    .expect("pool"),
-            ],
-            ..Default::default()
-        })
-        .await
-        .expect("start the sandboxd simulator");
+        let pool = format!("base:24.04={pool}");
+        let sim = support_sim::start(support_sim::config(TOKEN, &[&pool])).await;
         let dir = crate::support::vk::test_dir(&format!("{prefix}-token"));
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, TOKEN).expect("token file");
+        let token_file = support_sim::token_file(&dir, TOKEN);
         let args = base_args(&sim, &token_file);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         // vk-sandbox first: its ServiceAccount kubeconfig is made with API
@@ -654,11 +646,9 @@ impl World {
 }
 
 fn base_args(sim: &SimHandle, token_file: &std::path::Path) -> Vec<String> {
-    vec![
-        format!("--sandboxd-url={}", sim.base_url()),
-        format!("--sandboxd-token-file={}", token_file.display()),
-        "--orphan-scan-interval=2s".into(),
-    ]
+    let mut args = support_sim::vk_args(sim, Some(token_file));
+    args.push("--orphan-scan-interval=2s".into());
+    args
 }
 
 fn owned_by(p: &Pod, uid: &str) -> bool {

@@ -9,10 +9,6 @@
 //! binaries (or the demo) sharing a cluster never reconcile at once, and it
 //! is stopped (SIGTERM, releasing the Lease) when the binary exits. The
 //! stand-in runs in-process, one per namespace, as before.
-//!
-//! Self-contained (no `super::`) so that benches/cluster.rs can include it
-//! with `#[path]`.
-#![allow(dead_code)]
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -397,9 +393,9 @@ pub async fn start(client: &Client, kubeconfig: &Path, ns: &str) -> SandboxContr
 /// Installs the CRDs of the chosen controller without running it (for
 /// tests that play the controller themselves): upstream's four, applied by
 /// `e2e/agent-sandbox.sh crds`, or the stand-in's Sandbox CRD when no
-/// Sandbox CRD is there.
+/// Sandbox CRD is there. Returns once their kinds are served.
 pub async fn install_crds(client: &Client, kubeconfig: &Path) {
-    match kind() {
+    let kinds: &[&str] = match kind() {
         Kind::Upstream { .. } => {
             let out = Command::new(script())
                 .arg("crds")
@@ -413,8 +409,20 @@ pub async fn install_crds(client: &Client, kubeconfig: &Path) {
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
+            &[
+                "Sandbox",
+                "SandboxTemplate",
+                "SandboxWarmPool",
+                "SandboxClaim",
+            ]
         }
-        Kind::StandIn { .. } => install_stand_in_crd(client).await,
+        Kind::StandIn { .. } => {
+            install_stand_in_crd(client).await;
+            &["Sandbox"]
+        }
+    };
+    for kind in kinds {
+        super::crds::wait_served(client, &resource(kind)).await;
     }
 }
 

@@ -4,6 +4,10 @@
 //! kubeconfig as `VK_TEST_KUBECONFIG` and sets `VK_REQUIRE_CLUSTER=1`; each
 //! test then works in a namespace of its own. Without a cluster the tests
 //! print why they skip — unless the cluster was required, then they fail.
+//!
+//! One copy for every test binary (`mod support;`), the reliability suite
+//! and benches/cluster.rs (both `#[path = ".../support/mod.rs"]`). Each
+//! binary uses a part of it, hence `dead_code` allowed here for all of it.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -20,15 +24,10 @@ pub struct TestCluster {
     pub kubeconfig: PathBuf,
 }
 
-fn install_crypto() {
-    // Already installed by another test in this binary: fine.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// The shared cluster, or `None` (after saying why) when none is configured
 /// and none is required.
 pub async fn cluster() -> Option<TestCluster> {
-    install_crypto();
+    vk_sandbox::crypto::install_provider();
     let required = std::env::var("VK_REQUIRE_CLUSTER").is_ok_and(|v| v == "1");
     let Some(path) = std::env::var_os("VK_TEST_KUBECONFIG").map(PathBuf::from) else {
         let why = "VK_TEST_KUBECONFIG is not set (run `make test`, or `make cluster-up` \
@@ -65,14 +64,18 @@ pub fn suffix() -> String {
     format!("{:08x}", rand::random::<u32>())
 }
 
+/// A Kubernetes object (or any type) from test JSON that must parse.
+pub fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap_or_else(|e| panic!("test object: {e}"))
+}
+
 impl TestCluster {
     /// A fresh namespace `<prefix>-<random>`.
     pub async fn namespace(&self, prefix: &str) -> String {
         let name = format!("{prefix}-{}", suffix());
-        let ns: Namespace = serde_json::from_value(serde_json::json!({
+        let ns: Namespace = from_json(serde_json::json!({
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
-        }))
-        .expect("static namespace");
+        }));
         Api::<Namespace>::all(self.client.clone())
             .create(&PostParams::default(), &ns)
             .await
@@ -155,8 +158,9 @@ where
     }
 }
 
-/// The value of one series (`name{labels}` exactly as exposed, or a bare
-/// name) in Prometheus text output; `None` when absent.
+/// The value of one series in Prometheus text output, the series named
+/// exactly as exposed (`name{label="value",...}` with all its labels, or a
+/// bare name); `None` when absent.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
         let (name, value) = l.rsplit_once(' ')?;
@@ -165,6 +169,8 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
 }
 
 pub mod controller;
+pub mod crds;
+pub mod kubectl;
 pub mod kubelet;
 pub mod process;
 pub mod progress;

@@ -2,9 +2,13 @@
 
 use std::fs::File;
 use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+/// The vk-sandbox binary cargo built for this test (or bench) binary.
+pub const BIN: &str = env!("CARGO_BIN_EXE_vk-sandbox");
 
 /// `RUST_LOG` of processes under test unless a test asks for more.
 pub const DEFAULT_RUST_LOG: &str = "info,vk_sandbox=debug";
@@ -15,6 +19,22 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("bind an ephemeral loopback port")
+}
+
+/// Writes `<dir>/dead.kubeconfig`, a kubeconfig whose server refuses
+/// connections (readable by any user); returns its path.
+pub fn dead_kubeconfig(dir: &Path) -> PathBuf {
+    let path = dir.join("dead.kubeconfig");
+    std::fs::write(
+        &path,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: dead\n  cluster:\n    server: https://127.0.0.1:1\n\
+         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: dead\n  context:\n    cluster: dead\n    user: u\n\
+         current-context: dead\n",
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+    path
 }
 
 pub struct VkProcess {
@@ -70,13 +90,34 @@ impl VkProcess {
         admin_port: u16,
         rust_log: &str,
     ) -> VkProcess {
+        Self::start_binary(
+            Path::new(BIN),
+            kubeconfig,
+            args,
+            log,
+            (kubelet_port, admin_port),
+            rust_log,
+        )
+    }
+
+    /// Starts the vk-sandbox binary `bin` (e.g. another build than
+    /// [`BIN`]) with `args`, the kubeconfig and the (kubelet, admin) ports;
+    /// stdout and stderr are appended to `log`.
+    pub fn start_binary(
+        bin: &Path,
+        kubeconfig: &Path,
+        args: &[&str],
+        log: PathBuf,
+        (kubelet_port, admin_port): (u16, u16),
+        rust_log: &str,
+    ) -> VkProcess {
         let out = File::options()
             .create(true)
             .append(true)
             .open(&log)
-            .expect("open process log");
+            .unwrap_or_else(|e| panic!("open process log {}: {e}", log.display()));
         let err = out.try_clone().expect("clone log handle");
-        let child = Command::new(env!("CARGO_BIN_EXE_vk-sandbox"))
+        let child = Command::new(bin)
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .arg(format!("--listen-addr=127.0.0.1:{kubelet_port}"))
@@ -88,7 +129,7 @@ impl VkProcess {
             .stdout(out)
             .stderr(err)
             .spawn()
-            .expect("spawn vk-sandbox");
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
         VkProcess {
             child: Some(child),
             log,
@@ -103,6 +144,15 @@ impl VkProcess {
 
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The admin port's `/metrics` text.
+    pub async fn metrics(&self) -> Result<String, String> {
+        let url = format!("http://127.0.0.1:{}/metrics", self.admin_port);
+        let resp = reqwest::get(&url)
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        resp.text().await.map_err(|e| format!("GET {url}: {e}"))
     }
 
     /// Sends a signal (e.g. libc SIGTERM) by pid.
@@ -140,7 +190,7 @@ impl Drop for VkProcess {
 
 /// Runs the binary to completion (for flag/refusal tests).
 pub fn run_to_exit(args: &[&str], envs: &[(&str, &str)]) -> (ExitStatus, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vk-sandbox"));
+    let mut cmd = Command::new(BIN);
     cmd.args(args).env_remove("KUBECONFIG");
     for (k, v) in envs {
         cmd.env(k, v);

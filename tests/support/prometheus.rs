@@ -143,3 +143,39 @@ impl Drop for Prometheus {
         let _ = self.child.wait();
     }
 }
+
+/// Runs `promtool <args>`, `input` on its stdin; whether it succeeded, and
+/// its stdout then stderr. Panics when promtool cannot run: it comes with
+/// the Debian package prometheus, which `make test` and `make deps` install
+/// (e2e/deps.sh).
+pub fn promtool(args: &[&str], input: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run promtool ({e}): it is in the Debian package prometheus, which \
+                 `make test` and `make deps` install (e2e/deps.sh)"
+            )
+        });
+    // promtool reads its whole input before it writes: no pipe deadlock.
+    child
+        .stdin
+        .take()
+        .expect("promtool stdin")
+        .write_all(input.as_bytes())
+        .expect("feed promtool");
+    let out = child.wait_with_output().expect("promtool output");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}

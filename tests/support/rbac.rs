@@ -1,6 +1,6 @@
 //! Runs vk-sandbox as the ServiceAccount `manifests/rbac.yaml` binds, so the
-//! tests prove the shipped RBAC is sufficient (decisions.md D6). Works on
-//! any cluster the admin kubeconfig names.
+//! tests prove the shipped RBAC is sufficient. Works on any cluster the
+//! admin kubeconfig names.
 
 use std::path::{Path, PathBuf};
 

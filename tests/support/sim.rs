@@ -1,6 +1,45 @@
-//! Reading the sandboxd simulator's request log.
+//! The sandboxd simulator as the tests set it up, and its request log.
 
-use sandboxd_sim::SimHandle;
+use std::path::{Path, PathBuf};
+
+use sandboxd_sim::{PoolConfig, SimConfig, SimHandle};
+
+/// A simulator configuration: root token `token` (empty: open mode, no
+/// token asked) and one warm pool per `template=warm[/target]` spec.
+pub fn config(token: &str, pools: &[&str]) -> SimConfig {
+    SimConfig {
+        api_token: token.into(),
+        pools: pools
+            .iter()
+            .map(|spec| PoolConfig::parse_spec(spec).unwrap_or_else(|e| panic!("pool {spec}: {e}")))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Starts the simulator of `cfg` on a loopback port, in this process.
+pub async fn start(cfg: SimConfig) -> SimHandle {
+    sandboxd_sim::start_local(cfg)
+        .await
+        .expect("start the sandboxd simulator")
+}
+
+/// Writes `contents` (the token as the test spells it) to
+/// `<dir>/sandboxd-token`; returns the path.
+pub fn token_file(dir: &Path, contents: &str) -> PathBuf {
+    let path = dir.join("sandboxd-token");
+    std::fs::write(&path, contents).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path
+}
+
+/// vk-sandbox's flags for `sim`: its URL and, when given, the token file.
+pub fn vk_args(sim: &SimHandle, token_file: Option<&Path>) -> Vec<String> {
+    let mut args = vec![format!("--sandboxd-url={}", sim.base_url())];
+    if let Some(path) = token_file {
+        args.push(format!("--sandboxd-token-file={}", path.display()));
+    }
+    args
+}
 
 /// Claim requests sent for the Pod `key` (`<namespace>/<name>`): the
 /// request's `claim_ref` names that Pod, with or without vk-sandbox's tag.
@@ -16,4 +55,13 @@ pub fn claims_for_key(sim: &SimHandle, key: &str) -> usize {
                 .is_some_and(|cr| vk_sandbox::pods::claim_ref::display(&cr) == key)
         })
         .count()
+}
+
+/// The release requests sent so far, whatever the answer.
+pub fn releases(sim: &SimHandle) -> Vec<sandboxd_sim::RequestRecord> {
+    sim.sim()
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/release"))
+        .collect()
 }

@@ -2,7 +2,7 @@
 //! shipped RBAC: a ServiceAccount kubeconfig (made once per test binary), a
 //! private state folder, and the process itself.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -11,7 +11,7 @@ use kube::{Api, Client};
 use tokio::sync::OnceCell;
 
 use super::process::{DEFAULT_RUST_LOG, VkProcess, free_port};
-use super::{TestCluster, wait_for};
+use super::{TestCluster, sim, wait_for};
 
 static SA_KUBECONFIG: OnceCell<PathBuf> = OnceCell::const_new();
 
@@ -95,11 +95,7 @@ impl VkUnderTest {
     }
 
     fn spawn(&self, extra: &[&str], ports: Option<(u16, u16)>) -> VkProcess {
-        let mut args: Vec<String> = vec![
-            format!("--node-name={}", self.node),
-            "--node-ip=127.0.0.1".into(),
-            format!("--state-path={}", self.state_path.display()),
-        ];
+        let mut args = node_args(&self.node, &self.state_path);
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (k, a) = ports.unwrap_or_else(|| (free_port(), free_port()));
@@ -125,11 +121,10 @@ impl VkUnderTest {
 
     /// The admin port's `/metrics` text.
     pub async fn metrics(&self) -> String {
-        let url = format!("http://127.0.0.1:{}/metrics", self.process.admin_port);
-        match reqwest::get(&url).await {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(e) => panic!("GET {url}: {e}\n{}", tail(&self.logs(), 30)),
-        }
+        self.process
+            .metrics()
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", tail(&self.logs(), 30)))
     }
 
     /// Waits until the Node reports Ready=True.
@@ -169,6 +164,16 @@ impl VkUnderTest {
     }
 }
 
+/// The flags that make vk-sandbox the virtual node `node` on 127.0.0.1,
+/// its claims state at `state_path`.
+pub fn node_args(node: &str, state_path: &Path) -> Vec<String> {
+    vec![
+        format!("--node-name={node}"),
+        "--node-ip=127.0.0.1".into(),
+        format!("--state-path={}", state_path.display()),
+    ]
+}
+
 pub fn node_condition(n: &Node, type_: &str) -> Option<String> {
     n.status
         .as_ref()?
@@ -192,24 +197,11 @@ pub async fn with_simulator(
     prefix: &str,
     token: &str,
 ) -> (sandboxd_sim::SimHandle, VkUnderTest, PathBuf) {
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        api_token: token.into(),
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=8").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("start the sandboxd simulator");
-    let token_file = test_dir(prefix).join("token");
-    std::fs::write(&token_file, token).expect("token file");
-    let vk = VkUnderTest::start(
-        cluster,
-        prefix,
-        &[
-            &format!("--sandboxd-url={}", sim.base_url()),
-            &format!("--sandboxd-token-file={}", token_file.display()),
-        ],
-    )
-    .await;
+    let sim = sim::start(sim::config(token, &["base:24.04=8"])).await;
+    let token_file = sim::token_file(&test_dir(prefix), token);
+    let args = sim::vk_args(&sim, Some(&token_file));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let vk = VkUnderTest::start(cluster, prefix, &args).await;
     vk.wait_ready(&cluster.client, Duration::from_secs(30))
         .await;
     (sim, vk, token_file)
