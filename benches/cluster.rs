@@ -163,7 +163,7 @@ fn with_server(src: &Path, server: &str, out: &Path) -> Result<PathBuf, String> 
             cluster.server = Some(server.to_string());
         }
     }
-    let yaml = serde_yaml::to_string(&kc).map_err(|e| e.to_string())?;
+    let yaml = serde_saphyr::to_string(&kc).map_err(|e| e.to_string())?;
     std::fs::write(out, yaml).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out.to_path_buf())
 }

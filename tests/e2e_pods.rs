@@ -1548,14 +1548,14 @@ async fn check_monitoring_manifests(prom: &Prometheus, exposition: &str, dir: &s
         .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
         .filter_map(|t| t["expr"].as_str().map(|e| e.replace("$instance", ".*")))
         .collect();
-    let rule: Value = serde_yaml::from_str(
+    let rule: Value = serde_saphyr::from_str(
         &std::fs::read_to_string(root.join("prometheusrule.yaml")).expect("rules"),
     )
     .expect("the PrometheusRule is YAML");
     let rules_file = dir.join("rules.yml");
     std::fs::write(
         &rules_file,
-        serde_yaml::to_string(&rule["spec"]).expect("yaml"),
+        serde_saphyr::to_string(&rule["spec"]).expect("yaml"),
     )
     .expect("write rules");
     let rules_file = rules_file.to_str().expect("a UTF-8 temporary path");

@@ -10,7 +10,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use serde_yaml::Value;
+use serde_json::Value;
 
 fn monitoring() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("manifests/monitoring")
@@ -19,7 +19,7 @@ fn monitoring() -> PathBuf {
 fn read_yaml(path: &Path) -> Value {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{} is not YAML: {e}", path.display()))
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{} is not YAML: {e}", path.display()))
 }
 
 /// The PrometheusRule's `spec`: a plain rule file.
@@ -29,10 +29,10 @@ fn rule_spec() -> Value {
 
 fn alerts(spec: &Value) -> Vec<&Value> {
     spec["groups"]
-        .as_sequence()
+        .as_array()
         .expect("groups")
         .iter()
-        .flat_map(|g| g["rules"].as_sequence().expect("rules"))
+        .flat_map(|g| g["rules"].as_array().expect("rules"))
         .filter(|r| r.get("alert").is_some())
         .collect()
 }
@@ -42,7 +42,7 @@ fn promtool_test(spec: &Value) -> (bool, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         dir.path().join("vk-sandbox.rules.yaml"),
-        serde_yaml::to_string(spec).expect("yaml"),
+        serde_saphyr::to_string(spec).expect("yaml"),
     )
     .expect("write rules");
     let tests = dir.path().join("prometheusrule.test.yaml");
@@ -60,12 +60,10 @@ fn every_alert_fires_in_its_situation_and_only_then() {
     // alertname -> (eval times with the alert firing, eval times silent).
     let tests = read_yaml(&monitoring().join("prometheusrule.test.yaml"));
     let mut cases: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-    for test in tests["tests"].as_sequence().expect("tests") {
-        for case in test["alert_rule_test"].as_sequence().into_iter().flatten() {
+    for test in tests["tests"].as_array().expect("tests") {
+        for case in test["alert_rule_test"].as_array().into_iter().flatten() {
             let name = case["alertname"].as_str().expect("alertname").to_string();
-            let firing = case["exp_alerts"]
-                .as_sequence()
-                .is_some_and(|a| !a.is_empty());
+            let firing = case["exp_alerts"].as_array().is_some_and(|a| !a.is_empty());
             let entry = cases.entry(name).or_default();
             if firing {
                 entry.0 += 1;
@@ -110,10 +108,10 @@ fn the_cases_notice_an_alert_that_does_not_wait_for_its_for() {
     assert!(with_for.len() >= 10, "{with_for:?}");
     for name in with_for {
         let mut mutated = spec.clone();
-        for group in mutated["groups"].as_sequence_mut().expect("groups") {
-            for rule in group["rules"].as_sequence_mut().expect("rules") {
+        for group in mutated["groups"].as_array_mut().expect("groups") {
+            for rule in group["rules"].as_array_mut().expect("rules") {
                 if rule["alert"].as_str() == Some(name.as_str()) {
-                    rule.as_mapping_mut().expect("rule").remove("for");
+                    rule.as_object_mut().expect("rule").remove("for");
                 }
             }
         }

@@ -12,7 +12,6 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Seek, SeekFrom};
 
-use serde::Deserialize;
 
 const USER: &str = "system:serviceaccount:sandbox-system:vk-sandbox";
 
@@ -23,8 +22,9 @@ type Grant = (String, String, String, String);
 
 fn grants(manifest: &str) -> BTreeSet<Grant> {
     let mut out = BTreeSet::new();
-    for doc in serde_yaml::Deserializer::from_str(manifest) {
-        let v = serde_yaml::Value::deserialize(doc).expect("rbac.yaml is YAML");
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_str_multiple(manifest).expect("rbac.yaml is YAML");
+    for v in docs {
         let scope = match v["kind"].as_str() {
             Some("ClusterRole") => "*".to_string(),
             Some("Role") => v["metadata"]["namespace"]
@@ -33,10 +33,10 @@ fn grants(manifest: &str) -> BTreeSet<Grant> {
                 .to_string(),
             _ => continue,
         };
-        for rule in v["rules"].as_sequence().expect("rules") {
+        for rule in v["rules"].as_array().expect("rules") {
             let list = |k: &str| -> Vec<String> {
                 rule[k]
-                    .as_sequence()
+                    .as_array()
                     .map(|s| {
                         s.iter()
                             .map(|x| x.as_str().expect("string").to_string())

@@ -288,12 +288,12 @@ mod tests {
     /// else the Role's namespace, plus `/name` for a rule limited to one
     /// object.
     fn manifest_grants() -> BTreeSet<(String, String, String, String)> {
-        use serde::Deserialize;
         let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/rbac.yaml"));
         let mut grants = BTreeSet::new();
         let mut cluster_roles = 0;
-        for doc in serde_yaml::Deserializer::from_str(text) {
-            let value = serde_yaml::Value::deserialize(doc).expect("rbac.yaml is YAML");
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_str_multiple(text).expect("rbac.yaml is YAML");
+        for value in docs {
             let scope = match value["kind"].as_str() {
                 Some("ClusterRole") => {
                     cluster_roles += 1;
@@ -305,11 +305,11 @@ mod tests {
                     .to_string(),
                 _ => continue,
             };
-            let rules = value["rules"].as_sequence().expect("rules");
+            let rules = value["rules"].as_array().expect("rules");
             for rule in rules {
                 let list = |key: &str| -> Vec<String> {
                     rule[key]
-                        .as_sequence()
+                        .as_array()
                         .map(|s| {
                             s.iter()
                                 .map(|v| v.as_str().expect("string").to_string())

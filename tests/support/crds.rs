@@ -43,7 +43,7 @@ pub async fn install(client: &Client, crd: &CustomResourceDefinition) {
 pub async fn install_file(client: &Client, path: &Path) {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&text)
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(&text)
         .unwrap_or_else(|e| panic!("{} is not a CRD: {e}", path.display()));
     install(client, &crd).await;
 }

@@ -10,7 +10,6 @@ use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
 use kube::discovery::{Discovery, Scope};
 use kube::{Api, Client};
-use serde::Deserialize;
 
 pub const NAMESPACE: &str = "sandbox-system";
 pub const SERVICE_ACCOUNT: &str = "vk-sandbox";
@@ -35,12 +34,13 @@ pub async fn apply_manifest(client: &Client, path: &Path) -> Result<(), String> 
         }
     };
     let pp = PatchParams::apply("vk-sandbox-tests").force();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value = serde_yaml::Value::deserialize(doc).map_err(|e| e.to_string())?;
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_str_multiple(&text).map_err(|e| e.to_string())?;
+    for value in docs {
         if value.is_null() {
             continue;
         }
-        let obj: DynamicObject = serde_yaml::from_value(value).map_err(|e| e.to_string())?;
+        let obj: DynamicObject = serde_json::from_value(value).map_err(|e| e.to_string())?;
         let tm = obj
             .types
             .clone()
@@ -151,7 +151,7 @@ pub async fn token_kubeconfig(
         other: Default::default(),
     }];
     kc.current_context = Some("vk-sandbox".into());
-    let yaml = serde_yaml::to_string(&kc).map_err(|e| e.to_string())?;
+    let yaml = serde_saphyr::to_string(&kc).map_err(|e| e.to_string())?;
     std::fs::write(out, yaml).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out.to_path_buf())
 }

@@ -14,7 +14,7 @@ pub const CRD_YAML: &str = include_str!("../crds/agents.x-k8s.io_sandboxes.yaml"
 pub const CRD_NAME: &str = "sandboxes.agents.x-k8s.io";
 
 pub fn crd() -> Result<CustomResourceDefinition, String> {
-    serde_yaml::from_str(CRD_YAML)
+    serde_saphyr::from_str(CRD_YAML)
         .map_err(|e| format!("e2e/sandbox-controller/crds/agents.x-k8s.io_sandboxes.yaml: {e}"))
 }
 

@@ -129,7 +129,7 @@ mod tests {
     /// The hand-written CRD names what the typed API expects.
     #[test]
     fn crd_yaml_matches_the_typed_resource() {
-        let crd: Value = serde_yaml::from_str(&repo_file(
+        let crd: Value = serde_saphyr::from_str(&repo_file(
             "e2e/sandbox-controller/crds/agents.x-k8s.io_sandboxes.yaml",
         ))
         .expect("yaml");
@@ -160,7 +160,7 @@ mod tests {
     #[test]
     fn example_sandbox_parses() {
         let sb: Sandbox =
-            serde_yaml::from_str(&repo_file("manifests/examples/sandbox.yaml")).expect("example");
+            serde_saphyr::from_str(&repo_file("manifests/examples/sandbox.yaml")).expect("example");
         assert_eq!(sb.metadata.name.as_deref(), Some("demo"));
         let ann = &sb.spec.pod_template.metadata.annotations;
         assert_eq!(ann["sandbox.cocoonstack.io/runtime"], "sandboxd");
