@@ -1567,9 +1567,17 @@ async fn check_monitoring_manifests(prom: &Prometheus, exposition: &str, dir: &s
         }
     }
     assert!(exprs.len() >= 10, "only {} expressions", exprs.len());
-    let metrics_source =
-        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs"))
-            .expect("src/metrics.rs");
+    // Where families are registered: src/metrics/ and the gauges main.rs
+    // samples at scrape time.
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut sources = vec![src.join("main.rs")];
+    for entry in std::fs::read_dir(src.join("metrics")).expect("src/metrics/") {
+        sources.push(entry.expect("src/metrics/ entry").path());
+    }
+    let metrics_source: String = sources
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .collect();
     for expr in &exprs {
         if let Err(e) = prom.query(expr).await {
             panic!("invalid PromQL in manifests/monitoring: {expr}: {e}");

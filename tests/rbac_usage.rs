@@ -12,7 +12,6 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Seek, SeekFrom};
 
-
 const USER: &str = "system:serviceaccount:sandbox-system:vk-sandbox";
 
 /// One verb granted on one resource: `(where, group, resource[/sub], verb)`;
