@@ -1667,11 +1667,16 @@ async fn tokens_never_logged() {
         }
     }
     secrets.extend(env.sim.sim().claims().into_iter().map(|c| c.token));
-    let kubeconfig = std::fs::read_to_string(&env.vk.kubeconfig).expect("kubeconfig");
-    let sa_token = kubeconfig
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("token:"))
-        .map(|t| t.trim().trim_matches('"').to_string())
+    // Parsed, not grepped: a YAML writer may fold a long token.
+    let kubeconfig: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&env.vk.kubeconfig).expect("kubeconfig"))
+            .expect("the kubeconfig is YAML");
+    let sa_token = kubeconfig["users"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|u| u["user"]["token"].as_str())
+        .map(str::to_string)
         .expect("the ServiceAccount kubeconfig carries a token");
     secrets.push(sa_token);
     secrets.sort();
