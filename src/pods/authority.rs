@@ -253,6 +253,27 @@ mod tests {
             ),
             ("plain-text 404 (wrong path)", (404, Value::Null), false),
             ("forbidden", status(403, "Forbidden", json!({})), false),
+            // A real apiserver's refusals name the object too: only a 404
+            // that names the owner is proof it is gone.
+            (
+                "forbidden, naming the owner",
+                status(403, "Forbidden", json!({"name": "sb", "kind": "sandboxes"})),
+                false,
+            ),
+            (
+                "conflict, naming the owner",
+                status(409, "Conflict", json!({"name": "sb", "kind": "sandboxes"})),
+                false,
+            ),
+            (
+                "server error, naming the owner",
+                status(
+                    500,
+                    "InternalError",
+                    json!({"name": "sb", "kind": "sandboxes"}),
+                ),
+                false,
+            ),
             (
                 "server error",
                 status(500, "InternalError", json!({})),
