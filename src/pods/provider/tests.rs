@@ -477,3 +477,55 @@ async fn stale_uid_is_ignored() {
         "a stale delete released the sandbox"
     );
 }
+
+/// A settled claim past its cached deadline is settled by sandboxd's
+/// listing, row by row: still listed (its lease was extended), it is kept
+/// and resumed; gone, it is forgotten and a fresh sandbox is claimed. A
+/// neighbour's listed row never stands in for ours.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_past_its_cached_deadline_is_settled_by_the_listing() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    let neighbour = neighbour_claims(&sim, "other/x").await;
+    let past = Timestamp::now() - jiff::SignedDuration::from_secs(60);
+
+    // Still listed: kept, with sandboxd's deadline.
+    let Created::Claimed { id: live, .. } =
+        provider.create(&Arc::new(pod("u1"))).await.expect("claim")
+    else {
+        panic!("expected a fresh claim");
+    };
+    provider
+        .claims
+        .set_deadline("ns/p", &live, Some(past))
+        .await
+        .expect("deadline");
+    let again = provider.create(&Arc::new(pod("u1"))).await.expect("resume");
+    assert!(
+        matches!(&again, Created::Resumed { id, .. } if *id == live),
+        "a listed claim past its cached deadline is kept: {again:?}"
+    );
+
+    // Gone from sandboxd: the stored id names no listed sandbox.
+    provider.claims.remove("ns/p", &live).await.expect("remove");
+    let dead = Claim {
+        id: "sb_gone".into(),
+        token: "t".into(),
+        address: "10.0.0.9:7777".into(),
+        pod_uid: "u1".into(),
+        claimed_at: past,
+        deadline: Some(past),
+    };
+    provider.claims.commit("ns/p", dead).await.expect("commit");
+    let got = provider.create(&Arc::new(pod("u1"))).await.expect("create");
+    let Created::Claimed { id, .. } = &got else {
+        panic!("a sandbox sandboxd no longer lists was taken as live: {got:?}");
+    };
+    assert!(
+        *id != "sb_gone" && *id != neighbour,
+        "a fresh sandbox, not {id}"
+    );
+    assert_eq!(
+        provider.claims.get("ns/p").map(|(c, _)| c.id),
+        Some(id.clone())
+    );
+}
