@@ -14,53 +14,12 @@ use std::io::{Read, Seek, SeekFrom};
 
 const USER: &str = "system:serviceaccount:sandbox-system:vk-sandbox";
 
-/// One verb granted on one resource: `(where, group, resource[/sub], verb)`;
-/// `where` is `*` (ClusterRole), a namespace (Role), or `namespace/name`
-/// (a rule limited to one object).
-type Grant = (String, String, String, String);
+use vk_sandbox::preflight::rbac::Grant;
 
 fn grants(manifest: &str) -> BTreeSet<Grant> {
-    let mut out = BTreeSet::new();
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_str_multiple(manifest).expect("rbac.yaml is YAML");
-    for v in docs {
-        let scope = match v["kind"].as_str() {
-            Some("ClusterRole") => "*".to_string(),
-            Some("Role") => v["metadata"]["namespace"]
-                .as_str()
-                .expect("Role namespace")
-                .to_string(),
-            _ => continue,
-        };
-        for rule in v["rules"].as_array().expect("rules") {
-            let list = |k: &str| -> Vec<String> {
-                rule[k]
-                    .as_array()
-                    .map(|s| {
-                        s.iter()
-                            .map(|x| x.as_str().expect("string").to_string())
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            };
-            let names = list("resourceNames");
-            let wheres: Vec<String> = if names.is_empty() {
-                vec![scope.clone()]
-            } else {
-                names.iter().map(|n| format!("{scope}/{n}")).collect()
-            };
-            for w in &wheres {
-                for g in list("apiGroups") {
-                    for r in list("resources") {
-                        for verb in list("verbs") {
-                            out.insert((w.clone(), g.clone(), r.clone(), verb));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out
+    vk_sandbox::preflight::rbac::grants_of(manifest)
+        .expect("manifests/rbac.yaml")
+        .0
 }
 
 /// What one audited request used, as the grant that allowed it could be

@@ -3,7 +3,7 @@
 //! and the pure evaluation of SelfSubjectAccessReview
 //! answers into checklist lines.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::CheckResult;
 
@@ -277,63 +277,73 @@ pub fn evaluate(answers: &[(Permission, Result<bool, String>)]) -> Vec<CheckResu
     out
 }
 
+/// One verb granted on one resource: `(where, group, resource[/sub], verb)`;
+/// `where` is `*` for a ClusterRole, else the Role's namespace, plus
+/// `/name` for a rule limited to one object.
+pub type Grant = (String, String, String, String);
+
+/// Every grant of the ClusterRoles and Roles in an RBAC manifest (a YAML
+/// stream such as manifests/rbac.yaml), and how many ClusterRoles it has.
+/// Other documents are skipped.
+pub fn grants_of(manifest: &str) -> Result<(BTreeSet<Grant>, usize), String> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_str_multiple(manifest).map_err(|e| format!("not YAML: {e}"))?;
+    let mut grants = BTreeSet::new();
+    let mut cluster_roles = 0;
+    for doc in docs {
+        let scope = match doc["kind"].as_str() {
+            Some("ClusterRole") => {
+                cluster_roles += 1;
+                "*".to_string()
+            }
+            Some("Role") => doc["metadata"]["namespace"]
+                .as_str()
+                .ok_or("a Role without metadata.namespace")?
+                .to_string(),
+            _ => continue,
+        };
+        for rule in doc["rules"].as_array().into_iter().flatten() {
+            let list = |key: &str| -> Result<Vec<String>, String> {
+                rule[key]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|v| {
+                        v.as_str()
+                            .map(str::to_string)
+                            .ok_or_else(|| format!("{key}: {v} is not a string"))
+                    })
+                    .collect()
+            };
+            let names = list("resourceNames")?;
+            let wheres: Vec<String> = if names.is_empty() {
+                vec![scope.clone()]
+            } else {
+                names.iter().map(|n| format!("{scope}/{n}")).collect()
+            };
+            for w in &wheres {
+                for g in list("apiGroups")? {
+                    for r in list("resources")? {
+                        for v in list("verbs")? {
+                            grants.insert((w.clone(), g.clone(), r.clone(), v));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok((grants, cluster_roles))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::preflight::Status;
     use std::collections::BTreeSet;
 
-    /// `(where, group, resource, verb)` granted by the ClusterRole and
-    /// the Roles of manifests/rbac.yaml; `where` is `*` for the ClusterRole,
-    /// else the Role's namespace, plus `/name` for a rule limited to one
-    /// object.
-    fn manifest_grants() -> BTreeSet<(String, String, String, String)> {
+    fn manifest_grants() -> BTreeSet<Grant> {
         let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/rbac.yaml"));
-        let mut grants = BTreeSet::new();
-        let mut cluster_roles = 0;
-        let docs: Vec<serde_json::Value> =
-            serde_saphyr::from_str_multiple(text).expect("rbac.yaml is YAML");
-        for value in docs {
-            let scope = match value["kind"].as_str() {
-                Some("ClusterRole") => {
-                    cluster_roles += 1;
-                    "*".to_string()
-                }
-                Some("Role") => value["metadata"]["namespace"]
-                    .as_str()
-                    .expect("Role namespace")
-                    .to_string(),
-                _ => continue,
-            };
-            let rules = value["rules"].as_array().expect("rules");
-            for rule in rules {
-                let list = |key: &str| -> Vec<String> {
-                    rule[key]
-                        .as_array()
-                        .map(|s| {
-                            s.iter()
-                                .map(|v| v.as_str().expect("string").to_string())
-                                .collect()
-                        })
-                        .unwrap_or_default()
-                };
-                let names = list("resourceNames");
-                let wheres: Vec<String> = if names.is_empty() {
-                    vec![scope.clone()]
-                } else {
-                    names.iter().map(|n| format!("{scope}/{n}")).collect()
-                };
-                for w in &wheres {
-                    for g in list("apiGroups") {
-                        for r in list("resources") {
-                            for v in list("verbs") {
-                                grants.insert((w.clone(), g.clone(), r.clone(), v));
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let (grants, cluster_roles) = grants_of(text).expect("rbac.yaml");
         assert_eq!(cluster_roles, 1, "rbac.yaml holds exactly one ClusterRole");
         grants
     }
