@@ -529,3 +529,25 @@ async fn a_claim_past_its_cached_deadline_is_settled_by_the_listing() {
         Some(id.clone())
     );
 }
+
+/// A claim-id annotation naming a sandbox sandboxd lists under another
+/// key (a stale or copied annotation) recovers nothing: that VM is a
+/// neighbour's, and recording it would release it with the node token.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_id_annotation_naming_another_keys_sandbox_is_not_recovered() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    let neighbour = neighbour_claims(&sim, "other/x").await;
+    let mut copied = pod("u1");
+    copied
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(annotations::CLAIM_ID.to_string(), neighbour.clone());
+    let created = provider.create(&Arc::new(copied)).await.expect("create");
+    assert!(
+        matches!(&created, Created::Claimed { id, .. } if *id != neighbour),
+        "the neighbour's sandbox was taken: {created:?}"
+    );
+    assert!(!provider.claims.held_ids().contains(&neighbour));
+    assert!(released(&sim).is_empty(), "{:?}", released(&sim));
+}
