@@ -7,7 +7,9 @@
 //!   left without having run; back-off entries of Pods that are gone.
 //!   Failures back off per Pod (2 s doubling to 5 min).
 //! - **lease expiry** (every 30 s): settled claims past their deadline are
-//!   confirmed against sandboxd before their Pod is marked Failed.
+//!   confirmed against sandboxd before their Pod is marked Failed; then the
+//!   owners of preserved claims with no Pod here are asked again
+//!   (`Provider::recheck_preserved`).
 //! - **refresh** (every 15 s): lists sandboxd while claims of the previous
 //!   run are unverified or the last listing failed, so quarantined rows are
 //!   vouched for and stray keys recomputed as soon as sandboxd answers.
@@ -299,6 +301,10 @@ pub fn spawn(
                 beat(&hb);
                 tokio::select! {
                     _ = lease_expiry_tick(&ctx, &store, &hb) => {}
+                    _ = stop.cancelled() => return,
+                }
+                tokio::select! {
+                    _ = ctx.provider.recheck_preserved() => {}
                     _ = stop.cancelled() => return,
                 }
             }

@@ -104,6 +104,14 @@ pub struct Provider {
     listing_ok: std::sync::atomic::AtomicBool,
     /// The tenant-token warning was logged (once per process).
     said_not_root: std::sync::atomic::AtomicBool,
+    /// Claims kept when their Pod was deleted with its owner alive, by key:
+    /// the claim id and that Pod. Until a replacement Pod of the key comes
+    /// here, [`Provider::recheck_preserved`] asks the owner again, so a
+    /// claim whose owner goes away while its replacement Pod never reaches
+    /// this node (unschedulable, deleted while Pending) is still released.
+    /// In memory only: after a restart such a claim waits for its key's
+    /// next Pod or its deadline.
+    preserved: Mutex<HashMap<String, (String, Pod)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -140,6 +148,7 @@ impl Provider {
             strays: Mutex::new(strays::Strays::default()),
             listing_ok: std::sync::atomic::AtomicBool::new(false),
             said_not_root: std::sync::atomic::AtomicBool::new(false),
+            preserved: Mutex::new(HashMap::new()),
         }
     }
 
@@ -201,7 +210,10 @@ impl Provider {
     }
 
     fn track(&self, pod: &Arc<Pod>) {
-        lock(&self.tracked).insert(key(pod), Arc::clone(pod));
+        let k = key(pod);
+        // A Pod of the key is here: the claim's fate is its Pod's again.
+        lock(&self.preserved).remove(&k);
+        lock(&self.tracked).insert(k, Arc::clone(pod));
     }
 
     fn untrack(&self, key: &str, uid: &str) {
@@ -340,10 +352,17 @@ impl Provider {
         };
         let owner = authority::controller_ref(pod);
         let lookup = self.owners.lookup(&self.client, pod).await;
+        // A newer Pod may have taken the key while the owner was asked.
+        if let Some(t) = self.tracked(&k)
+            && uid(&t) != uid(pod)
+        {
+            return Ok(Deleted::Stale);
+        }
         match authority::decide(owner, &lookup) {
             Verdict::Preserve(reason) => {
                 info!(pod = %k, sandbox = %claim.id, %reason,
                       "preserving sandbox: pod deletion is not VM authority");
+                lock(&self.preserved).insert(k.clone(), (claim.id.clone(), pod.clone()));
                 self.untrack(&k, uid(pod));
                 Ok(Deleted::Preserved {
                     id: claim.id,
@@ -352,6 +371,7 @@ impl Provider {
             }
             Verdict::Release(reason) => {
                 let released = self.release_claim(&claim).await?;
+                lock(&self.preserved).remove(&k);
                 if let Err(e) = self.claims.remove(&k, &claim.id).await {
                     warn!(pod = %k, error = %e, "release done but its record could not be removed");
                 }
@@ -370,6 +390,34 @@ impl Provider {
                         id: claim.id,
                         reason,
                     })
+                }
+            }
+        }
+    }
+
+    /// Asks the owner of every preserved claim whose key has no Pod here
+    /// again; one that is now gone or tearing down releases the claim as
+    /// the Pod's deletion would have. Each failure is logged and retried on
+    /// the next call.
+    pub async fn recheck_preserved(&self) {
+        let entries: Vec<(String, (String, Pod))> = lock(&self.preserved)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (k, (id, pod)) in entries {
+            let held = self.claims.get(&k).is_some_and(|(c, _)| c.id == id);
+            if !held || self.tracked(&k).is_some() {
+                lock(&self.preserved).remove(&k);
+                continue;
+            }
+            let lookup = self.owners.lookup(&self.client, &pod).await;
+            if let Verdict::Release(reason) =
+                authority::decide(authority::controller_ref(&pod), &lookup)
+            {
+                info!(pod = %k, sandbox = %id, %reason,
+                      "the owner of a preserved sandbox went away with no Pod of its key on this node");
+                if let Err(e) = self.delete(&pod).await {
+                    warn!(pod = %k, sandbox = %id, error = %e, "releasing a preserved sandbox failed; retried later");
                 }
             }
         }
