@@ -319,12 +319,9 @@ async fn grace_zero_is_left_to_the_apiserver() {
     assert!(w.sim.sim().requests().is_empty(), "sandboxd was called");
 }
 
-/// A Pod deleted with its owner alive keeps the VM; when the owner goes
-/// away while no Pod of that key is on this node (the replacement never
-/// reached it), the preserved claim is released on a later check, and not
-/// before.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_preserved_claim_is_released_once_its_owner_goes_with_no_pod_here() {
+/// A claim preserved on its Pod's deletion (the owner answered alive);
+/// storing `true` into the flag makes the owner answer 404 from then on.
+async fn preserved_world() -> (World, Arc<std::sync::atomic::AtomicBool>, String) {
     let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let owner_gone = Arc::clone(&gone);
     let w = world_with(move |s| match (s.method.as_str(), s.path()) {
@@ -349,6 +346,16 @@ async fn a_preserved_claim_is_released_once_its_owner_goes_with_no_pod_here() {
     ))
     .await
     .expect("delete");
+    (w, gone, id)
+}
+
+/// A Pod deleted with its owner alive keeps the VM; when the owner goes
+/// away while no Pod of that key is on this node (the replacement never
+/// reached it), the preserved claim is released on a later check, and not
+/// before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_preserved_claim_is_released_once_its_owner_goes_with_no_pod_here() {
+    let (w, gone, id) = preserved_world().await;
     assert!(released(&w.sim).is_empty(), "the owner lives: preserved");
     assert!(w.ctx.provider.holds("ns/sb"));
 
@@ -371,30 +378,7 @@ async fn a_preserved_claim_is_released_once_its_owner_goes_with_no_pod_here() {
 /// its owner is not asked again on its behalf, whatever the old one says.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replacement_pod_here_takes_a_preserved_claim_back() {
-    let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let owner_gone = Arc::clone(&gone);
-    let w = world_with(move |s| match (s.method.as_str(), s.path()) {
-        ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
-        ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb") => {
-            if owner_gone.load(std::sync::atomic::Ordering::SeqCst) {
-                status(404, "NotFound", json!({"name": "sb", "kind": "sandboxes"}))
-            } else {
-                sandbox("o1", false)
-            }
-        }
-        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => (200, pod_json()),
-        ("DELETE", "/api/v1/namespaces/ns/pods/sb") => (200, pod_json()),
-        ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
-        _ => (404, Value::Null),
-    })
-    .await;
-    let id = claimed(&w).await;
-    within(reconcile(
-        Arc::new(deleting(running_pod(&id), 30)),
-        Arc::clone(&w.ctx),
-    ))
-    .await
-    .expect("delete");
+    let (w, gone, id) = preserved_world().await;
     let replacement = owned_pod("p2", "o1");
     let created = within(w.ctx.provider.create(&Arc::new(replacement)))
         .await
