@@ -378,7 +378,7 @@ async fn a_preserved_claim_is_released_once_its_owner_goes_with_no_pod_here() {
 /// its owner is not asked again on its behalf, whatever the old one says.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replacement_pod_here_takes_a_preserved_claim_back() {
-    let (w, gone, id) = preserved_world().await;
+    let (w, gone, _) = preserved_world().await;
     let replacement = owned_pod("p2", "o1");
     let created = within(w.ctx.provider.create(&Arc::new(replacement)))
         .await
