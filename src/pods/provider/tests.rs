@@ -1,5 +1,5 @@
 use super::*;
-use crate::pods::annotations;
+use crate::pods::{annotations, claim_ref};
 use serde_json::json;
 
 /// A kube client whose requests go nowhere: these paths must not call
@@ -550,4 +550,33 @@ async fn a_claim_id_annotation_naming_another_keys_sandbox_is_not_recovered() {
     );
     assert!(!provider.claims.held_ids().contains(&neighbour));
     assert!(released(&sim).is_empty(), "{:?}", released(&sim));
+}
+
+/// Suspects (keys to check for strays before claiming again): unheld rows
+/// carrying this node's tag, and Pods whose last claim had an unknown
+/// outcome. Held rows and other clients' rows never count.
+#[tokio::test(flavor = "multi_thread")]
+async fn suspects_are_unheld_rows_of_ours_or_unknown_outcomes() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    neighbour_claims(&sim, "ns/n").await;
+    provider.create(&Arc::new(pod("u1"))).await.expect("claim");
+    let mut listing = provider.list().await.expect("list");
+    assert!(!provider.suspect("ns/p"), "a held row is no stray");
+    assert!(!provider.suspect("ns/n"), "an untagged row is not ours");
+
+    let row: SandboxRow = serde_json::from_value(json!({
+        "id": "sb_unheld", "claim_ref": claim_ref::for_pod("ns/q", "u9")}))
+    .expect("row");
+    listing.push(row);
+    provider.note_listing(&listing);
+    assert!(provider.suspect("ns/q"), "an unheld row of ours");
+    assert!(!provider.suspect("ns/p"));
+    assert!(provider.unknown_outcomes().is_empty());
+
+    provider.note_unknown_outcome("ns/r", "u7");
+    assert!(provider.suspect("ns/r"), "an unknown outcome");
+    assert_eq!(
+        provider.unknown_outcomes(),
+        vec![("ns/r".to_string(), "u7".to_string())]
+    );
 }
