@@ -580,3 +580,23 @@ async fn suspects_are_unheld_rows_of_ours_or_unknown_outcomes() {
         vec![("ns/r".to_string(), "u7".to_string())]
     );
 }
+
+/// A Pod deleted while Pending after a lost claim reply returns that
+/// stray when it goes (and only it: the neighbour's row under the same
+/// key stays).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pending_pod_deleted_after_a_lost_reply_returns_its_stray() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    let foreign = neighbour_claims(&sim, "ns/p").await;
+    drop_next_claim_reply(&sim);
+    let p = pod("u1");
+    provider
+        .create(&Arc::new(p.clone()))
+        .await
+        .expect_err("the reply was lost");
+    provider.forget_never_ran(&p).await.expect("returned");
+    let released = released(&sim);
+    assert_eq!(released.len(), 1, "{released:?}");
+    assert_ne!(released[0], foreign);
+    assert!(sim.sim().claims().iter().any(|c| c.id == foreign));
+}
