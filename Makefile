@@ -86,7 +86,7 @@ controlplane: ## Build the local Kubernetes control plane from Go modules (cache
 	./e2e/controlplane/build.sh
 
 .PHONY: agent-sandbox
-agent-sandbox: ## Build the upstream agent-sandbox controller from ../shared/agent-sandbox (VK_AGENT_SANDBOX_SRC; cached in .cache/)
+agent-sandbox: ## Build the upstream agent-sandbox controller from its source tree (VK_AGENT_SANDBOX_SRC, default shared/agent-sandbox next to this checkout; cached in .cache/)
 	./e2e/agent-sandbox.sh build
 
 .PHONY: cluster-up

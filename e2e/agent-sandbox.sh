@@ -21,7 +21,7 @@
 # reduced to what the controller binary compiles (`src/`, Go module
 # sigs.k8s.io/agent-sandbox, which the Go module proxy does not serve; its
 # dependencies come from the proxy) and its CRDs (`crds/`, conversion `None`
-# for use out of cluster), in ../shared/agent-sandbox beside the checkout.
+# for use out of cluster), in shared/agent-sandbox next to the checkout.
 # The binary is cached in .cache/agent-sandbox-<hash of src/>/, so a warm
 # run does not rebuild; the source folder is only read.
 #
@@ -31,7 +31,7 @@
 #
 # Environment (all optional):
 #   VK_AGENT_SANDBOX_SRC        the folder holding src/ and crds/ (default
-#                               ../shared/agent-sandbox, from the repo root)
+#                               shared/agent-sandbox next to the checkout)
 #   VK_REQUIRE_REAL_CONTROLLER  1: a missing source or a failed build is an
 #                               error, never a fall back to the stand-in (CI)
 #   VK_SANDBOX_CONTROLLER       stand-in: use the stand-in although the
