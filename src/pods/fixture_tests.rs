@@ -11,9 +11,6 @@ use serde_json::{Value, json};
 use super::context::Context;
 use super::controller::reconcile;
 use super::fixtures::*;
-use super::provider::Provider;
-use crate::claims::ClaimsStore;
-use crate::sandboxd::SandboxdClient;
 
 const TOKEN: &str = "fixture-root-token";
 
@@ -48,17 +45,8 @@ async fn world_with(answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static) ->
     })
     .await
     .expect("sim");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let claims = Arc::new(
-        ClaimsStore::open(&dir.path().join("claims.json"))
-            .await
-            .expect("store"),
-    );
-    let sandboxd = SandboxdClient::builder(sim.base_url())
-        .token(Some(TOKEN.into()))
-        .build()
-        .expect("client");
-    let provider = Arc::new(Provider::new(api.client.clone(), sandboxd, claims));
+    let (provider, dir) = provider_over(&sim, Some(TOKEN), api.client.clone()).await;
+    let provider = Arc::new(provider);
     let ctx = Arc::new(Context::new(
         api.client.clone(),
         provider,

@@ -151,3 +151,27 @@ pub async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
         .await
         .expect("the conversation finished")
 }
+
+/// A provider over `sim` (with `token`, if any) and `client` for the
+/// apiserver, on a fresh claims store in a temporary directory (kept alive
+/// by the returned guard).
+pub async fn provider_over(
+    sim: &sandboxd_sim::SimHandle,
+    token: Option<&str>,
+    client: Client,
+) -> (super::provider::Provider, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let claims = Arc::new(
+        crate::claims::ClaimsStore::open(&dir.path().join("claims.json"))
+            .await
+            .expect("store"),
+    );
+    let sandboxd = crate::sandboxd::SandboxdClient::builder(sim.base_url())
+        .token(token.map(str::to_string))
+        .build()
+        .expect("client");
+    (
+        super::provider::Provider::new(client, sandboxd, claims),
+        dir,
+    )
+}

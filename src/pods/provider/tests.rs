@@ -46,17 +46,8 @@ async fn provider_with_token() -> (sandboxd_sim::SimHandle, Provider, tempfile::
     })
     .await
     .expect("sim");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let claims = Arc::new(
-        ClaimsStore::open(&dir.path().join("claims.json"))
-            .await
-            .expect("store"),
-    );
-    let sandboxd = SandboxdClient::builder(sim.base_url())
-        .token(Some(TOKEN.into()))
-        .build()
-        .expect("client");
-    let provider = Provider::new(silent_client(), sandboxd, claims);
+    let (provider, dir) =
+        crate::pods::fixtures::provider_over(&sim, Some(TOKEN), silent_client()).await;
     (sim, provider, dir)
 }
 
@@ -239,17 +230,8 @@ async fn a_404_on_release_by_id_is_not_proof_while_listed() {
     })
     .await
     .expect("sim");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let claims = Arc::new(
-        ClaimsStore::open(&dir.path().join("claims.json"))
-            .await
-            .expect("store"),
-    );
-    let tenant = SandboxdClient::builder(sim.base_url())
-        .token(Some("tenant-token".into()))
-        .build()
-        .expect("client");
-    let provider = Provider::new(silent_client(), tenant, claims);
+    let (provider, _dir) =
+        crate::pods::fixtures::provider_over(&sim, Some("tenant-token"), silent_client()).await;
     drop_next_claim_reply(&sim);
     let pod = Arc::new(pod("u1"));
     provider.create(&pod).await.expect_err("lost reply");
