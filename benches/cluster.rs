@@ -12,10 +12,11 @@
 //! - `BENCH_DOC` (default docs/benchmarks.md; `-` to skip writing);
 //! - `BENCH_VK_BIN`: the vk-sandbox binary to measure (default: the
 //!   release build cargo made for this bench; e.g. the static musl build);
+//! - `BENCH_FLEET` (default `1,10,50`): the fleet sizes of the `fleet` part;
 //! - `BENCH_VK_LOG`: RUST_LOG for the vk-sandbox processes (default info;
 //!   their logs are under target/bench-cluster/<node>/);
-//! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load` to
-//!   run only those parts (to study one figure; the doc is then not
+//! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load`,
+//!   `fleet` to run only those parts (to study one figure; the doc is then not
 //!   written unless `BENCH_DOC` names a file).
 //!
 //! Only `cargo bench` runs it (it is skipped without `--bench`, so `cargo
@@ -49,6 +50,10 @@ mod support;
 /// it for a bench target of its own).
 #[path = "cluster/report.rs"]
 mod report;
+
+/// `BENCH_ONLY=fleet`: many vk-sandbox processes on one apiserver.
+#[path = "cluster/fleet.rs"]
+mod fleet;
 
 use report::Report;
 use support::TestCluster;
@@ -103,6 +108,9 @@ struct Plan {
     startup: usize,
     lifecycle: usize,
     idle_window: Duration,
+    /// Each fleet size idles this long, then runs this many Pods per node.
+    fleet_idle: Duration,
+    fleet_pods_per_node: usize,
 }
 
 /// The steps of `plan` with the parts `wants` picks, as `run` takes them.
@@ -114,7 +122,7 @@ fn planned_steps(plan: &Plan) -> usize {
     if wants("claim") {
         total += plan.repeats + plan.bursts.len() * 3 + 1 + plan.delayed_bursts.len();
     }
-    total + usize::from(wants("startup")) + usize::from(wants("load"))
+    total + usize::from(wants("startup")) + usize::from(wants("load")) + usize::from(wants("fleet"))
 }
 
 impl Plan {
@@ -131,6 +139,8 @@ impl Plan {
             startup: n(1000.0),
             lifecycle: n(20.0).min(200),
             idle_window: Duration::from_secs_f64(60.0 * k.min(1.0)),
+            fleet_idle: Duration::from_secs_f64(60.0 * k.min(2.0)),
+            fleet_pods_per_node: 4,
         }
     }
 }
@@ -207,10 +217,15 @@ impl Env {
 }
 
 async fn start_sim(delay_us: u64) -> SimHandle {
+    start_sim_with(delay_us, 5000).await
+}
+
+/// A simulator whose one pool keeps `warm` sandboxes ready.
+async fn start_sim_with(delay_us: u64, warm: usize) -> SimHandle {
     let cfg = SimConfig {
         refill_delay_ms: 10,
         claim_delay_us: delay_us,
-        ..support::sim::config(TOKEN, &[&format!("{TEMPLATE}=5000")])
+        ..support::sim::config(TOKEN, &[&format!("{TEMPLATE}={warm}")])
     };
     // sandboxd is a daemon of its own: the simulator gets its own runtime
     // thread, so the bench's watch and Pod creation do not delay its replies
@@ -238,6 +253,8 @@ struct Vk {
     log: PathBuf,
     args: Vec<String>,
     kubeconfig: PathBuf,
+    /// When the current process was spawned.
+    started: Instant,
 }
 
 impl Vk {
@@ -266,6 +283,7 @@ impl Vk {
             log: dir.join("vk-sandbox.log"),
             args,
             kubeconfig: kubeconfig.to_path_buf(),
+            started: Instant::now(),
         };
         vk.spawn();
         vk
@@ -278,6 +296,7 @@ impl Vk {
             .map_or_else(|| PathBuf::from(support::process::BIN), PathBuf::from);
         let rust_log = std::env::var("BENCH_VK_LOG").unwrap_or_else(|_| "info".into());
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.started = Instant::now();
         self.process = VkProcess::start_binary(
             &bin,
             &self.kubeconfig,
@@ -308,8 +327,10 @@ impl Vk {
         self.process.metrics().await.unwrap_or_default()
     }
 
+    /// Waits for the Node's Ready condition; returns the time since the
+    /// process was spawned.
     async fn wait_ready(&self, client: &Client, timeout: Duration) -> Duration {
-        let start = Instant::now();
+        let start = self.started;
         let nodes: Api<Node> = Api::all(client.clone());
         loop {
             if let Ok(Some(n)) = nodes.get_opt(&self.node).await
@@ -324,7 +345,7 @@ impl Vk {
                     self.log.display()
                 ));
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -688,10 +709,34 @@ struct BurstResult {
     e2e: Quantiles,
     provider_p50: HistQ,
     provider_p99: HistQ,
+    /// `vk_sandbox_claim_own_seconds`: the provider share less the sandboxd
+    /// call and the commit.
+    own: Split,
     sandboxd: Split,
     store: Split,
     running_per_s: f64,
     releases_per_s: f64,
+    /// vk-sandbox's `pods/status` writes (result `written`) per Pod, from
+    /// creation to every Pod gone.
+    writes_per_pod: f64,
+    /// vk-sandbox's CPU time (user + system) per Pod lifecycle, ms: claim →
+    /// Running → release → gone.
+    cpu_ms_per_pod: f64,
+}
+
+const WRITTEN: &str = "vk_sandbox_pod_status_writes_total{result=\"written\"}";
+const CPU: &str = "process_cpu_seconds_total";
+const OWN_HIST: &str = "vk_sandbox_claim_own_seconds";
+
+/// The difference of one series between two scrapes (NaN when missing).
+fn delta(before: &str, after: &str, series: &str) -> f64 {
+    match (
+        support::metric(before, series),
+        support::metric(after, series),
+    ) {
+        (b, Some(a)) => a - b.unwrap_or(0.0),
+        _ => f64::NAN,
+    }
 }
 
 /// Where a burst reports the process's memory (while all its Pods run and
@@ -758,6 +803,7 @@ async fn burst(
 
     // Releases: a bare Pod's deletion releases its sandbox.
     let (releases_per_s, _) = delete_and_count_releases(&api, sim, rec, &names, n, tag).await;
+    let end = vk.metrics().await;
     if let Some(m) = memory {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let (rss, hwm) = vk.memory();
@@ -772,10 +818,13 @@ async fn burst(
         e2e: quantiles(lat),
         provider_p50: hist_quantile(&hb, &ha, 0.50),
         provider_p99: hist_quantile(&hb, &ha, 0.99),
+        own: Split::between(&before, &after, OWN_HIST, ""),
         sandboxd: Split::between(&before, &after, SANDBOXD_HIST.0, SANDBOXD_HIST.1),
         store: Split::between(&before, &after, STORE_HIST.0, STORE_HIST.1),
         running_per_s: n as f64 / span,
         releases_per_s,
+        writes_per_pod: delta(&before, &end, WRITTEN) / n as f64,
+        cpu_ms_per_pod: delta(&before, &end, CPU) * 1e3 / n as f64,
     }
 }
 
@@ -868,15 +917,19 @@ async fn idle(
         histogram(&after, CLAIM_HIST),
     );
     delete_and_count_releases(&api, sim, rec, &names, n, tag).await;
+    let end = vk.metrics().await;
     BurstResult {
         n,
         e2e: quantiles(lat),
         provider_p50: hist_quantile(&hb, &ha, 0.50),
         provider_p99: hist_quantile(&hb, &ha, 0.99),
+        own: Split::between(&before, &after, OWN_HIST, ""),
         sandboxd: Split::between(&before, &after, SANDBOXD_HIST.0, SANDBOXD_HIST.1),
         store: Split::between(&before, &after, STORE_HIST.0, STORE_HIST.1),
         running_per_s: n as f64 / span,
         releases_per_s: f64::NAN,
+        writes_per_pod: delta(&before, &end, WRITTEN) / n as f64,
+        cpu_ms_per_pod: delta(&before, &end, CPU) * 1e3 / n as f64,
     }
 }
 
@@ -929,6 +982,29 @@ struct Startup {
     restart_ready_s: f64,
     restart_resumed_s: f64,
     restart_status_writes: f64,
+    /// A Pod created while vk-sandbox was down: process start → its Running
+    /// status stored.
+    restart_new_pod_s: f64,
+    /// sandboxd listings from the restart until every Pod was reconciled.
+    restart_lists: f64,
+}
+
+/// The simulator's `GET /v1/sandboxes` calls since its requests were cleared.
+fn sandboxd_lists(sim: &SimHandle) -> f64 {
+    sim.sim()
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.starts_with("/v1/sandboxes"))
+        .count() as f64
+}
+
+/// What the usual restart measured.
+struct Restart {
+    ready_s: f64,
+    resumed_s: f64,
+    status_writes: f64,
+    new_pod_s: f64,
+    lists: f64,
 }
 
 /// The apiserver's count of `PATCH pods/status` (every client).
@@ -953,15 +1029,29 @@ async fn status_patches(env: &Env) -> f64 {
         .sum()
 }
 
-/// Restarts `vk` over Pods that are Running already (the usual restart)
-/// and times `/readyz` and every Pod's first reconcile.
-async fn restart_over_running(env: &Env, vk: &mut Vk, n: usize) -> (f64, f64, f64) {
+/// Restarts `vk` over `n` Pods that are Running already (the usual
+/// restart), with one new Pod `new` created while it was down, and times
+/// `/readyz`, the new Pod's Running and every Pod's first reconcile.
+async fn restart_over_running(
+    env: &Env,
+    vk: &mut Vk,
+    n: usize,
+    sim: &SimHandle,
+    rec: &Recorder,
+    api: &Api<Pod>,
+    new: &str,
+) -> Restart {
     vk.stop();
+    api.create(&PostParams::default(), &pod(new, &vk.node, None))
+        .await
+        .unwrap_or_else(|e| die(&format!("create {new}: {e}")));
     let before = status_patches(env).await;
-    let start = Instant::now();
+    sim.sim().clear_requests();
     vk.spawn();
+    let start = vk.started;
     let timeout = Duration::from_secs(120);
     let mut ready_s = None;
+    let one = [new.to_string()];
     loop {
         if ready_s.is_none() {
             let url = format!("http://127.0.0.1:{}/readyz", vk.process.admin_port);
@@ -977,12 +1067,29 @@ async fn restart_over_running(env: &Env, vk: &mut Vk, n: usize) -> (f64, f64, f6
             "vk_sandbox_reconcile_duration_seconds_count{controller=\"pods\"}",
         );
         if let (Some(r), Some(d)) = (ready_s, done)
-            && d >= n as f64
+            && d >= (n + 1) as f64
         {
-            let resumed = start.elapsed().as_secs_f64();
+            let resumed_s = start.elapsed().as_secs_f64();
+            let lists = sandboxd_lists(sim);
+            if !rec
+                .wait_all(&one, Duration::from_secs(30), |t| t.running.is_some())
+                .await
+            {
+                die(&format!("restart: {new} not Running in 30 s"));
+            }
+            let new_pod_s = rec.snapshot(&one)[0]
+                .running
+                .map_or(f64::NAN, |t| t.duration_since(start).as_secs_f64());
             // Writes still in flight when the count is reached land now.
             tokio::time::sleep(Duration::from_secs(2)).await;
-            return (r, resumed, status_patches(env).await - before);
+            return Restart {
+                ready_s: r,
+                resumed_s,
+                // The new Pod's Running write is not a re-publish.
+                status_writes: status_patches(env).await - before - 1.0,
+                new_pod_s,
+                lists,
+            };
         }
         if start.elapsed() > timeout {
             die(&format!(
@@ -1044,17 +1151,13 @@ async fn startup(env: &Env, sim: &SimHandle, n: usize) -> Startup {
         ));
     }
     let running_s = start.elapsed().as_secs_f64();
-    let lists = sim
-        .sim()
-        .requests()
-        .iter()
-        .filter(|r| r.method == "GET" && r.path.starts_with("/v1/sandboxes"))
-        .count() as f64;
-    eprintln!("bench: start-up: restart over the {n} Running Pods");
-    let (restart_ready_s, restart_resumed_s, restart_status_writes) =
-        restart_over_running(env, &mut vk, n).await;
+    let lists = sandboxd_lists(sim);
+    eprintln!("bench: start-up: restart over the {n} Running Pods, one new Pod waiting");
+    let restart = restart_over_running(env, &mut vk, n, sim, &rec, &api, "s-new").await;
     eprintln!("bench: start-up: cleaning up");
-    delete_and_count_releases(&api, sim, &rec, &names, n, "startup").await;
+    let mut names = names;
+    names.push("s-new".into());
+    delete_and_count_releases(&api, sim, &rec, &names, n + 1, "startup").await;
     vk.stop();
     vk.delete_node(&env.cluster.client).await;
     env.cluster.drop_namespace(&ns).await;
@@ -1063,9 +1166,11 @@ async fn startup(env: &Env, sim: &SimHandle, n: usize) -> Startup {
         ready_s,
         running_s,
         sandboxd_lists: lists,
-        restart_ready_s,
-        restart_resumed_s,
-        restart_status_writes,
+        restart_ready_s: restart.ready_s,
+        restart_resumed_s: restart.resumed_s,
+        restart_status_writes: restart.status_writes,
+        restart_new_pod_s: restart.new_pod_s,
+        restart_lists: restart.lists,
     }
 }
 
@@ -1089,6 +1194,8 @@ struct AuditEvent {
     resource: String,
     /// objectRef name, empty for collections and non-resource requests.
     name: String,
+    /// The request's path and query (selectors show here).
+    uri: String,
 }
 
 /// The events of `user` in the audit log from byte `offset`, one per request.
@@ -1131,6 +1238,7 @@ fn audit_events(path: &Path, offset: u64, user: &str) -> Vec<AuditEvent> {
             verb: v["verb"].as_str().unwrap_or_default().to_string(),
             resource,
             name: r["name"].as_str().unwrap_or_default().to_string(),
+            uri: v["requestURI"].as_str().unwrap_or_default().to_string(),
         });
     }
     out
@@ -1278,9 +1386,9 @@ fn only() -> Option<Vec<String>> {
     let v = std::env::var("BENCH_ONLY").ok()?;
     let parts: Vec<String> = v.split(',').map(|p| p.trim().to_string()).collect();
     for p in &parts {
-        if !["claim", "memory", "startup", "load"].contains(&p.as_str()) {
+        if !["claim", "memory", "startup", "load", "fleet"].contains(&p.as_str()) {
             die(&format!(
-                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load)"
+                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load, fleet)"
             ));
         }
     }
@@ -1315,8 +1423,11 @@ async fn run() -> Report {
     let rec = Recorder::start(&env.cluster.client, &ns).await;
     let node = format!("bench-{}", support::suffix());
     let vk = Vk::start(&env, &node, &sim, &env.sa_kubeconfig, None);
-    vk.wait_ready(&env.cluster.client, Duration::from_secs(60))
-        .await;
+    // Process start → Node Ready with an empty state.
+    let ready_empty_s = vk
+        .wait_ready(&env.cluster.client, Duration::from_secs(60))
+        .await
+        .as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut memory = Vec::new();
     let (rss, hwm) = vk.memory();
@@ -1419,6 +1530,15 @@ async fn run() -> Report {
         }
         None => None,
     };
+    let fleet = if wants("fleet") {
+        progress.step(&format!(
+            "fleet: {:?} vk-sandbox processes on one apiserver",
+            fleet::sizes()
+        ));
+        fleet::run(&env, plan.fleet_idle, plan.fleet_pods_per_node).await
+    } else {
+        None
+    };
     env.cluster.drop_namespace(&ns).await;
     Api::<Node>::all(env.cluster.client.clone())
         .delete(&node, &DeleteParams::default())
@@ -1432,10 +1552,12 @@ async fn run() -> Report {
     );
     Report {
         rtt,
+        ready_empty_s,
         rows,
         memory,
         startup,
         load,
+        fleet,
     }
 }
 

@@ -177,13 +177,6 @@ async fn run(cfg: Config) -> Result<()> {
         sandboxd.clone(),
         Arc::clone(&claims),
     ));
-    // Vouch for the previous run's claims and look for strays, with one
-    // listing; a failure is tolerated (the rows stay quarantined, and the
-    // refresh loop lists again until sandboxd answers).
-    if let Err(e) = provider.refresh().await {
-        info!(error = %e, "sandboxd cannot be listed at start-up; claims stay quarantined");
-    }
-
     // The Pod controller's store serves the kubelet API and gates readiness.
     let (pod_controller, synced) = controller::controller(&client, &cfg.node_name);
     let store = pod_controller.store();
@@ -192,21 +185,10 @@ async fn run(cfg: Config) -> Result<()> {
         store: store.clone(),
         provider: Arc::clone(&provider),
     });
-    let kubelet = KubeletApi::prepare(&cfg.kubelet(), &client, pods, Arc::clone(&metrics)).await?;
-    let admin_listener = cfg.admin_addr.bind().await.map_err(|e| {
-        Error::io(
-            format!(
-                "bind the admin port --admin-addr (env VK_ADMIN_ADDR)={}; free the port or \
-                 choose another",
-                cfg.admin_addr
-            ),
-            e,
-        )
-    })?;
-    let admin_router = admin::router(Arc::clone(&health), Arc::clone(&metrics));
 
     // Ready: the Pod watch has synced and the Node is registered. Pod
-    // reconciles wait for it, so registering is not queued behind them.
+    // reconciles wait for it, so registering is not queued behind them,
+    // and no Pod is claimed for before the start-up listing below.
     let (ready_tx, ready_rx) = watch::channel(false);
     let mut tasks = Tasks::new();
     {
@@ -220,9 +202,41 @@ async fn run(cfg: Config) -> Result<()> {
             .with_health(Arc::clone(&health))
             .gated(ready_rx.clone()),
         );
+        // The Pod watch starts listing now, alongside the steps below.
         let fut = controller::run(pod_controller, synced.clone(), ctx, stop.clone());
         spawn_loop(&mut tasks, fut);
     }
+
+    // Vouch for the previous run's claims and look for strays, with one
+    // listing (which also seeds the first NodeInventory); a failure is
+    // tolerated (the rows stay quarantined, and the refresh loop lists
+    // again until sandboxd answers). The kubelet API's certificate and
+    // client CA are prepared meanwhile.
+    let kubelet_settings = cfg.kubelet();
+    let (listed, kubelet) = tokio::join!(
+        provider.refresh(),
+        KubeletApi::prepare(&kubelet_settings, &client, pods, Arc::clone(&metrics)),
+    );
+    let start_listing = match listed {
+        Ok(listing) => Some(listing),
+        Err(e) => {
+            info!(error = %e, "sandboxd cannot be listed at start-up; claims stay quarantined");
+            None
+        }
+    };
+    let kubelet = kubelet?;
+    let admin_listener = cfg.admin_addr.bind().await.map_err(|e| {
+        Error::io(
+            format!(
+                "bind the admin port --admin-addr (env VK_ADMIN_ADDR)={}; free the port or \
+                 choose another",
+                cfg.admin_addr
+            ),
+            e,
+        )
+    })?;
+    let admin_router = admin::router(Arc::clone(&health), Arc::clone(&metrics));
+
     tasks.spawn(kubelet.run(stop.clone().cancelled_owned()));
     tasks.spawn(admin::serve(
         admin_listener,
@@ -291,6 +305,10 @@ async fn run(cfg: Config) -> Result<()> {
                 &cfg.sandboxd.advertise_addr,
                 Arc::clone(&metrics),
             );
+            let publisher = match start_listing {
+                Some(listing) => publisher.seeded(listing),
+                None => publisher,
+            };
             let fut = publisher.run(
                 cfg.inventory.interval,
                 stop.clone(),

@@ -15,7 +15,7 @@ use crate::claims::ClaimsStore;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::node::desired::FIELD_MANAGER;
-use crate::sandboxd::SandboxdClient;
+use crate::sandboxd::{SandboxRow, SandboxdClient};
 
 use super::desired::{Applied, ApplyDecision, decide, desired};
 use super::types::{KIND, NodeInventory, PLURAL, VERSION, api_version, crd_name};
@@ -43,6 +43,9 @@ pub struct Publisher {
     resync: Duration,
     metrics: Arc<Metrics>,
     last: Option<Applied>,
+    /// A listing taken moments ago (the start-up one), used by the first
+    /// tick instead of listing sandboxd again.
+    seed: Option<Vec<SandboxRow>>,
 }
 
 impl Publisher {
@@ -67,7 +70,15 @@ impl Publisher {
             resync: DEFAULT_RESYNC,
             metrics,
             last: None,
+            seed: None,
         }
+    }
+
+    /// The first tick publishes from `listing` (just taken by the caller)
+    /// instead of listing sandboxd a second time at start-up.
+    pub fn seeded(mut self, listing: Vec<SandboxRow>) -> Publisher {
+        self.seed = Some(listing);
+        self
     }
 
     fn skipped(&self, reason: &str) {
@@ -77,7 +88,11 @@ impl Publisher {
     /// One reconcile. `Err` only when the apply itself failed (retried next
     /// tick); sandboxd failures are a skip, not an error.
     pub async fn tick(&mut self) -> Result<TickOutcome> {
-        let listing = match self.sandboxd.list().await {
+        let listed = match self.seed.take() {
+            Some(l) => Ok(l),
+            None => self.sandboxd.list().await,
+        };
+        let listing = match listed {
             Ok(l) => l,
             Err(e) => {
                 warn!(error = %e, "skipping NodeInventory publish this tick: sandboxd listing failed (a failed query is not an empty list)");

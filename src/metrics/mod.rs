@@ -58,6 +58,10 @@ pub struct Metrics {
     /// the Running status write is sent — vk-sandbox's own share (sandboxd
     /// claim and claims-store commit included, the apiserver's answer not).
     claim_provider: prometheus::Histogram,
+    /// `vk_sandbox_claim_own_seconds`: the part of `claim_provider` that is
+    /// neither the sandboxd claim call nor the claims-store commit (fresh
+    /// claims only): vk-sandbox's own code and its queueing for a CPU.
+    claim_own: prometheus::Histogram,
     /// `vk_sandbox_sandboxd_requests_total{endpoint,status}`: sandboxd calls
     /// by endpoint (`claim`, `release`, `list`, `info`) and outcome: `ok`,
     /// the HTTP status of a refusal, or the error kind (`timeout`,
@@ -241,6 +245,18 @@ impl Metrics {
             .map_err(metric_error)?,
         )?;
 
+        let claim_own = register(
+            &registry,
+            prometheus::Histogram::with_opts(
+                prometheus::HistogramOpts::new(
+                    "vk_sandbox_claim_own_seconds",
+                    "A fresh claim's path from reconcile start to its Running status write sent, minus the sandboxd claim call and the claims-store commit: vk-sandbox's own share.",
+                )
+                .buckets(FINE_BUCKETS.to_vec()),
+            )
+            .map_err(metric_error)?,
+        )?;
+
         let sandboxd_requests = counter_vec(
             &registry,
             "vk_sandbox_sandboxd_requests_total",
@@ -315,6 +331,7 @@ impl Metrics {
             reconcile_duration,
             claim_duration,
             claim_provider,
+            claim_own,
             registry,
             kubelet_requests,
             kubelet_auth_failures,

@@ -156,3 +156,21 @@ fn value_reads_one_series_by_its_labels() {
         Some(3.0)
     );
 }
+
+#[test]
+fn a_claims_own_share_lands_in_its_fine_bucket() {
+    let m = Metrics::new().unwrap();
+    m.claim_own(Duration::from_micros(300));
+    let text = m.encode().unwrap();
+    for (needle, want) in [
+        ("vk_sandbox_claim_own_seconds_bucket{le=\"0.00025\"} ", "0"),
+        ("vk_sandbox_claim_own_seconds_bucket{le=\"0.0005\"} ", "1"),
+        ("vk_sandbox_claim_own_seconds_count ", "1"),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(needle))
+            .unwrap_or_else(|| panic!("missing {needle:?} in\n{text}"));
+        assert_eq!(&line[needle.len()..], want, "{line}");
+    }
+}

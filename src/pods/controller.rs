@@ -111,11 +111,19 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             // A resumed claim (this same Pod, after a restart) is not news:
             // no Event and no claim latency, and the status is written only
             // if it drifted, so a restart costs the apiserver next to nothing.
+            let mut waited = None;
             let (announce, patch) = match created {
-                Created::Claimed { id, status } => (
-                    Some((reason::CLAIMED, format!("claimed sandbox {id}"))),
+                Created::Claimed {
+                    id,
                     status,
-                ),
+                    waited: w,
+                } => {
+                    waited = Some(w);
+                    (
+                        Some((reason::CLAIMED, format!("claimed sandbox {id}"))),
+                        status,
+                    )
+                }
                 Created::Adopted { id, status } => (
                     Some((
                         reason::ADOPTED,
@@ -141,6 +149,9 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             // reconcile did not make it.
             if announce.is_some() {
                 metrics.claim_written(sent, started.elapsed());
+            }
+            if let Some(waited) = waited {
+                metrics.claim_own(sent.saturating_sub(waited));
             }
             if let Some((why, note)) = announce {
                 ctx.event(&pod, EventType::Normal, why, why, note).await;

@@ -314,7 +314,10 @@ pub fn spawn(
         let (ctx, stop) = (Arc::clone(&ctx), stop.clone());
         let hb = heartbeat(health.as_ref(), "sandboxd refresh", periods.refresh, margin);
         set.spawn(async move {
-            let mut tick = tokio::time::interval(periods.refresh);
+            // Start-up lists once itself; this loop's first look is one
+            // period later, so start-up does not list twice.
+            let first = tokio::time::Instant::now() + periods.refresh;
+            let mut tick = tokio::time::interval_at(first, periods.refresh);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {

@@ -105,7 +105,10 @@ impl Provider {
             })?;
         }
 
-        // 8. Claim.
+        // 8. Claim. The sandboxd call and the commit below are timed so
+        // the provider's own share of the claim path can be told apart
+        // from the waits on sandboxd and the disk.
+        let waiting = std::time::Instant::now();
         let granted = match self.sandboxd.claim(&request).await {
             Ok(c) => c,
             Err(e) => {
@@ -133,7 +136,11 @@ impl Provider {
             claimed_at: Timestamp::now(),
             deadline: granted.deadline.expires_at(),
         };
-        if let Err(persist) = self.claims.commit(&k, claim.clone()).await {
+        let claimed = waiting.elapsed();
+        let committing = std::time::Instant::now();
+        let committed = self.claims.commit(&k, claim.clone()).await;
+        let waited = claimed + committing.elapsed();
+        if let Err(persist) = committed {
             // 10. Undo: return the sandbox rather than hold an unrecorded credential.
             return match self.undo_release(&claim).await {
                 Ok(()) => {
@@ -155,6 +162,7 @@ impl Provider {
         Ok(Created::Claimed {
             id: claim.id.clone(),
             status: status::running(pod, &view(&claim)),
+            waited,
         })
     }
 

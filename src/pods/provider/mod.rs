@@ -49,18 +49,15 @@ pub enum Created {
     Claimed {
         id: String,
         status: Value,
+        /// Time spent waiting on sandboxd's claim and the claims store's
+        /// commit (fsync); the rest of the claim path is vk-sandbox's own.
+        waited: Duration,
     },
     /// A claim kept from an earlier Pod under the same key.
-    Adopted {
-        id: String,
-        status: Value,
-    },
+    Adopted { id: String, status: Value },
     /// This same Pod's own claim, seen again after a restart: nothing
     /// changed hands, so there is nothing to announce.
-    Resumed {
-        id: String,
-        status: Value,
-    },
+    Resumed { id: String, status: Value },
 }
 
 /// What a provider delete did.
@@ -278,12 +275,12 @@ impl Provider {
 
     /// One verification pass that also refreshes the stray keys: list
     /// sandboxd once, then lift or drop the quarantined rows. A failed list
-    /// changes nothing.
-    pub async fn refresh(&self) -> Result<(), SandboxdError> {
+    /// changes nothing. Returns the listing (start-up hands it on).
+    pub async fn refresh(&self) -> Result<Vec<SandboxRow>, SandboxdError> {
         let snapshot = self.claims.quarantined();
         let listing = self.list().await?;
         if snapshot.is_empty() {
-            return Ok(());
+            return Ok(listing);
         }
         match self.claims.apply_verification(&snapshot, &listing).await {
             Ok(report) => info!(
@@ -292,7 +289,7 @@ impl Provider {
             ),
             Err(e) => warn!(error = %e, "verification could not be persisted; will retry"),
         }
-        Ok(())
+        Ok(listing)
     }
 
     /// The claim rows the lease watch must confirm (settled, past their
