@@ -54,7 +54,10 @@ case "$profile" in
   dev) outdir=debug ;;
   *) die "VK_MUSL_PROFILE must be release or dev, got '$profile'" ;;
 esac
-RUSTFLAGS="$rustflags" cargo build --profile "$profile" --target "$target" --bin vk-sandbox
+# VK_MUSL_FEATURES=mimalloc: that allocator instead of musl's (benchmarks).
+features=()
+[[ -n "${VK_MUSL_FEATURES:-}" ]] && features=(--features "$VK_MUSL_FEATURES")
+RUSTFLAGS="$rustflags" cargo build --profile "$profile" --target "$target" --bin vk-sandbox "${features[@]}"
 cp "${CARGO_TARGET_DIR:-target}/$target/$outdir/vk-sandbox" "$out"
 desc=$(file -b "$out")
 [[ "$desc" == *"$want"* ]] || die "$out is not a $want binary: $desc"

@@ -27,6 +27,11 @@ use vk_sandbox::runtime::Threads;
 use vk_sandbox::sandboxd::SandboxdClient;
 use vk_sandbox::{Error, Result, kube_client, orphan, telemetry};
 
+/// `--features mimalloc`: mimalloc instead of the C library's allocator.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = config::parse_process_args();
     if let Some(config::Command::Preflight(args)) = &cli.command {

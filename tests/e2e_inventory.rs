@@ -518,3 +518,58 @@ async fn disabled_scan_never_lists() {
     );
     assert!(scans >= Some(2.0), "every listed cycle counted: {scans:?}");
 }
+
+/// Start-up lists sandboxd once: that listing vouches for the previous
+/// run's claims and also feeds the first NodeInventory, which shows the
+/// claim it vouched for.
+#[tokio::test(flavor = "multi_thread")]
+async fn start_up_lists_sandboxd_once() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    install_crds(&cluster).await;
+    let sim = start_sim().await;
+    let held = claim(&sim, "ns1/once").await;
+    let state = json!({"claims": {"ns1/once": {
+        "id": held.id, "token": held.token.expose(), "address": held.owner_addr, "podUID": "uid-once"
+    }}});
+    sim.sim().clear_requests();
+    let vk = start_vk(
+        &cluster,
+        &sim,
+        "inv-once",
+        Some(state),
+        &["--publish-inventory", "--publish-interval=10m"],
+    )
+    .await;
+    let api: Api<DynamicObject> =
+        Api::all_with(cluster.client.clone(), &inventory_resource(DEFAULT_GROUP));
+    let obj = wait_for(
+        &format!("NodeInventory {}", vk.node),
+        Duration::from_secs(30),
+        || async {
+            match api.get_opt(&vk.node).await {
+                Ok(Some(o)) => Ok(o),
+                Ok(None) => Err(format!("absent; log:\n{}", tail(&vk.logs(), 15))),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
+    let ids: Vec<Value> = entries(&obj).iter().map(|e| e["id"].clone()).collect();
+    assert_eq!(ids, vec![json!(held.id)], "entries of {}", obj.data);
+    // Anything that would list again at start-up has had its moment.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lists = sim
+        .sim()
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/v1/sandboxes")
+        .count();
+    assert_eq!(
+        lists,
+        1,
+        "sandboxd listings at start-up; log:\n{}",
+        tail(&vk.logs(), 20)
+    );
+}
