@@ -108,6 +108,22 @@ async fn wait_metric(vk: &VkUnderTest, series: &str, at_least: f64) -> String {
     .await
 }
 
+/// The node's NodeInventory once it is published.
+async fn wait_inventory(api: &Api<DynamicObject>, vk: &VkUnderTest, group: &str) -> DynamicObject {
+    wait_for(
+        &format!("NodeInventory {} in {group}", vk.node),
+        Duration::from_secs(30),
+        || async {
+            match api.get_opt(&vk.node).await {
+                Ok(Some(o)) => Ok(o),
+                Ok(None) => Err(format!("absent; log:\n{}", tail(&vk.logs(), 15))),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await
+}
+
 fn entries(obj: &DynamicObject) -> Vec<Value> {
     obj.data["entries"].as_array().cloned().unwrap_or_default()
 }
@@ -156,18 +172,7 @@ async fn inventory_published_only_when_changed() {
         let vk = start_vk(&cluster, &sim, "inv", Some(state.clone()), &args).await;
         let api: Api<DynamicObject> =
             Api::all_with(cluster.client.clone(), &inventory_resource(group));
-        let obj = wait_for(
-            &format!("NodeInventory {} in {group}", vk.node),
-            Duration::from_secs(30),
-            || async {
-                match api.get_opt(&vk.node).await {
-                    Ok(Some(o)) => Ok(o),
-                    Ok(None) => Err(format!("absent; log:\n{}", tail(&vk.logs(), 15))),
-                    Err(e) => Err(e.to_string()),
-                }
-            },
-        )
-        .await;
+        let obj = wait_inventory(&api, &vk, group).await;
         assert_eq!(obj.data["node"], json!(vk.node));
         assert_eq!(obj.data["address"], json!("sandboxd-1.example:7777"));
         let want_entries = json!([
@@ -544,18 +549,7 @@ async fn start_up_lists_sandboxd_once() {
     .await;
     let api: Api<DynamicObject> =
         Api::all_with(cluster.client.clone(), &inventory_resource(DEFAULT_GROUP));
-    let obj = wait_for(
-        &format!("NodeInventory {}", vk.node),
-        Duration::from_secs(30),
-        || async {
-            match api.get_opt(&vk.node).await {
-                Ok(Some(o)) => Ok(o),
-                Ok(None) => Err(format!("absent; log:\n{}", tail(&vk.logs(), 15))),
-                Err(e) => Err(e.to_string()),
-            }
-        },
-    )
-    .await;
+    let obj = wait_inventory(&api, &vk, DEFAULT_GROUP).await;
     let ids: Vec<Value> = entries(&obj).iter().map(|e| e["id"].clone()).collect();
     assert_eq!(ids, vec![json!(held.id)], "entries of {}", obj.data);
     // Anything that would list again at start-up has had its moment.
