@@ -157,18 +157,23 @@ async fn run(cfg: Config) -> Result<()> {
 
     let metrics = Metrics::new()?;
     let health = Health::new();
-    let (client, source) = kube_client::client(&cfg.kube).await?;
+    // One process per state path, before anything reads or writes it.
+    let _state_lock = StateLock::acquire(&cfg.state_path)?;
+    // The claims store loads and is written once before the Node exists (an
+    // unwritable state path keeps the node out of scheduling); its writer
+    // thread does that while the Kubernetes credentials load.
+    let (client, claims) = tokio::join!(
+        kube_client::client(&cfg.kube),
+        ClaimsStore::open(&cfg.state_path)
+    );
+    let (client, source) = client?;
     info!(?source, node = %cfg.node_name, "Kubernetes credentials loaded");
+    let claims = Arc::new(claims?);
 
     let sandboxd = SandboxdClient::builder(cfg.sandboxd.url.clone())
         .token(cfg.sandboxd.token.as_ref().map(|t| t.expose().to_string()))
         .observer(Arc::clone(&metrics) as Arc<dyn vk_sandbox::sandboxd::Observer>)
         .build()?;
-    // One process per state path, before anything reads or writes it.
-    let _state_lock = StateLock::acquire(&cfg.state_path)?;
-    // The claims store loads and is written once before the Node exists:
-    // an unwritable state path keeps the node out of scheduling.
-    let claims = Arc::new(ClaimsStore::open(&cfg.state_path).await?);
     {
         let m = Arc::clone(&metrics);
         claims.on_write(move |elapsed, ok| {

@@ -162,7 +162,7 @@ impl Provider {
             }
             Err(e) => {
                 self.listing_ok.store(false, Ordering::Relaxed);
-                if e.status() == Some(403) && !self.said_not_root.swap(true, Ordering::Relaxed) {
+                if self.first_not_root(&e) {
                     warn!(
                         error = %e,
                         "sandboxd refuses to list with this token: it is not the node (root) \
@@ -174,6 +174,15 @@ impl Provider {
                 Err(e)
             }
         }
+    }
+
+    /// Whether a failed listing is the first refusal of this token (403:
+    /// not the node's root token), which is logged once per process.
+    fn first_not_root(&self, e: &SandboxdError) -> bool {
+        e.status() == Some(403)
+            && !self
+                .said_not_root
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether no listing has succeeded since start-up or since the last

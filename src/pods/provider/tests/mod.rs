@@ -353,4 +353,85 @@ async fn a_claim_past_its_cached_deadline_is_settled_by_the_listing() {
     );
 }
 
+fn pod_named(name: &str, uid: &str) -> Pod {
+    let mut p = pod(uid);
+    p.metadata.name = Some(name.into());
+    p
+}
+
+/// A listing is needed until one succeeds, and again after one fails (a
+/// failed list is never an empty one); the side loop reads this.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listing_is_needed_until_one_succeeds_and_after_one_fails() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    assert!(provider.refresh_needed(), "nothing listed yet");
+    provider.list().await.expect("list");
+    assert!(!provider.refresh_needed(), "listed");
+    let fault: sandboxd_sim::Fault = serde_json::from_value(
+        json!({"endpoint": "list", "kind": "status", "status": 500, "times": 1}),
+    )
+    .expect("fault");
+    sim.sim().arm_fault(fault).expect("arm");
+    assert!(provider.list().await.is_err());
+    assert!(provider.refresh_needed(), "the last listing failed");
+    assert!(provider.refresh().await.is_ok());
+    assert!(!provider.refresh_needed(), "listed again");
+}
+
+/// A tenant token's 403 is said once per process; other refusals never
+/// say it.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_first_403_says_the_token_is_not_root() {
+    let (_sim, provider, _dir) = provider_with_token().await;
+    let refused = |status| SandboxdError::Http {
+        op: Op::List,
+        status,
+        message: String::new(),
+    };
+    assert!(
+        !provider.first_not_root(&refused(500)),
+        "a 500 is not a tenant token"
+    );
+    assert!(
+        provider.first_not_root(&refused(403)),
+        "the first 403 is said"
+    );
+    assert!(!provider.first_not_root(&refused(403)), "once");
+    assert!(!provider.first_not_root(&refused(500)));
+}
+
+/// The tracked Pods (the kubelet API's view and the sweeps') are the Pods
+/// claimed for, sorted by key; untracking needs the same UID.
+#[tokio::test(flavor = "multi_thread")]
+async fn tracked_pods_and_keys_are_the_pods_claimed_for() {
+    let (_sim, provider, _dir) = provider_with_token().await;
+    assert!(provider.tracked_pods().is_empty());
+    assert!(provider.tracked_keys().is_empty());
+    for (name, uid) in [("b", "ub"), ("a", "ua")] {
+        provider
+            .create(&Arc::new(pod_named(name, uid)))
+            .await
+            .expect("claim");
+    }
+    let uids: Vec<String> = provider
+        .tracked_pods()
+        .iter()
+        .map(|p| uid(p).to_string())
+        .collect();
+    assert_eq!(uids, ["ua", "ub"], "sorted by key");
+    let mut keys = provider.tracked_keys();
+    keys.sort();
+    assert_eq!(keys, ["ns/a", "ns/b"]);
+    assert!(provider.holds("ns/a") && !provider.holds("ns/c"));
+
+    provider.untrack("ns/a", "another-uid");
+    assert!(
+        provider.tracked("ns/a").is_some(),
+        "another UID untracks nothing"
+    );
+    provider.untrack("ns/a", "ua");
+    assert!(provider.tracked("ns/a").is_none());
+    assert_eq!(provider.tracked_keys(), ["ns/b"]);
+}
+
 mod strays;
