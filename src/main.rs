@@ -404,7 +404,7 @@ fn register_sampled_gauges(metrics: &Metrics, claims: &Arc<ClaimsStore>) -> Resu
 /// status reason, read from the watch cache at each scrape.
 fn register_pod_phase_gauge(
     metrics: &Metrics,
-    store: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Pod>,
+    store: kube::runtime::reflector::Store<vk_sandbox::pods::pod::Pod>,
 ) -> Result<()> {
     let pending = store.clone();
     metrics.register_sampled(SampledGauge::new(
@@ -442,18 +442,18 @@ fn register_pod_phase_gauge(
 
 /// `/pods` from the watch cache; `/runningpods/` from the provider.
 struct NodePods {
-    store: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Pod>,
+    store: kube::runtime::reflector::Store<vk_sandbox::pods::pod::Pod>,
     provider: Arc<Provider>,
 }
 
 impl PodSource for NodePods {
-    fn node_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    fn node_pods(&self) -> Vec<vk_sandbox::pods::pod::Pod> {
         let mut pods: Vec<_> = self.store.state().iter().map(|p| (**p).clone()).collect();
         pods.sort_by_key(vk_sandbox::pods::annotations::key);
         pods
     }
 
-    fn running_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    fn running_pods(&self) -> Vec<vk_sandbox::pods::pod::Pod> {
         self.provider.tracked_pods()
     }
 }

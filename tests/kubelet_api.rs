@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::Pod;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -25,6 +24,7 @@ use vk_sandbox::kubelet::auth::{Authenticator, Authorizer, Decision, RequestAttr
 use vk_sandbox::kubelet::tls::{self, KubeletTls};
 use vk_sandbox::kubelet::{KubeletAuth, KubeletState, UserInfo, router, serve};
 use vk_sandbox::metrics::Metrics;
+use vk_sandbox::pods::pod::Pod;
 
 const NOT_IMPL_LOGS: &str = "error getting container logs?): vk-sandbox: not implemented; use the sandbox SDK for interactive access";
 

@@ -139,7 +139,7 @@ fn go_atoi(s: &str) -> Option<i64> {
 /// the ttl key is added, which must be ignored), then NUL-separated fields:
 /// namespace, name, runtime, template, net, size, ttl, the variant's value.
 pub fn check_annotations(data: &[u8]) {
-    use k8s_openapi::api::core::v1::Pod;
+    use vk_sandbox::pods::pod::Pod;
 
     let mut input = Input::new(data);
     let flags = input.byte();
@@ -1163,10 +1163,10 @@ fn kubelet_router() -> axum::Router {
             /// A node without Pods.
             struct NoPods;
             impl PodSource for NoPods {
-                fn node_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+                fn node_pods(&self) -> Vec<vk_sandbox::pods::pod::Pod> {
                     Vec::new()
                 }
-                fn running_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+                fn running_pods(&self) -> Vec<vk_sandbox::pods::pod::Pod> {
                     Vec::new()
                 }
             }

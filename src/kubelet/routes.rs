@@ -154,7 +154,7 @@ async fn add_trailing_slash(req: Request) -> Response {
     redirect_to(&path, req.uri().query())
 }
 
-fn pod_list(items: Vec<k8s_openapi::api::core::v1::Pod>) -> Response {
+fn pod_list(items: Vec<crate::pods::pod::Pod>) -> Response {
     let body = serde_json::json!({
         "kind": "PodList",
         "apiVersion": "v1",

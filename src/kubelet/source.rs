@@ -1,6 +1,6 @@
 //! Where `/pods` and `/runningpods/` get their Pods from.
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::pods::pod::Pod;
 
 /// The Pods the kubelet API reports. The Pods controller implements it:
 /// `node_pods` from the watch cache (every Pod bound to this node),

@@ -83,7 +83,7 @@ pub const PODS_PENDING_OLDEST: &str = "vk_sandbox_pods_pending_oldest_seconds";
 
 /// The samples of [`PODS_PENDING_OLDEST`] for `pods` at `now`.
 pub fn pending_oldest<'a>(
-    pods: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Pod>,
+    pods: impl IntoIterator<Item = &'a crate::pods::pod::Pod>,
     now: jiff::Timestamp,
 ) -> Vec<(String, i64)> {
     let mut oldest: std::collections::BTreeMap<String, i64> = Default::default();

@@ -76,7 +76,8 @@ fn sandboxd_calls_sampled_gauges_and_reconciles_are_exposed() {
 
 #[test]
 fn pending_oldest_by_reason() {
-    use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+    use crate::pods::pod::{Pod, PodStatus};
+    use k8s_openapi::api::core::v1::PodCondition;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     let at = |s: &str| Time(s.parse().expect("ts"));
     let pod = |phase: Option<&str>, reason: Option<&str>, created: &str, bound: Option<&str>| {

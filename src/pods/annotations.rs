@@ -1,7 +1,7 @@
 //! The Pod contract: what a sandbox Pod's annotations ask of sandboxd
 //! (docs/pod-contract.md): runtime gate, TTL, template, claim body. Pure.
 
-use k8s_openapi::api::core::v1::Pod;
+use super::pod::Pod;
 
 use crate::sandboxd::ClaimRequest;
 

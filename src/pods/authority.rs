@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use k8s_openapi::api::core::v1::Pod;
+use super::pod::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::pod::Pod;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector;
@@ -261,24 +261,6 @@ pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
     Action::requeue(wait)
 }
 
-/// Drops what nothing here reads from a Pod before it is cached, since the
-/// cache holds every Pod of the node: `managedFields`, volumes and volume
-/// mounts (a microVM mounts none of them; the projected ServiceAccount
-/// token volume alone is about a third of a typical Pod in memory). The
-/// kubelet API's `/pods` serves this cache, so it shows Pods without them.
-pub fn slim(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    if let Some(spec) = pod.spec.as_mut() {
-        spec.volumes = None;
-        let containers = spec.containers.iter_mut();
-        let inits = spec.init_containers.iter_mut().flatten();
-        for c in containers.chain(inits) {
-            c.volume_mounts = None;
-            c.volume_devices = None;
-        }
-    }
-}
-
 /// Whether the Pod watch has delivered its initial list. Every waiter is
 /// woken when it has (kube-runtime's own readiness signal wakes only one of
 /// several concurrent waiters, so waiting on it cost start-up up to a
@@ -305,8 +287,8 @@ impl Synced {
 }
 
 /// The Pod controller over `spec.nodeName=<node>`; its store also serves
-/// the kubelet API's `/pods` and the node's readiness. The Pods are
-/// [`slim`]med before the cache.
+/// the kubelet API's `/pods` and the node's readiness. The cache holds the
+/// lean [`Pod`] (only the fields read here are decoded).
 pub fn controller(client: &Client, node: &str) -> (Controller<Pod>, Synced) {
     let api: Api<Pod> = Api::all(client.clone());
     let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
@@ -315,7 +297,6 @@ pub fn controller(client: &Client, node: &str) -> (Controller<Pod>, Synced) {
     // Signalled after the reflector has applied the initial list, so a
     // waiter always finds the store complete.
     let pods = watcher(api, wc)
-        .modify(slim)
         .reflect(writer)
         .map_ok(move |event| {
             if matches!(event, watcher::Event::InitDone) {
@@ -377,52 +358,4 @@ pub async fn run_with(
         .await;
     stop.cancel();
     while side.join_next().await.is_some() {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slim_keeps_what_reconcile_and_status_read() {
-        let mut p: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p", "namespace": "ns", "uid": "u",
-                "annotations": {"sandbox.cocoonstack.io/template": "base:24.04"},
-                "ownerReferences": [{"apiVersion": "agents.x-k8s.io/v1alpha1", "kind": "Sandbox",
-                    "name": "s", "uid": "o", "controller": true}],
-                "managedFields": [{"manager": "kubectl", "operation": "Update"}]},
-            "spec": {"nodeName": "n", "restartPolicy": "Never",
-                "containers": [{"name": "a", "image": "img", "env": [{"name": "K", "value": "V"}],
-                    "volumeMounts": [{"name": "tok", "mountPath": "/var/run/secrets"}]}],
-                "initContainers": [{"name": "i", "image": "img",
-                    "volumeMounts": [{"name": "tok", "mountPath": "/x"}]}],
-                "volumes": [{"name": "tok", "projected": {"sources": []}}]},
-            "status": {"phase": "Running"},
-        }))
-        .expect("pod");
-        let before = serde_json::to_value(&p).expect("json");
-        slim(&mut p);
-        let after = serde_json::to_value(&p).expect("json");
-        assert!(after["metadata"].get("managedFields").is_none());
-        assert!(after["spec"].get("volumes").is_none());
-        assert!(after["spec"]["containers"][0].get("volumeMounts").is_none());
-        assert!(
-            after["spec"]["initContainers"][0]
-                .get("volumeMounts")
-                .is_none()
-        );
-        // Everything else is as it was.
-        for path in [
-            "/metadata/annotations",
-            "/metadata/ownerReferences",
-            "/metadata/uid",
-            "/spec/nodeName",
-            "/spec/restartPolicy",
-            "/spec/containers/0/image",
-            "/spec/containers/0/env",
-            "/status",
-        ] {
-            assert_eq!(after.pointer(path), before.pointer(path), "{path}");
-        }
-    }
 }

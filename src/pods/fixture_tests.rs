@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use super::pod::Pod;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 

@@ -8,8 +8,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::pod::Pod;
 use http::{Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};

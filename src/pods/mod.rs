@@ -4,6 +4,7 @@
 //!
 //! - [`controller`]: the kube-runtime Controller wiring and the reconcile;
 //! - [`plan`]: what one reconcile does (pure);
+//! - [`pod`]: the lean Pod type the watch cache holds;
 //! - [`context`]: what reconciles share (Events, back-off, the start gate);
 //! - [`writes`]: every write to a Pod, each conditional on that Pod;
 //! - [`sweeps`]: the side loops (vanished Pods, lease expiry, refresh);
@@ -15,6 +16,7 @@ pub mod claim_ref;
 pub mod context;
 pub mod controller;
 pub mod plan;
+pub mod pod;
 pub mod provider;
 pub mod status;
 pub mod sweeps;

@@ -2,7 +2,7 @@
 //! provider's tracked generation for its key and whether a claim is stored
 //! for it; and which claims the lease watch must confirm. Pure.
 
-use k8s_openapi::api::core::v1::Pod;
+use super::pod::Pod;
 
 use crate::claims::{Claim, ClaimState};
 

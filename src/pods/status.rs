@@ -2,8 +2,8 @@
 //! patches of `pods/status`. Pure. Fields we clear are sent as `null`, so
 //! the patch replaces the status we own without a read-modify-write.
 
+use super::pod::Pod;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use super::annotations::CLAIM_ID;

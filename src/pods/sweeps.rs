@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use super::pod::Pod;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use tracing::{info, warn};

@@ -3,7 +3,7 @@
 //! it was computed for, so nothing computed for one Pod lands on its
 //! same-name successor, and each names the `vk-sandbox` field manager.
 
-use k8s_openapi::api::core::v1::Pod;
+use super::pod::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::Value;

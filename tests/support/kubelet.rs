@@ -2,8 +2,8 @@
 
 use std::sync::RwLock;
 
-use k8s_openapi::api::core::v1::Pod;
 use vk_sandbox::kubelet::PodSource;
+use vk_sandbox::pods::pod::Pod;
 
 /// Serves the Pods it is given (`/pods` and `/runningpods/`).
 #[derive(Debug, Default)]

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::pods::pod::Pod;
 use tracing::warn;
 
 use jiff::Timestamp;

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::pod::Pod;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use serde_json::Value;
 use tracing::{info, warn};

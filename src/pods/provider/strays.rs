@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use k8s_openapi::api::core::v1::Pod;
+use crate::pods::pod::Pod;
 use tracing::{info, warn};
 
 use super::{Provider, lock, uid};

@@ -122,7 +122,7 @@ async fn recovered_claim_whose_commit_fails_is_recovered_again() {
         .annotations
         .get_or_insert_default()
         .insert(annotations::CLAIM_ID.to_string(), id.clone());
-    running.status = Some(k8s_openapi::api::core::v1::PodStatus {
+    running.status = Some(crate::pods::pod::PodStatus {
         pod_ip: Some("10.0.0.5".into()),
         ..Default::default()
     });
@@ -181,7 +181,7 @@ async fn lost_credential_is_recovered_not_released() {
         .annotations
         .get_or_insert_default()
         .insert(annotations::CLAIM_ID.to_string(), first.id.clone());
-    running.status = Some(k8s_openapi::api::core::v1::PodStatus {
+    running.status = Some(crate::pods::pod::PodStatus {
         pod_ip: Some("10.0.0.5".into()),
         ..Default::default()
     });

@@ -1,0 +1,205 @@
+//! The Pod as vk-sandbox reads it: only the fields the controller, the
+//! statuses it publishes and the kubelet API look at. The watch cache
+//! holds every Pod bound to this node, so its type decides the process's
+//! memory: k8s-openapi's `Pod` carries every field of the API (a spec of 40
+//! fields, containers of 24, volumes, managedFields) in every cached
+//! object, and decoding those fields costs CPU on every watch event.
+//! Here the unread fields are skipped while the JSON is decoded, so they
+//! are never allocated.
+//!
+//! What is kept: the metadata (without `managedFields` and `selfLink`),
+//! the spec's `nodeName`, `restartPolicy` and each container's name and
+//! image, and the status fields vk-sandbox writes or decides on (phase,
+//! reason, message, addresses, start time, conditions, container
+//! statuses). Everything a status patch names must be kept, or the Pod
+//! would never look up to date and each echo would be written again (see
+//! [`super::status::changes`]).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{ContainerState, HostIP, PodCondition, PodIP};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// A Pod bound to this node, as cached. Serializes as a `v1` `Pod` with
+/// only these fields (the kubelet API's `/pods` shows it so).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct Pod {
+    #[serde(default, deserialize_with = "lean_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<PodSpec>,
+    #[serde(default)]
+    pub status: Option<PodStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<String>,
+    #[serde(default)]
+    pub containers: Vec<Container>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Container {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, rename = "hostIP", skip_serializing_if = "Option::is_none")]
+    pub host_ip: Option<String>,
+    #[serde(default, rename = "hostIPs", skip_serializing_if = "Option::is_none")]
+    pub host_ips: Option<Vec<HostIP>>,
+    #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
+    #[serde(default, rename = "podIPs", skip_serializing_if = "Option::is_none")]
+    pub pod_ips: Option<Vec<PodIP>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<PodCondition>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_statuses: Option<Vec<ContainerStatus>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStatus {
+    pub name: String,
+    #[serde(default)]
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<bool>,
+    #[serde(default)]
+    pub restart_count: i32,
+    #[serde(default)]
+    pub image: String,
+    #[serde(default, rename = "imageID")]
+    pub image_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<ContainerState>,
+}
+
+/// The metadata fields kept; `managedFields` (often the largest part of a
+/// Pod) and `selfLink` are skipped while decoding.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeanMeta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    generate_name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
+    #[serde(default)]
+    creation_timestamp: Option<Time>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+    #[serde(default)]
+    deletion_grace_period_seconds: Option<i64>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    owner_references: Option<Vec<OwnerReference>>,
+    #[serde(default)]
+    finalizers: Option<Vec<String>>,
+}
+
+fn lean_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = LeanMeta::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: m.name,
+        generate_name: m.generate_name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        generation: m.generation,
+        creation_timestamp: m.creation_timestamp,
+        deletion_timestamp: m.deletion_timestamp,
+        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+        labels: m.labels,
+        annotations: m.annotations,
+        owner_references: m.owner_references,
+        finalizers: m.finalizers,
+        managed_fields: None,
+        self_link: None,
+    })
+}
+
+impl Serialize for Pod {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Out<'a> {
+            api_version: &'static str,
+            kind: &'static str,
+            metadata: &'a ObjectMeta,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            spec: Option<&'a PodSpec>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            status: Option<&'a PodStatus>,
+        }
+        Out {
+            api_version: "v1",
+            kind: "Pod",
+            metadata: &self.metadata,
+            spec: self.spec.as_ref(),
+            status: self.status.as_ref(),
+        }
+        .serialize(s)
+    }
+}
+
+impl kube::Resource for Pod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Pod")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("pods")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests;
