@@ -141,9 +141,15 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             // stays tracked and the successor's reconcile settles it.
             let written =
                 writes::write_status(&ctx.client, metrics, &pod, &patch, Guard::Uid).await?;
-            if written == Written::Gone {
-                info!("the Pod went away before its Running status was written");
-                return Ok(Action::await_change());
+            match &written {
+                Written::Gone => {
+                    info!("the Pod went away before its Running status was written");
+                    return Ok(Action::await_change());
+                }
+                // Until the watch brings this version, decisions about the
+                // Pod are made from it (see `Provider::newest`).
+                Written::Written(stored) => ctx.provider.update_tracked(stored),
+                _ => {}
             }
             // Only claims and adoptions are timed: a resumed claim's
             // reconcile did not make it.
@@ -237,11 +243,14 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
         Step::Leave => Ok(Action::await_change()),
         Step::Republish => {
             ctx.provider.update_tracked(&pod);
+            // Our own last write, when the cache does not show it yet: the
+            // status it stored is not drift.
+            let pod = ctx.provider.newest(&pod);
             let Some((_, patch)) = ctx.provider.running_status(&pod) else {
                 return Ok(Action::requeue(RESYNC));
             };
-            // Computed from what the cache shows, so written only onto that
-            // version: a Pod marked Failed meanwhile is never flipped back.
+            // Computed from that version, so written only onto it: a Pod
+            // marked Failed meanwhile is never flipped back.
             match writes::write_status(&ctx.client, &ctx.metrics, &pod, &patch, Guard::Fresh)
                 .await?
             {

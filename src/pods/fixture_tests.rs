@@ -172,6 +172,48 @@ async fn a_republish_onto_a_newer_version_conflicts_and_is_not_forced() {
     assert_eq!(writes[1].body["metadata"]["uid"], "p1");
 }
 
+/// Our Running write is stored at a later version than the cache shows;
+/// a reconcile that runs before the watch brings it (another update of the
+/// Pod queued one) decides from the stored copy and writes nothing again.
+/// A version newer than our write is decided from as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reconcile_before_the_echo_does_not_write_the_same_status_again() {
+    let w = world_with(|s| match (s.method.as_str(), s.path()) {
+        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => {
+            // The Pod as the apiserver stores it after the patch.
+            let mut stored = pod_json();
+            json_patch::merge(&mut stored, &s.body);
+            stored["metadata"]["resourceVersion"] = json!("8");
+            (200, stored)
+        }
+        ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
+        _ => (404, Value::Null),
+    })
+    .await;
+    let id = claimed(&w).await;
+    // The cache still has version 7 (no status).
+    let stale = owned_pod("p1", "o1");
+    assert_eq!(stale.metadata.resource_version.as_deref(), Some("7"));
+    let action = within(reconcile(Arc::new(stale), Arc::clone(&w.ctx)))
+        .await
+        .expect("reconcile");
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(300)));
+    assert_eq!(w.api.writes().len(), 1, "{:#?}", w.api.writes());
+    // Version 9, after ours, says the Pod is not Ready: that is drift.
+    let mut later = running_pod(&id);
+    later.metadata.resource_version = Some("9".into());
+    if let Some(st) = later.status.as_mut() {
+        st.phase = Some("Pending".into());
+    }
+    within(reconcile(Arc::new(later), Arc::clone(&w.ctx)))
+        .await
+        .expect("reconcile");
+    let writes = w.api.writes();
+    assert_eq!(writes.len(), 2, "{writes:#?}");
+    assert_eq!(writes[1].body["metadata"]["resourceVersion"], "9");
+    assert_eq!(writes[1].body["status"]["phase"], "Running");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_write_refused_for_another_pod_is_dropped() {
     let replaced = status(

@@ -16,6 +16,7 @@
 //! [`super::status::changes`]).
 
 use std::borrow::Cow;
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use k8s_openapi::NamespaceResourceScope;
@@ -171,6 +172,35 @@ impl Serialize for Pod {
             status: self.status.as_ref(),
         }
         .serialize(s)
+    }
+}
+
+/// The order of two `resourceVersion`s of the same resource. Since
+/// Kubernetes 1.35 they are decimal integers that clients may compare
+/// (comparable resource versions, KEP-5504): the longer number is newer,
+/// and numbers of one length compare digit by digit. `None` when either is
+/// not such a number (an apiserver that keeps them opaque): then no order
+/// is assumed.
+pub fn version_order(a: &str, b: &str) -> Option<Ordering> {
+    let decimal = |v: &str| {
+        !v.is_empty() && v.bytes().all(|c| c.is_ascii_digit()) && (v == "0" || !v.starts_with('0'))
+    };
+    if !decimal(a) || !decimal(b) {
+        return None;
+    }
+    Some(a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
+}
+
+impl Pod {
+    /// Whether `self` is a later version of the same Pod (same UID) than
+    /// `other`, as far as their resourceVersions tell.
+    pub fn is_newer_than(&self, other: &Pod) -> bool {
+        self.metadata.uid.is_some()
+            && self.metadata.uid == other.metadata.uid
+            && matches!(
+                (&self.metadata.resource_version, &other.metadata.resource_version),
+                (Some(a), Some(b)) if version_order(a, b) == Some(Ordering::Greater)
+            )
     }
 }
 

@@ -202,7 +202,7 @@ async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>, hb: &Option<LoopHe
         // From the cached version only: on a conflict the next tick decides
         // again from the newer one.
         match writes::write_status(&ctx.client, &ctx.metrics, &pod, &patch, Guard::Fresh).await {
-            Ok(Written::Written) => {
+            Ok(Written::Written(_)) => {
                 ctx.event(
                     &pod,
                     EventType::Warning,

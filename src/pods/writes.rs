@@ -3,6 +3,8 @@
 //! it was computed for, so nothing computed for one Pod lands on its
 //! same-name successor, and each names the `vk-sandbox` field manager.
 
+use std::sync::Arc;
+
 use super::pod::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
@@ -31,11 +33,12 @@ pub enum Guard {
 }
 
 /// What a status write did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Written {
     /// The Pod already shows the status: nothing was sent.
     Unchanged,
-    Written,
+    /// Sent; the Pod as the apiserver stored it.
+    Written(Arc<Pod>),
     /// The Pod is gone, or another Pod now has its name.
     Gone,
     /// The Pod changed since it was read ([`Guard::Fresh`] only).
@@ -43,10 +46,10 @@ pub enum Written {
 }
 
 impl Written {
-    fn label(self) -> &'static str {
+    fn label(&self) -> &'static str {
         match self {
             Written::Unchanged => "unchanged",
-            Written::Written => "written",
+            Written::Written(_) => "written",
             Written::Gone => "gone",
             Written::Conflict => "conflict",
         }
@@ -117,7 +120,7 @@ pub async fn write_status(
         .patch_status(name, &pp, &Patch::Merge(&body))
         .await
     {
-        Ok(_) => Ok(Written::Written),
+        Ok(stored) => Ok(Written::Written(Arc::new(stored))),
         Err(kube::Error::Api(s)) if refused_as_gone(&s) => Ok(Written::Gone),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Written::Conflict),
         Err(e) => Err(Error::kube(format!("write status of Pod {}", key(pod)), e)),

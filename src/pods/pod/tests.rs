@@ -184,3 +184,52 @@ fn is_the_core_v1_pods_resource() {
         (Some("v1"), Some("Pod"), Some("p"), Some("u-1"))
     );
 }
+
+#[test]
+fn resource_versions_order_as_decimal_numbers_or_not_at_all() {
+    use std::cmp::Ordering::*;
+    for (a, b, want) in [
+        ("10", "9", Some(Greater)),
+        ("9", "10", Some(Less)),
+        ("123", "124", Some(Less)),
+        ("124", "124", Some(Equal)),
+        ("0", "1", Some(Less)),
+        (
+            "1000000000000000000000",
+            "999999999999999999999",
+            Some(Greater),
+        ),
+        // Not decimal numbers: no order is assumed.
+        ("", "1", None),
+        ("1", "", None),
+        ("01", "2", None),
+        ("2", "01", None),
+        ("abc", "1", None),
+        ("1", "1a", None),
+        ("-1", "1", None),
+    ] {
+        assert_eq!(version_order(a, b), want, "{a:?} vs {b:?}");
+    }
+}
+
+#[test]
+fn newer_means_the_same_pod_at_a_later_version() {
+    let at = |uid: Option<&str>, rv: Option<&str>| {
+        let mut p = Pod::default();
+        p.metadata.uid = uid.map(Into::into);
+        p.metadata.resource_version = rv.map(Into::into);
+        p
+    };
+    let v9 = at(Some("u"), Some("9"));
+    let v10 = at(Some("u"), Some("10"));
+    assert!(v10.is_newer_than(&v9));
+    assert!(!v9.is_newer_than(&v10));
+    assert!(!v10.is_newer_than(&v10.clone()));
+    // Another Pod of the same name is never "newer".
+    assert!(!at(Some("w"), Some("10")).is_newer_than(&v9));
+    assert!(!at(None, Some("10")).is_newer_than(&at(None, Some("9"))));
+    // Versions that cannot be ordered.
+    assert!(!at(Some("u"), Some("x")).is_newer_than(&v9));
+    assert!(!at(Some("u"), None).is_newer_than(&v9));
+    assert!(!v10.is_newer_than(&at(Some("u"), None)));
+}

@@ -236,12 +236,29 @@ impl Provider {
         self.claims.get(key).is_some()
     }
 
-    /// Replaces the tracked copy (an update of the same Pod generation).
+    /// Replaces the tracked copy with `pod`, a version of the same Pod
+    /// (same UID) that is not older than it: the watch cache's copy, or the
+    /// Pod as our own status write stored it, which the cache may not show
+    /// yet.
     pub fn update_tracked(&self, pod: &Arc<Pod>) {
         let k = key(pod);
         let mut t = lock(&self.tracked);
-        if t.get(&k).is_some_and(|p| uid(p) == uid(pod)) {
+        if t.get(&k)
+            .is_some_and(|p| uid(p) == uid(pod) && !p.is_newer_than(pod))
+        {
             t.insert(k, Arc::clone(pod));
+        }
+    }
+
+    /// The newest version of `pod` known here: the tracked copy when it is
+    /// a later version of the same Pod (our own status write, whose echo
+    /// the watch has not delivered yet), else `pod` itself. Deciding from
+    /// it keeps a reconcile that runs before the echo from writing the same
+    /// status again.
+    pub fn newest(&self, pod: &Arc<Pod>) -> Arc<Pod> {
+        match lock(&self.tracked).get(&key(pod)) {
+            Some(t) if t.is_newer_than(pod) => Arc::clone(t),
+            _ => Arc::clone(pod),
         }
     }
 

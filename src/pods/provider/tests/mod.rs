@@ -434,4 +434,63 @@ async fn tracked_pods_and_keys_are_the_pods_claimed_for() {
     assert_eq!(provider.tracked_keys(), ["ns/b"]);
 }
 
+/// The tracked copy follows the Pod's versions forward only, and
+/// `newest` prefers it only when it is a later version of the same Pod.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tracked_copy_is_the_newest_version_of_the_same_pod() {
+    let (_sim, provider, _dir) = provider_with_token().await;
+    let at = |uid: &str, rv: &str, label: &str| {
+        let mut p = pod_named("a", uid);
+        p.metadata.resource_version = Some(rv.into());
+        p.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("v".into(), label.into());
+        Arc::new(p)
+    };
+    let label = |p: &Pod| p.metadata.labels.as_ref().and_then(|l| l.get("v").cloned());
+    provider
+        .create(&at("ua", "7", "seven"))
+        .await
+        .expect("claim");
+    assert_eq!(
+        label(&provider.tracked("ns/a").expect("tracked")).as_deref(),
+        Some("seven")
+    );
+
+    // A later version replaces the tracked copy; an older one does not.
+    provider.update_tracked(&at("ua", "9", "nine"));
+    assert_eq!(
+        label(&provider.tracked("ns/a").expect("tracked")).as_deref(),
+        Some("nine")
+    );
+    provider.update_tracked(&at("ua", "8", "eight"));
+    assert_eq!(
+        label(&provider.tracked("ns/a").expect("tracked")).as_deref(),
+        Some("nine")
+    );
+    // The same version replaces it (the cache's copy, shared with it).
+    let cached = at("ua", "9", "nine-cached");
+    provider.update_tracked(&cached);
+    assert!(Arc::ptr_eq(
+        &provider.tracked("ns/a").expect("tracked"),
+        &cached
+    ));
+    // Another Pod under the key never does.
+    provider.update_tracked(&at("ub", "99", "other"));
+    assert_eq!(uid(&provider.tracked("ns/a").expect("tracked")), "ua");
+
+    // newest: the tracked copy when it is later, else the Pod asked about.
+    let older = at("ua", "8", "eight");
+    assert!(Arc::ptr_eq(&provider.newest(&older), &cached));
+    let later = at("ua", "10", "ten");
+    assert!(Arc::ptr_eq(&provider.newest(&later), &later));
+    let same = at("ua", "9", "nine-again");
+    assert!(Arc::ptr_eq(&provider.newest(&same), &same));
+    let other = at("ub", "1", "other");
+    assert!(Arc::ptr_eq(&provider.newest(&other), &other));
+    let untracked = Arc::new(pod_named("zz", "uz"));
+    assert!(Arc::ptr_eq(&provider.newest(&untracked), &untracked));
+}
+
 mod strays;
