@@ -494,3 +494,4 @@ async fn the_tracked_copy_is_the_newest_version_of_the_same_pod() {
 }
 
 mod strays;
+mod upkeep;

@@ -1,0 +1,243 @@
+//! The provider's upkeep: the compensating release of an unrecorded claim,
+//! releasing a recovered claim by id, the lease-expiry candidates and the
+//! listed deadline, and the questions the side loops ask (`holds_id`,
+//! `has_quarantined`).
+
+use super::*;
+
+fn deleting(mut p: Pod) -> Pod {
+    p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-01-01T00:00:00Z".parse().expect("ts"),
+    ));
+    p
+}
+
+fn list_calls(sim: &sandboxd_sim::SimHandle) -> usize {
+    sim.sim()
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/sandboxes")
+        .count()
+}
+
+/// A claim whose commit fails is given back to sandboxd at once: no VM is
+/// held under a credential nothing recorded.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_whose_commit_fails_is_returned() {
+    let (sim, provider, dir) = provider_with_token().await;
+    // Make the next commit fail: the state directory's place is a file.
+    let state = dir.path();
+    let parked = state.with_extension("parked");
+    std::fs::rename(state, &parked).expect("park");
+    std::fs::write(state, "").expect("block");
+    let failed = provider
+        .create(&Arc::new(pod("u1")))
+        .await
+        .expect_err("not persisted");
+    std::fs::remove_file(state).expect("unblock");
+    std::fs::rename(&parked, state).expect("restore");
+    assert!(failed.message.contains("persist claim"), "{failed:?}");
+    let claims = sim
+        .sim()
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/claim")
+        .count();
+    assert_eq!(claims, 1, "one claim was made");
+    assert_eq!(released(&sim).len(), 1, "and returned");
+    assert!(sim.sim().claims().is_empty(), "no VM is left claimed");
+    assert!(provider.claims.get("ns/p").is_none());
+}
+
+/// A claim recovered without its credential (empty token) is released by
+/// id with the node token when its bare Pod goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recovered_claim_is_released_by_id_with_the_node_token() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    let id = neighbour_claims(&sim, &claim_ref::for_pod("ns/p", "u1")).await;
+    provider.list().await.expect("list");
+    let mut running = pod("u1");
+    running
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(annotations::CLAIM_ID.to_string(), id.clone());
+    running.status = Some(crate::pods::pod::PodStatus {
+        pod_ip: Some("10.0.0.5".into()),
+        ..Default::default()
+    });
+    let created = provider
+        .create(&Arc::new(running.clone()))
+        .await
+        .expect("recover");
+    assert!(
+        matches!(&created, Created::Adopted { id: got, .. } if *got == id),
+        "{created:?}"
+    );
+    assert_eq!(
+        provider.claims.get("ns/p").map(|(c, _)| c.token),
+        Some(String::new())
+    );
+    let deleted = provider.delete(&deleting(running)).await.expect("delete");
+    assert!(
+        matches!(&deleted, Deleted::Released { id: got, .. } if *got == id),
+        "{deleted:?}"
+    );
+    assert_eq!(released(&sim), [id]);
+    assert!(sim.sim().claims().is_empty());
+}
+
+/// Lease expiry asks sandboxd only when a settled claim of a tracked Pod
+/// is past its deadline, and then hands back those claims with the
+/// listing to confirm them against.
+#[tokio::test(flavor = "multi_thread")]
+async fn expiry_candidates_are_tracked_claims_past_their_deadline() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    let Created::Claimed { id, .. } = provider.create(&Arc::new(pod("u1"))).await.expect("claim")
+    else {
+        panic!("expected a fresh claim");
+    };
+    let (claim, _) = provider.claims.get("ns/p").expect("stored");
+    let deadline = claim.deadline.expect("the simulator sets a deadline");
+    let before = list_calls(&sim);
+    let early = deadline
+        .checked_sub(jiff::SignedDuration::from_secs(60))
+        .expect("ts");
+    assert!(provider.expiry_check(early).await.expect("check").is_none());
+    assert_eq!(list_calls(&sim), before, "nothing due: sandboxd not asked");
+
+    let late = deadline
+        .checked_add(jiff::SignedDuration::from_secs(60))
+        .expect("ts");
+    let (candidates, listing) = provider
+        .expiry_check(late)
+        .await
+        .expect("check")
+        .expect("one candidate");
+    assert_eq!(list_calls(&sim), before + 1);
+    assert_eq!(
+        candidates
+            .iter()
+            .map(|(k, c)| (k.as_str(), c.id.as_str()))
+            .collect::<Vec<_>>(),
+        [("ns/p", id.as_str())]
+    );
+    assert!(listing.iter().any(|r| r.id == id), "{listing:?}");
+
+    // Untracked, the claim is nobody's to expire here.
+    provider.untrack("ns/p", "u1");
+    assert!(provider.expiry_check(late).await.expect("check").is_none());
+}
+
+/// A candidate still listed takes the listing's deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listed_deadline_replaces_the_stored_one() {
+    let (_sim, provider, _dir) = provider_with_token().await;
+    let Created::Claimed { id, .. } = provider.create(&Arc::new(pod("u1"))).await.expect("claim")
+    else {
+        panic!("expected a fresh claim");
+    };
+    let listed = provider
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|r| r.id == id)
+        .expect("listed");
+    // The store keeps whole seconds.
+    let want = listed
+        .deadline
+        .expires_at()
+        .and_then(crate::claims::format::to_file_deadline);
+    assert!(want.is_some());
+    provider
+        .claims
+        .set_deadline("ns/p", &id, None)
+        .await
+        .expect("clear");
+    let (claim, _) = provider.claims.get("ns/p").expect("stored");
+    assert_eq!(claim.deadline, None);
+    provider.take_listed_deadline("ns/p", &claim, &listed).await;
+    assert_eq!(
+        provider.claims.get("ns/p").and_then(|(c, _)| c.deadline),
+        want
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn holds_id_is_this_key_holding_this_claim() {
+    let (_sim, provider, _dir) = provider_with_token().await;
+    let Created::Claimed { id, .. } = provider.create(&Arc::new(pod("u1"))).await.expect("claim")
+    else {
+        panic!("expected a fresh claim");
+    };
+    assert!(provider.holds_id("ns/p", &id));
+    assert!(!provider.holds_id("ns/p", "sb_other"));
+    assert!(!provider.holds_id("ns/q", &id));
+}
+
+/// Rows loaded from the previous run wait for a listing to vouch for them;
+/// `has_quarantined` says so until one has.
+#[tokio::test(flavor = "multi_thread")]
+async fn quarantined_rows_wait_for_a_listing() {
+    let sim = sim_with_pool().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.json");
+    let client = || {
+        SandboxdClient::builder(sim.base_url())
+            .build()
+            .expect("client")
+    };
+    let claims = Arc::new(ClaimsStore::open(&path).await.expect("store"));
+    let first = Provider::new(silent_client(), client(), Arc::clone(&claims));
+    assert!(!first.has_quarantined(), "a new store holds nothing");
+    first.create(&Arc::new(pod("u1"))).await.expect("claim");
+    assert!(
+        !first.has_quarantined(),
+        "this run's claim is not quarantined"
+    );
+    claims.compact().await.expect("compact");
+    drop((first, claims));
+
+    let claims = Arc::new(ClaimsStore::open(&path).await.expect("reopen"));
+    let restarted = Provider::new(silent_client(), client(), Arc::clone(&claims));
+    assert!(restarted.has_quarantined());
+    restarted.refresh().await.expect("verify");
+    assert!(!restarted.has_quarantined());
+}
+
+/// A preserved claim that left the store another way (released, expired)
+/// is forgotten at the next check, without asking its owner again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_preserved_claim_no_longer_held_is_forgotten_unasked() {
+    use crate::pods::fixtures::{ApiServer, owned_pod, provider_over, sandbox, sandbox_discovery};
+    crate::crypto::install_provider();
+    let api = ApiServer::new(|s| match (s.method.as_str(), s.path()) {
+        ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
+        ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb") => sandbox("o1", false),
+        _ => (404, serde_json::Value::Null),
+    });
+    let sim = sim_with_pool().await;
+    let (provider, _dir) = provider_over(&sim, None, api.client.clone()).await;
+    let p = Arc::new(owned_pod("p1", "o1"));
+    let Created::Claimed { id, .. } = provider.create(&p).await.expect("claim") else {
+        panic!("expected a fresh claim");
+    };
+    let deleted = crate::pods::fixtures::within(provider.delete(&deleting((*p).clone())))
+        .await
+        .expect("delete");
+    assert!(matches!(deleted, Deleted::Preserved { .. }), "{deleted:?}");
+    assert_eq!(lock(&provider.preserved).len(), 1);
+    let asked = || {
+        api.seen()
+            .iter()
+            .filter(|s| s.path().ends_with("/sandboxes/sb"))
+            .count()
+    };
+    assert_eq!(asked(), 1);
+
+    provider.claims.remove("ns/sb", &id).await.expect("remove");
+    crate::pods::fixtures::within(provider.recheck_preserved()).await;
+    assert_eq!(asked(), 1, "the owner was asked for a claim no longer held");
+    assert!(lock(&provider.preserved).is_empty());
+}
