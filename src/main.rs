@@ -168,6 +168,14 @@ async fn run(cfg: Config) -> Result<()> {
     );
     let (client, source) = client?;
     info!(?source, node = %cfg.node_name, "Kubernetes credentials loaded");
+    // Whether the Node exists, read while the Pod watch lists (off the
+    // start-up's critical path; registration decides its writes from it
+    // only where that is safe, see `node::register::register`).
+    let seen_node = {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+        let name = cfg.node_name.clone();
+        tokio::spawn(async move { nodes.get_opt(&name).await })
+    };
     let claims = Arc::new(claims?);
 
     let sandboxd = SandboxdClient::builder(cfg.sandboxd.url.clone())
@@ -262,13 +270,23 @@ async fn run(cfg: Config) -> Result<()> {
         r = async {
             synced.wait().await;
             health.set_pod_watch_synced(true);
-            node::register::register(&client, &settings).await
+            let seen = match seen_node.await {
+                Ok(Ok(node)) => Some(node),
+                // Read again by registration.
+                _ => None,
+            };
+            node::register::register(&client, &settings, seen, true).await
         } => Some(r?),
         r = &mut signal => { r?; None }
     };
 
-    if let Some(node_obj) = registered {
-        let (uid_tx, uid_rx) = watch::channel(node_obj.metadata.uid.clone().unwrap_or_default());
+    if let Some(registered) = registered {
+        // Registered, and the Pod watch has synced: the node is ready.
+        // Sent before the status loop starts, which then applies this
+        // readiness (unless the Node was just created with it).
+        let _ = ready_tx.send(true);
+        let (uid_tx, uid_rx) =
+            watch::channel(registered.node.metadata.uid.clone().unwrap_or_default());
         let beat = |name: &'static str, period: Duration| {
             Some(health.register_loop(name, period + admin::STALL_MARGIN))
         };
@@ -292,7 +310,7 @@ async fn run(cfg: Config) -> Result<()> {
             let fut = node::register::run_status_loop(
                 client.clone(),
                 settings,
-                node_obj,
+                registered,
                 ready_rx,
                 cfg.node_status_interval,
                 stop.clone(),
@@ -338,8 +356,6 @@ async fn run(cfg: Config) -> Result<()> {
             }
             None => info!("orphan audit scan disabled (--orphan-scan-interval <= 0)"),
         }
-        // The Pod watch has synced (above): the node is ready.
-        let _ = ready_tx.send(true);
         info!(node = %cfg.node_name, "virtual node ready");
 
         // Run until a signal, or until a task fails.

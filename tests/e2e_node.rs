@@ -604,3 +604,116 @@ async fn kubelet_api_through_the_apiserver() {
     cluster.drop_namespace(&ns).await;
     vk.delete_node(&client).await;
 }
+
+/// A restart adopts its own Node and writes only what changed: a new Node
+/// is created Ready in one request; the first restart applies the labels
+/// once (the create owned them as an update); the next finds labels and
+/// taint in place and writes neither; a removed taint is restored, a
+/// changed `--node-labels` applied, and a label dropped from it removed.
+#[tokio::test]
+async fn restart_adopts_its_node_and_writes_only_what_changed() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    let client = cluster.client.clone();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let quiet = "--node-status-interval=60s";
+    let mut vk = VkUnderTest::start(&cluster, "vk-adopt", &[quiet, "--node-labels=team=a"]).await;
+    let created = vk.wait_ready(&client, Duration::from_secs(30)).await;
+    assert!(
+        vk.logs().contains("registered Node"),
+        "{}",
+        tail(&vk.logs(), 20)
+    );
+    let labels = |n: &Node| n.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels(&created).get("team").map(String::as_str), Some("a"));
+
+    let restart = |vk: &mut VkUnderTest, args: &[&str]| {
+        vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+        assert!(
+            vk.process.wait_exit(Duration::from_secs(20)).is_some(),
+            "SIGTERM ignored"
+        );
+        vk.restart(args);
+    };
+    let adopted_in_place = "adopted existing Node (labels and taint in place)";
+    restart(&mut vk, &[quiet, "--node-labels=team=a"]);
+    vk.wait_ready(&client, Duration::from_secs(30)).await;
+    wait_for("adopted", Duration::from_secs(20), || async {
+        let l = vk.logs();
+        if l.matches("adopted existing Node").count() >= 1 {
+            Ok(())
+        } else {
+            Err(tail(&l, 10))
+        }
+    })
+    .await;
+    assert!(
+        !vk.logs().contains(adopted_in_place),
+        "the first restart applies the labels once"
+    );
+
+    restart(&mut vk, &[quiet, "--node-labels=team=a"]);
+    wait_for("adopted in place", Duration::from_secs(30), || async {
+        let l = vk.logs();
+        if l.contains(adopted_in_place) {
+            Ok(())
+        } else {
+            Err(tail(&l, 10))
+        }
+    })
+    .await;
+    let node = vk.wait_ready(&client, Duration::from_secs(30)).await;
+    assert_eq!(node.metadata.uid, created.metadata.uid);
+
+    // Someone removes the taint: the next start puts it back, with the new
+    // label value.
+    let patch: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "remove", "path": "/spec/taints"}])).expect("patch");
+    nodes
+        .patch(
+            &vk.node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::<()>::Json(patch),
+        )
+        .await
+        .expect("remove the taint");
+    restart(&mut vk, &[quiet, "--node-labels=team=b"]);
+    let node = wait_for(
+        "taint restored, label changed",
+        Duration::from_secs(30),
+        || async {
+            let n = nodes.get(&vk.node).await.map_err(|e| e.to_string())?;
+            let tainted = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == "virtual-kubelet.io/provider"));
+            if tainted && labels(&n).get("team").map(String::as_str) == Some("b") {
+                Ok(n)
+            } else {
+                Err(format!(
+                    "taints {:?}, labels {:?}",
+                    n.spec.as_ref().and_then(|s| s.taints.clone()),
+                    labels(&n)
+                ))
+            }
+        },
+    )
+    .await;
+    assert_eq!(node.metadata.uid, created.metadata.uid);
+
+    // Dropped from --node-labels: removed by the next apply.
+    restart(&mut vk, &[quiet]);
+    wait_for("label removed", Duration::from_secs(30), || async {
+        let n = nodes.get(&vk.node).await.map_err(|e| e.to_string())?;
+        if labels(&n).contains_key("team") {
+            Err(format!("labels {:?}", labels(&n)))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    vk.wait_ready(&client, Duration::from_secs(30)).await;
+    vk.delete_node(&client).await;
+}

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
@@ -61,14 +61,45 @@ pub fn has_taint(taints: &[Taint]) -> bool {
     })
 }
 
-/// The Node as first created: labels and the single taint.
-pub fn new_node(s: &NodeSettings) -> Value {
+/// The Node as first created: labels, the single taint and its status
+/// (the apiserver keeps a Node's status on create, as a kubelet registers
+/// it), so a new Node is Ready with one request.
+pub fn new_node(s: &NodeSettings, status: &NodeStatus) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": s.name, "labels": labels(s)},
         "spec": {"taints": [taint()]},
+        "status": status,
     })
+}
+
+/// Whether an existing Node already carries what adopting it would apply:
+/// our labels with our values, and exactly those label keys under our
+/// server-side-apply manager (a label dropped from `--node-labels` is
+/// removed by the next apply, so its absence from the desired set means
+/// the apply is still needed). Pure: read from the Node's managedFields.
+pub fn labels_current(node: &Node, s: &NodeSettings) -> bool {
+    let want = labels(s);
+    let have = node.metadata.labels.clone().unwrap_or_default();
+    if want.iter().any(|(k, v)| have.get(k) != Some(v)) {
+        return false;
+    }
+    let applied = node.metadata.managed_fields.iter().flatten().find(|m| {
+        m.manager.as_deref() == Some(FIELD_MANAGER)
+            && m.operation.as_deref() == Some("Apply")
+            && m.subresource.as_deref().unwrap_or_default().is_empty()
+    });
+    let Some(fields) = applied.and_then(|m| m.fields_v1.as_ref()) else {
+        return false;
+    };
+    let owned: std::collections::BTreeSet<&str> = fields
+        .0
+        .pointer("/f:metadata/f:labels")
+        .and_then(Value::as_object)
+        .map(|o| o.keys().filter_map(|k| k.strip_prefix("f:")).collect())
+        .unwrap_or_default();
+    owned == want.keys().map(String::as_str).collect()
 }
 
 /// The server-side-apply body for the Node's metadata on adoption: only our
@@ -256,14 +287,82 @@ mod tests {
     }
 
     #[test]
-    fn new_node_has_exactly_one_taint() {
-        let n = new_node(&settings());
+    fn new_node_has_exactly_one_taint_and_its_status() {
+        let now: Timestamp = "2026-12-01T10:00:00Z".parse().expect("ts");
+        let st = status(&settings(), true, now, None);
+        let n = new_node(&settings(), &st);
         let taints = n["spec"]["taints"].as_array().expect("taints");
         assert_eq!(taints.len(), 1);
         assert_eq!(taints[0]["key"], TAINT_KEY);
         assert_eq!(taints[0]["value"], TAINT_VALUE);
         assert_eq!(taints[0]["effect"], "NoSchedule");
         assert!(labels_apply(&settings()).get("spec").is_none());
+        // Created Ready: the status rides along.
+        let typed: Node = serde_json::from_value(n).expect("a Node");
+        assert_eq!(typed.status, Some(st));
+    }
+
+    #[test]
+    fn labels_are_current_only_when_ours_are_applied_exactly() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let s = settings();
+        let entry = |manager: &str, op: &str, sub: Option<&str>, keys: &[&str]| {
+            let labels: serde_json::Map<String, Value> =
+                keys.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
+            ManagedFieldsEntry {
+                manager: Some(manager.into()),
+                operation: Some(op.into()),
+                subresource: sub.map(Into::into),
+                fields_v1: Some(FieldsV1(json!({"f:metadata": {"f:labels": labels}}))),
+                ..Default::default()
+            }
+        };
+        let ours: Vec<String> = labels(&s).keys().cloned().collect();
+        let ours: Vec<&str> = ours.iter().map(String::as_str).collect();
+        let node = |labels: BTreeMap<String, String>, managed: Vec<ManagedFieldsEntry>| {
+            let mut n = Node::default();
+            n.metadata.labels = Some(labels);
+            n.metadata.managed_fields = Some(managed);
+            n
+        };
+        let mut with_other = labels(&s);
+        with_other.insert("team".into(), "x".into());
+        let applied = entry(FIELD_MANAGER, "Apply", None, &ours);
+
+        // Ours, applied by us: nothing to apply (others' labels do not matter).
+        assert!(labels_current(
+            &node(with_other.clone(), vec![applied.clone()]),
+            &s
+        ));
+        // A value changed by someone else.
+        let mut changed = labels(&s);
+        changed.insert("kubernetes.io/role".into(), "other".into());
+        assert!(!labels_current(&node(changed, vec![applied.clone()]), &s));
+        // A label of ours missing.
+        let mut missing = labels(&s);
+        missing.remove("type");
+        assert!(!labels_current(&node(missing, vec![applied.clone()]), &s));
+        // Set by our create (Update), never applied: apply once.
+        let created = entry(FIELD_MANAGER, "Update", None, &ours);
+        assert!(!labels_current(&node(labels(&s), vec![created]), &s));
+        // Our status apply owns no labels.
+        let status_apply = entry(FIELD_MANAGER, "Apply", Some("status"), &ours);
+        assert!(!labels_current(&node(labels(&s), vec![status_apply]), &s));
+        // Another manager's apply.
+        let theirs = entry("kubectl", "Apply", None, &ours);
+        assert!(!labels_current(&node(labels(&s), vec![theirs]), &s));
+        // We applied a label we no longer want (dropped from --node-labels):
+        // the next apply removes it.
+        let mut stale_keys = ours.clone();
+        stale_keys.push("old");
+        let mut stale_labels = labels(&s);
+        stale_labels.insert("old".into(), "1".into());
+        let stale = entry(FIELD_MANAGER, "Apply", None, &stale_keys);
+        assert!(!labels_current(&node(stale_labels, vec![stale]), &s));
+        // No managedFields at all.
+        let mut bare = Node::default();
+        bare.metadata.labels = Some(labels(&s));
+        assert!(!labels_current(&bare, &s));
     }
 
     #[test]
