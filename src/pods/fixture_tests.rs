@@ -38,13 +38,7 @@ async fn world(owner: Answer) -> World {
 async fn world_with(answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static) -> World {
     crate::crypto::install_provider();
     let api = ApiServer::new(answer);
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("sim");
+    let sim = sim_with_pool(Some(TOKEN), 2).await;
     let (provider, dir) = provider_over(&sim, Some(TOKEN), api.client.clone()).await;
     let provider = Arc::new(provider);
     let ctx = Arc::new(Context::new(

@@ -152,6 +152,22 @@ pub async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
         .expect("the conversation finished")
 }
 
+/// An in-process sandboxd simulator with a warm `base:24.04` pool of
+/// `warm`, and `token` as its root token (`None`: open mode).
+pub async fn sim_with_pool(token: Option<&str>, warm: usize) -> sandboxd_sim::SimHandle {
+    crate::crypto::install_provider();
+    sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+        api_token: token.unwrap_or_default().into(),
+        pools: vec![
+            sandboxd_sim::config::PoolConfig::parse_spec(&format!("base:24.04={warm}"))
+                .expect("pool"),
+        ],
+        ..Default::default()
+    })
+    .await
+    .expect("sim")
+}
+
 /// A provider over `sim` (with `token`, if any) and `client` for the
 /// apiserver, on a fresh claims store in a temporary directory (kept alive
 /// by the returned guard).

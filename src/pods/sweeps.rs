@@ -358,26 +358,15 @@ mod tests {
         )
         .expect("fault");
         sim.sim().arm_fault(slow).expect("arm");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let claims = Arc::new(
-            crate::claims::ClaimsStore::open(&dir.path().join("claims.json"))
-                .await
-                .expect("store"),
-        );
-        let sandboxd = crate::sandboxd::SandboxdClient::builder(sim.base_url())
-            .build()
-            .expect("client");
         let (mock, handle) = tower_test::mock::pair::<
             http::Request<kube::client::Body>,
             http::Response<kube::client::Body>,
         >();
         std::mem::forget(handle);
         let client = kube::Client::new(mock, "default");
-        let provider = Arc::new(super::super::provider::Provider::new(
-            client.clone(),
-            sandboxd,
-            claims,
-        ));
+        let (provider, _dir) =
+            crate::pods::fixtures::provider_over(&sim, None, client.clone()).await;
+        let provider = Arc::new(provider);
         let health = Health::new();
         let metrics = crate::metrics::Metrics::new().expect("metrics");
         let ctx = Arc::new(

@@ -15,13 +15,7 @@ fn silent_client() -> Client {
 
 /// An in-process simulator with a warm `base:24.04` pool of two.
 async fn sim_with_pool() -> sandboxd_sim::SimHandle {
-    crate::crypto::install_provider();
-    sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("sim")
+    crate::pods::fixtures::sim_with_pool(None, 2).await
 }
 
 fn pod(uid: &str) -> Pod {
@@ -33,19 +27,29 @@ fn pod(uid: &str) -> Pod {
     .expect("pod")
 }
 
+/// A provider in open mode (no sandboxd token) over the claims store at
+/// `path` (opened, or reopened as after a restart), and that store.
+async fn open_mode_provider(
+    sim: &sandboxd_sim::SimHandle,
+    path: &std::path::Path,
+) -> (Provider, Arc<ClaimsStore>) {
+    let claims = Arc::new(ClaimsStore::open(path).await.expect("store"));
+    let sandboxd = SandboxdClient::builder(sim.base_url())
+        .build()
+        .expect("client");
+    (
+        Provider::new(silent_client(), sandboxd, Arc::clone(&claims)),
+        claims,
+    )
+}
+
 const TOKEN: &str = "node-root-token";
 
 /// An in-process simulator with a root token and a warm pool of four,
 /// and a provider (node token configured) over a fresh claims store.
 async fn provider_with_token() -> (sandboxd_sim::SimHandle, Provider, tempfile::TempDir) {
     crate::crypto::install_provider();
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=4").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("sim");
+    let sim = crate::pods::fixtures::sim_with_pool(Some(TOKEN), 4).await;
     let (provider, dir) =
         crate::pods::fixtures::provider_over(&sim, Some(TOKEN), silent_client()).await;
     (sim, provider, dir)
@@ -95,13 +99,7 @@ fn drop_next_claim_reply(sim: &sandboxd_sim::SimHandle) {
 #[tokio::test(flavor = "multi_thread")]
 async fn recovered_claim_whose_commit_fails_is_recovered_again() {
     crate::crypto::install_provider();
-    let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
-        api_token: TOKEN.into(),
-        pools: vec![sandboxd_sim::config::PoolConfig::parse_spec("base:24.04=2").expect("pool")],
-        ..Default::default()
-    })
-    .await
-    .expect("sim");
+    let sim = crate::pods::fixtures::sim_with_pool(Some(TOKEN), 2).await;
     let id = neighbour_claims(&sim, "ns/p#vk-sandbox:u1").await;
     let dir = tempfile::tempdir().expect("tempdir");
     let state_dir = dir.path().join("state");
@@ -215,13 +213,7 @@ async fn restart_resumes_the_same_pod_and_a_new_pod_adopts() {
     let sim = sim_with_pool().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.json");
-    let client = || {
-        SandboxdClient::builder(sim.base_url())
-            .build()
-            .expect("client")
-    };
-    let claims = Arc::new(ClaimsStore::open(&path).await.expect("store"));
-    let first = Provider::new(silent_client(), client(), Arc::clone(&claims));
+    let (first, claims) = open_mode_provider(&sim, &path).await;
     let Created::Claimed { id, .. } = first.create(&Arc::new(pod("u1"))).await.expect("claim")
     else {
         panic!("expected a fresh claim");
@@ -229,8 +221,7 @@ async fn restart_resumes_the_same_pod_and_a_new_pod_adopts() {
     claims.compact().await.expect("compact");
     drop((first, claims));
 
-    let claims = Arc::new(ClaimsStore::open(&path).await.expect("reopen"));
-    let restarted = Provider::new(silent_client(), client(), Arc::clone(&claims));
+    let (restarted, claims) = open_mode_provider(&sim, &path).await;
     restarted.refresh().await.expect("verify");
     let again = restarted
         .create(&Arc::new(pod("u1")))
@@ -240,7 +231,10 @@ async fn restart_resumes_the_same_pod_and_a_new_pod_adopts() {
         matches!(&again, Created::Resumed { id: got, .. } if *got == id),
         "same Pod after a restart: {again:?}"
     );
-    let other = Provider::new(silent_client(), client(), Arc::clone(&claims));
+    let sandboxd = SandboxdClient::builder(sim.base_url())
+        .build()
+        .expect("client");
+    let other = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
     let next = other.create(&Arc::new(pod("u2"))).await.expect("adopt");
     assert!(
         matches!(&next, Created::Adopted { id: got, .. } if *got == id),
@@ -263,15 +257,7 @@ async fn restart_resumes_the_same_pod_and_a_new_pod_adopts() {
 async fn stale_uid_is_ignored() {
     let sim = sim_with_pool().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let claims = Arc::new(
-        ClaimsStore::open(&dir.path().join("claims.json"))
-            .await
-            .expect("store"),
-    );
-    let sandboxd = SandboxdClient::builder(sim.base_url())
-        .build()
-        .expect("client");
-    let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
+    let (provider, claims) = open_mode_provider(&sim, &dir.path().join("claims.json")).await;
 
     let created = provider.create(&Arc::new(pod("u2"))).await.expect("create");
     let Created::Claimed { id, .. } = created else {

@@ -107,15 +107,7 @@ async fn a_pod_that_never_ran_returns_its_strays_when_it_goes() {
 async fn open_mode_never_waits_on_strays() {
     let sim = sim_with_pool().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let claims = Arc::new(
-        ClaimsStore::open(&dir.path().join("claims.json"))
-            .await
-            .expect("store"),
-    );
-    let sandboxd = SandboxdClient::builder(sim.base_url())
-        .build()
-        .expect("client");
-    let provider = Provider::new(silent_client(), sandboxd, claims);
+    let (provider, _claims) = open_mode_provider(&sim, &dir.path().join("claims.json")).await;
     drop_next_claim_reply(&sim);
     let pod = Arc::new(pod("u1"));
     provider.create(&pod).await.expect_err("lost reply");

@@ -183,13 +183,7 @@ async fn quarantined_rows_wait_for_a_listing() {
     let sim = sim_with_pool().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.json");
-    let client = || {
-        SandboxdClient::builder(sim.base_url())
-            .build()
-            .expect("client")
-    };
-    let claims = Arc::new(ClaimsStore::open(&path).await.expect("store"));
-    let first = Provider::new(silent_client(), client(), Arc::clone(&claims));
+    let (first, claims) = open_mode_provider(&sim, &path).await;
     assert!(!first.has_quarantined(), "a new store holds nothing");
     first.create(&Arc::new(pod("u1"))).await.expect("claim");
     assert!(
@@ -199,8 +193,7 @@ async fn quarantined_rows_wait_for_a_listing() {
     claims.compact().await.expect("compact");
     drop((first, claims));
 
-    let claims = Arc::new(ClaimsStore::open(&path).await.expect("reopen"));
-    let restarted = Provider::new(silent_client(), client(), Arc::clone(&claims));
+    let (restarted, _claims) = open_mode_provider(&sim, &path).await;
     assert!(restarted.has_quarantined());
     restarted.refresh().await.expect("verify");
     assert!(!restarted.has_quarantined());
