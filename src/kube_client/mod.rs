@@ -6,6 +6,7 @@
 
 pub mod deadline;
 pub mod rate;
+pub mod transport;
 
 use std::path::PathBuf;
 
@@ -102,8 +103,7 @@ pub fn build(mut cfg: Config, limits: Limits) -> Result<Client> {
         http::header::USER_AGENT,
         http::HeaderValue::from_static(crate::identity::USER_AGENT),
     ));
-    let builder = kube::client::ClientBuilder::try_from(cfg)
-        .map_err(|e| Error::kube("build the Kubernetes client", e))?;
+    let builder = transport::builder(cfg)?;
     Ok(builder
         .with_layer(&deadline::DeadlineLayer::new(limits.call_deadline))
         .with_layer(&rate::RateLimitLayer::new(limits.qps, limits.burst))

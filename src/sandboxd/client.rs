@@ -15,8 +15,11 @@ use super::types::{Claim, ClaimBody, ClaimRequest, NodeInfo, ReleaseOutcome, San
 
 /// Per-request bound, as the Go client's.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Pooled idle connections per host, so bursts of claims reuse connections.
-pub const POOL_MAX_IDLE_PER_HOST: usize = 64;
+/// Idle connections kept to sandboxd. A burst of claims opens one per
+/// request in flight (up to the 64 reconciles); keeping all of them idle
+/// held their buffers long after the burst, while a new connection to the
+/// node-local daemon costs a fraction of a millisecond.
+pub const POOL_MAX_IDLE_PER_HOST: usize = 8;
 /// How long an idle pooled connection is kept.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 

@@ -1,0 +1,133 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::conn::auto;
+
+use super::*;
+
+/// What the test apiserver saw.
+#[derive(Default)]
+struct Seen {
+    connections: AtomicUsize,
+    http2: AtomicUsize,
+    http1: AtomicUsize,
+    authorized: AtomicUsize,
+}
+
+/// A TLS server on loopback with a self-signed certificate for
+/// 127.0.0.1, offering `alpn`, answering every request with a
+/// ConfigMap after `delay`; returns its kubeconfig-like `Config`.
+async fn apiserver(alpn: &[&[u8]], delay: Duration, seen: Arc<Seen>) -> Config {
+    crate::crypto::install_provider();
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("cert");
+    let der = cert.cert.der().clone();
+    let key =
+        rustls_pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).expect("key");
+    let mut tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(vec![der.clone()], key)
+        .expect("server config");
+    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            seen.connections.fetch_add(1, Ordering::SeqCst);
+            let acceptor = acceptor.clone();
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let seen = Arc::clone(&seen);
+                    async move {
+                        match req.version() {
+                            http::Version::HTTP_2 => seen.http2.fetch_add(1, Ordering::SeqCst),
+                            _ => seen.http1.fetch_add(1, Ordering::SeqCst),
+                        };
+                        if req.headers().get(http::header::AUTHORIZATION)
+                            == Some(&http::HeaderValue::from_static("Bearer tok"))
+                        {
+                            seen.authorized.fetch_add(1, Ordering::SeqCst);
+                        }
+                        tokio::time::sleep(delay).await;
+                        let body = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": "cm", "namespace": "default"}});
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from(body.to_string())),
+                        ))
+                    }
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    let mut cfg = Config::new(format!("https://{addr}").parse().expect("url"));
+    cfg.default_namespace = "default".into();
+    cfg.root_cert = Some(vec![der.to_vec()]);
+    cfg.auth_info.token = Some("tok".to_string().into());
+    cfg
+}
+
+/// One GET, then `n` at once.
+async fn concurrent_gets(cfg: Config, n: usize) {
+    let limits = crate::kube_client::Limits {
+        call_deadline: Duration::from_secs(10),
+        qps: 1000.0,
+        burst: 1000,
+    };
+    let client = crate::kube_client::build(cfg, limits).expect("client");
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client, "default");
+    api.get("cm").await.expect("first get");
+    let gets = (0..n).map(|_| api.get("cm"));
+    for got in futures::future::join_all(gets).await {
+        assert_eq!(got.expect("get").metadata.name.as_deref(), Some("cm"));
+    }
+}
+
+/// Once a connection is up, requests in flight at once share it (HTTP/2),
+/// with the kubeconfig's credentials. (Requests that start together before
+/// any connection exists each open one: hyper cannot know the protocol
+/// before ALPN has answered.)
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_requests_share_one_http2_connection() {
+    let seen = Arc::new(Seen::default());
+    let cfg = apiserver(
+        &[b"h2", b"http/1.1"],
+        Duration::from_millis(200),
+        Arc::clone(&seen),
+    )
+    .await;
+    concurrent_gets(cfg, 16).await;
+    assert_eq!(seen.http2.load(Ordering::SeqCst), 17);
+    assert_eq!(seen.http1.load(Ordering::SeqCst), 0);
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.authorized.load(Ordering::SeqCst), 17);
+}
+
+/// A server without HTTP/2 is spoken to in HTTP/1.1 (a connection per
+/// request in flight, as before; the first one is reused).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_without_http2_gets_http1() {
+    let seen = Arc::new(Seen::default());
+    let cfg = apiserver(
+        &[b"http/1.1"],
+        Duration::from_millis(200),
+        Arc::clone(&seen),
+    )
+    .await;
+    concurrent_gets(cfg, 4).await;
+    assert_eq!(seen.http1.load(Ordering::SeqCst), 5);
+    assert_eq!(seen.http2.load(Ordering::SeqCst), 0);
+    assert_eq!(seen.authorized.load(Ordering::SeqCst), 5);
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 4);
+}
