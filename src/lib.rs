@@ -13,6 +13,7 @@ pub mod identity;
 pub mod inventory;
 pub mod kube_client;
 pub mod kubelet;
+pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod node;

@@ -4,7 +4,8 @@
 //!
 //! - **vanished** (every 2 s): provider Delete for tracked Pods that left
 //!   the API; strays of Pods whose claim had an unknown outcome and that
-//!   left without having run; back-off entries of Pods that are gone.
+//!   left without having run; back-off entries of Pods that are gone; once
+//!   many Pods are gone, freed memory is handed back (`crate::memory`).
 //!   Failures back off per Pod (2 s doubling to 5 min).
 //! - **lease expiry** (every 30 s): settled claims past their deadline are
 //!   confirmed against sandboxd before their Pod is marked Failed; then the
@@ -251,6 +252,7 @@ pub fn spawn(
                 margin,
             );
             let mut retries = Retries::default();
+            let mut trim = crate::memory::Trim::default();
             let mut tick = tokio::time::interval(periods.vanished);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -268,6 +270,8 @@ pub fn spawn(
                     _ = sweep_vanished(&ctx, &present, &mut retries, &hb) => {}
                     _ = stop.cancelled() => return,
                 }
+                // Many Pods gone: their memory goes back to the system.
+                trim.observe(present.len());
             }
         });
     }
