@@ -157,14 +157,9 @@ impl Provider {
     }
 
     /// A Pod whose claim had an unknown outcome is no longer in the API
-    /// (it never ran: had it, it would be tracked): return its strays and
-    /// forget it, so the unknown-outcome map does not grow.
+    /// (it never ran: had it, it would be tracked): return its strays, which
+    /// also forgets the outcome, so the unknown-outcome map does not grow.
     pub async fn settle_unknown(&self, k: &str, uid: &str) -> Result<(), SandboxdError> {
-        self.return_strays(k, uid, None).await?;
-        let mut strays = lock(&self.strays);
-        if strays.unknown.get(k).is_some_and(|u| u == uid) {
-            strays.unknown.remove(k);
-        }
-        Ok(())
+        self.return_strays(k, uid, None).await
     }
 }
