@@ -284,10 +284,16 @@ impl SandboxdClient {
     pub async fn list(&self) -> Result<Vec<SandboxRow>, SandboxdError> {
         let started = Instant::now();
         let result = async {
+            // Not kept for reuse: a connection's read buffer grows to the
+            // largest reply it carried (a listing of thousands of rows is
+            // hundreds of KiB) and stays allocated while the connection
+            // idles in the pool. Listings are periodic, so a fresh
+            // connection to the local daemon each time costs next to nothing.
             let req = self
                 .inner
                 .http
-                .get(format!("{}/v1/sandboxes", self.inner.base));
+                .get(format!("{}/v1/sandboxes", self.inner.base))
+                .header(reqwest::header::CONNECTION, "close");
             let reply = self.send(Op::List, req, self.inner.token.as_ref()).await?;
             decode_list(&reply)
         }
@@ -377,6 +383,64 @@ async fn read_reply(op: Op, mut response: reqwest::Response) -> Result<RawReply,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Listings ask for their connection to be closed (its buffer, sized
+    /// to the listing, is not kept in the pool); claims keep theirs.
+    #[tokio::test]
+    async fn listings_close_their_connection_claims_do_not() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        crate::crypto::install_provider();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = std::sync::Arc::clone(&heads);
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let seen = std::sync::Arc::clone(&seen);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+                    let body = if head.starts_with("get /v1/sandboxes") {
+                        r#"{"sandboxes":[]}"#
+                    } else {
+                        r#"{"id":"sb_1","token":"t","owner_addr":"10.0.0.5:7777"}"#
+                    };
+                    seen.lock().expect("lock").push(head);
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = sock.write_all(reply.as_bytes()).await;
+                    let _ = sock.shutdown().await;
+                });
+            }
+        });
+        let client = SandboxdClient::builder(format!("http://{addr}"))
+            .build()
+            .expect("client");
+        client.list().await.expect("list");
+        let req = ClaimRequest {
+            template: "base:24.04".into(),
+            claim_ref: "ns/p".into(),
+            ..Default::default()
+        };
+        client.claim(&req).await.expect("claim");
+        let heads = heads.lock().expect("lock").clone();
+        assert_eq!(heads.len(), 2, "{heads:?}");
+        assert!(heads[0].starts_with("get /v1/sandboxes"), "{heads:?}");
+        assert!(heads[0].contains("connection: close"), "{}", heads[0]);
+        assert!(heads[1].starts_with("post /v1/claim"), "{heads:?}");
+        assert!(!heads[1].contains("connection: close"), "{}", heads[1]);
+    }
 
     #[test]
     fn base_url_is_normalised_once() {
