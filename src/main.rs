@@ -275,7 +275,12 @@ async fn run(cfg: Config) -> Result<()> {
                 // Read again by registration.
                 _ => None,
             };
-            node::register::register(&client, &settings, seen, true).await
+            // Registration is the Node's first reconcile (a created Node
+            // carries its status; the status loop then waits a heartbeat).
+            let started = std::time::Instant::now();
+            let r = node::register::register(&client, &settings, seen, true).await;
+            metrics.reconciled("node", started.elapsed(), &r);
+            r
         } => Some(r?),
         r = &mut signal => { r?; None }
     };

@@ -33,7 +33,7 @@ impl Metrics {
 
     /// Record one reconcile of `controller` that is not run by a
     /// kube-runtime `Controller` (node status, inventory).
-    pub fn reconciled(&self, controller: &str, elapsed: Duration, result: &Result<()>) {
+    pub fn reconciled<T>(&self, controller: &str, elapsed: Duration, result: &Result<T>) {
         self.reconcile_runs.with_label_values(&[controller]).inc();
         self.reconcile_duration
             .with_label_values(&[controller])

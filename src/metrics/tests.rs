@@ -57,7 +57,7 @@ fn sandboxd_calls_sampled_gauges_and_reconciles_are_exposed() {
     )
     .unwrap();
     m.reconciled("node", ms, &Ok(()));
-    m.reconciled("inventory", ms, &Err(Error::Config("x".into())));
+    m.reconciled("inventory", ms, &Err::<(), _>(Error::Config("x".into())));
     let text = m.encode().unwrap();
     for needle in [
         "vk_sandbox_sandboxd_requests_total{endpoint=\"claim\",status=\"ok\"} 1",
