@@ -27,6 +27,21 @@ fn pod(uid: &str) -> Pod {
     .expect("pod")
 }
 
+/// The Pod `uid` carrying claim `id` in its annotation: with `ip`, as a
+/// Running Pod whose status names the sandbox's address.
+fn pod_with_claim(uid: &str, id: &str, ip: Option<&str>) -> Pod {
+    let mut p = pod(uid);
+    p.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(annotations::CLAIM_ID.to_string(), id.to_string());
+    p.status = ip.map(|ip| crate::pods::pod::PodStatus {
+        pod_ip: Some(ip.into()),
+        ..Default::default()
+    });
+    p
+}
+
 /// A provider in open mode (no sandboxd token) over the claims store at
 /// `path` (opened, or reopened as after a restart), and that store.
 async fn open_mode_provider(
@@ -114,16 +129,7 @@ async fn recovered_claim_whose_commit_fails_is_recovered_again() {
         .build()
         .expect("client");
     let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
-    let mut running = pod("u1");
-    running
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(annotations::CLAIM_ID.to_string(), id.clone());
-    running.status = Some(crate::pods::pod::PodStatus {
-        pod_ip: Some("10.0.0.5".into()),
-        ..Default::default()
-    });
+    let running = pod_with_claim("u1", &id, Some("10.0.0.5"));
     let running = Arc::new(running);
     // The state cannot be written: the directory's place is a file.
     std::fs::rename(&state_dir, &parked).expect("park");
@@ -173,16 +179,7 @@ async fn lost_credential_is_recovered_not_released() {
     );
     let provider = Provider::new(silent_client(), sandboxd, Arc::clone(&claims));
     provider.list().await.expect("list");
-    let mut running = pod("u1");
-    running
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(annotations::CLAIM_ID.to_string(), first.id.clone());
-    running.status = Some(crate::pods::pod::PodStatus {
-        pod_ip: Some("10.0.0.5".into()),
-        ..Default::default()
-    });
+    let running = pod_with_claim("u1", &first.id, Some("10.0.0.5"));
     let created = provider.create(&Arc::new(running)).await.expect("create");
     assert!(
         matches!(&created, Created::Adopted { id, .. } if *id == first.id),

@@ -161,12 +161,7 @@ async fn a_404_on_release_by_id_is_not_proof_while_listed() {
 async fn a_claim_id_annotation_naming_another_keys_sandbox_is_not_recovered() {
     let (sim, provider, _dir) = provider_with_token().await;
     let neighbour = neighbour_claims(&sim, "other/x").await;
-    let mut copied = pod("u1");
-    copied
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(annotations::CLAIM_ID.to_string(), neighbour.clone());
+    let copied = pod_with_claim("u1", &neighbour, None);
     let created = provider.create(&Arc::new(copied)).await.expect("create");
     assert!(
         matches!(&created, Created::Claimed { id, .. } if *id != neighbour),

@@ -56,16 +56,7 @@ async fn a_recovered_claim_is_released_by_id_with_the_node_token() {
     let (sim, provider, _dir) = provider_with_token().await;
     let id = neighbour_claims(&sim, &claim_ref::for_pod("ns/p", "u1")).await;
     provider.list().await.expect("list");
-    let mut running = pod("u1");
-    running
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(annotations::CLAIM_ID.to_string(), id.clone());
-    running.status = Some(crate::pods::pod::PodStatus {
-        pod_ip: Some("10.0.0.5".into()),
-        ..Default::default()
-    });
+    let running = pod_with_claim("u1", &id, Some("10.0.0.5"));
     let created = provider
         .create(&Arc::new(running.clone()))
         .await
