@@ -58,6 +58,7 @@ esac
 features=()
 [[ -n "${VK_MUSL_FEATURES:-}" ]] && features=(--features "$VK_MUSL_FEATURES")
 RUSTFLAGS="$rustflags" cargo build --profile "$profile" --target "$target" --bin vk-sandbox "${features[@]}"
+mkdir -p "$(dirname "$out")"
 cp "${CARGO_TARGET_DIR:-target}/$target/$outdir/vk-sandbox" "$out"
 desc=$(file -b "$out")
 [[ "$desc" == *"$want"* ]] || die "$out is not a $want binary: $desc"
