@@ -146,7 +146,7 @@ impl Metrics {
         #[cfg(target_os = "linux")]
         registry
             .register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
+                process::Process::for_self().map_err(metric_error)?,
             ))
             .map_err(|e| Error::Internal(format!("registering the process collector: {e}")))?;
 
@@ -386,6 +386,8 @@ impl Metrics {
     }
 }
 
+#[cfg(target_os = "linux")]
+mod process;
 mod record;
 mod sampled;
 #[cfg(test)]

@@ -175,3 +175,44 @@ fn a_claims_own_share_lands_in_its_fine_bucket() {
         assert_eq!(&line[needle.len()..], want, "{line}");
     }
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn cpu_ticks_are_read_after_the_command_name() {
+    use super::process::cpu_ticks;
+    // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
+    // majflt cmajflt utime stime ...
+    let stat = "42 (vk (sand) box) S 1 42 42 0 -1 4194560 10 0 0 0 123 45 0 0 20 0 4 0";
+    assert_eq!(cpu_ticks(stat), Some(168));
+    assert_eq!(cpu_ticks("42 (x) S 1 2"), None);
+    assert_eq!(cpu_ticks("no parenthesis"), None);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn process_cpu_seconds_are_not_whole_seconds() {
+    let m = Metrics::new().expect("metrics");
+    let read = |m: &Metrics| {
+        let text = m.encode().expect("encode");
+        text.lines()
+            .find_map(|l| l.strip_prefix("process_cpu_seconds_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .expect("process_cpu_seconds_total")
+    };
+    let before = read(&m);
+    // Spin until this process has used at least 50 ms more CPU (bounded).
+    let start = std::time::Instant::now();
+    let mut x = 0u64;
+    while read(&m) < before + 0.05 && start.elapsed() < std::time::Duration::from_secs(10) {
+        for i in 0..100_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+    }
+    let used = read(&m) - before;
+    // A whole-second counter moves by 0 or 1.
+    assert!(
+        used >= 0.05 && (used - used.round()).abs() > 1e-6,
+        "process CPU moved by {used}"
+    );
+}
