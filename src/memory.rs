@@ -19,8 +19,8 @@ pub struct Trim {
 }
 
 impl Trim {
-    /// Notes that `pods` are cached now; true (and the heap is trimmed)
-    /// when at least [`STEP`] fewer than the peak since the last trim.
+    /// Notes that `pods` are cached now; true (time to [`release`]) when
+    /// at least [`STEP`] fewer than the peak since the last trim.
     pub fn observe(&mut self, pods: usize) -> bool {
         if pods >= self.peak {
             self.peak = pods;
@@ -30,7 +30,6 @@ impl Trim {
             return false;
         }
         self.peak = pods;
-        release();
         true
     }
 }

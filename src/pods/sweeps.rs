@@ -271,7 +271,9 @@ pub fn spawn(
                     _ = stop.cancelled() => return,
                 }
                 // Many Pods gone: their memory goes back to the system.
-                trim.observe(present.len());
+                if trim.observe(present.len()) {
+                    crate::memory::release();
+                }
             }
         });
     }
