@@ -607,6 +607,58 @@ async fn claim_slower_than_the_timeout_is_transport_and_still_persists() {
     );
 }
 
+/// sandboxd's handler goes on after its client has gone: the reply times
+/// out with nothing created yet, and the claim is made and persisted later,
+/// listed under its claim_ref with a token nobody holds.
+#[tokio::test]
+async fn claim_reply_times_out_and_sandboxd_persists_the_claim_later() {
+    let h = sim(cfg()).await;
+    arm(&h, Fault::claim_persists_late(1500).times(1));
+    let c = client_with(&h, Some(ROOT), Duration::from_millis(300));
+    let err = c.claim(&req("ns/late")).await.expect_err("timeout");
+    assert!(
+        matches!(
+            err,
+            SandboxdError::Transport {
+                op: Op::Claim,
+                timeout: true,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.is_outcome_unknown());
+    assert!(
+        h.claims_by_ref("ns/late").is_empty(),
+        "nothing exists when the client gives up"
+    );
+    assert!(
+        c.list().await.expect("list").is_empty(),
+        "a listing right after the timeout does not show it yet"
+    );
+    wait_until("the late claim is persisted", || async {
+        h.claims_by_ref("ns/late").len() == 1
+    })
+    .await;
+    let rows = c.list().await.expect("list");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].claim_ref, "ns/late");
+    let log = h.requests();
+    let claims: Vec<_> = log.iter().filter(|r| r.path == "/v1/claim").collect();
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0].status, None, "no reply reached the client");
+    assert_eq!(
+        c.release_as_node(&rows[0].id).await.expect("root release"),
+        ReleaseOutcome::Released
+    );
+
+    // A client that waits long enough gets the claim, made after the delay.
+    arm(&h, Fault::claim_persists_late(200).times(1));
+    let granted = client(&h).claim(&req("ns/patient")).await.expect("claim");
+    assert_eq!(h.claims_by_ref("ns/patient")[0].id, granted.id);
+    assert!(h.faults().is_empty(), "a one-shot fault is used up");
+}
+
 #[tokio::test]
 async fn claim_truncated_reply_is_transport() {
     let h = sim(cfg()).await;

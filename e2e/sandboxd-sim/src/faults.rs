@@ -41,6 +41,14 @@ pub enum FaultKind {
     /// Process normally (side effect applied), then wait `ms` before
     /// replying: a reply slower than the client's timeout.
     Slow { ms: u64 },
+    /// Claim only: nothing happens for `ms`; then the claim is processed as
+    /// usual (created and persisted) whether or not its client is still
+    /// connected, and the reply goes to whatever is left of the connection.
+    /// sandboxd's handler goes on after its client has gone, so with `ms`
+    /// past the client's timeout the reply times out and the claim appears
+    /// later: the row is listed under its `claim_ref` and nobody holds its
+    /// token. (`slow` applies the effect first and cannot model this.)
+    PersistLate { ms: u64 },
     /// Process normally (side effect applied and persisted), then close the
     /// TCP connection without a reply: the lost-reply scenario.
     DropAfter,
@@ -66,6 +74,55 @@ pub struct Fault {
 }
 
 impl Fault {
+    /// A fault for every matching request until cleared.
+    pub fn new(endpoint: Endpoint, kind: FaultKind) -> Fault {
+        Fault {
+            endpoint,
+            kind,
+            times: None,
+        }
+    }
+
+    /// Limit the fault to the next `n` matching requests.
+    pub fn times(mut self, n: u32) -> Fault {
+        self.times = Some(n);
+        self
+    }
+
+    /// Reply `status` with `{"error": …}` (a default message), no effect.
+    pub fn status(endpoint: Endpoint, status: u16) -> Fault {
+        Fault::new(
+            endpoint,
+            FaultKind::Status {
+                status,
+                error: None,
+                body: None,
+                content_type: None,
+            },
+        )
+    }
+
+    /// Effect applied at once, reply after `ms`.
+    pub fn slow(endpoint: Endpoint, ms: u64) -> Fault {
+        Fault::new(endpoint, FaultKind::Slow { ms })
+    }
+
+    /// Claim: no effect for `ms`, then the claim is created and persisted
+    /// even if the client has given up (see [`FaultKind::PersistLate`]).
+    pub fn claim_persists_late(ms: u64) -> Fault {
+        Fault::new(Endpoint::Claim, FaultKind::PersistLate { ms })
+    }
+
+    /// Effect applied, then the connection closes without a reply.
+    pub fn drop_after(endpoint: Endpoint) -> Fault {
+        Fault::new(endpoint, FaultKind::DropAfter)
+    }
+
+    /// The connection closes without a reply and without an effect.
+    pub fn drop_before(endpoint: Endpoint) -> Fault {
+        Fault::new(endpoint, FaultKind::DropBefore)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         match (&self.kind, self.endpoint) {
             (FaultKind::Redirect { .. }, e) if e != Endpoint::Claim => {
@@ -75,6 +132,9 @@ impl Fault {
                 if e != Endpoint::Release =>
             {
                 Err("release_fail_* faults apply to release only".into())
+            }
+            (FaultKind::PersistLate { .. }, e) if e != Endpoint::Claim => {
+                Err("persist_late faults apply to claim only".into())
             }
             (FaultKind::Status { status, .. }, _) if !(100..=999).contains(status) => {
                 Err(format!("status {status} is not an HTTP status"))
@@ -170,6 +230,38 @@ mod tests {
                 .expect("parse")
                 .validate()
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn persist_late_is_a_claim_fault_with_a_typed_constructor() {
+        let parsed: Fault = serde_json::from_str(
+            r#"{"endpoint":"claim","kind":"persist_late","ms":1500,"times":1}"#,
+        )
+        .expect("parse");
+        assert_eq!(parsed, Fault::claim_persists_late(1500).times(1));
+        parsed.validate().expect("valid on claim");
+        let on_list: Fault =
+            serde_json::from_str(r#"{"endpoint":"list","kind":"persist_late","ms":1}"#)
+                .expect("parse");
+        assert!(on_list.validate().is_err(), "claim only");
+        assert_eq!(
+            Fault::slow(Endpoint::List, 40),
+            Fault {
+                endpoint: Endpoint::List,
+                kind: FaultKind::Slow { ms: 40 },
+                times: None
+            }
+        );
+        assert!(Fault::status(Endpoint::Info, 503).validate().is_ok());
+        assert!(Fault::status(Endpoint::Info, 7).validate().is_err());
+        assert_eq!(
+            Fault::drop_after(Endpoint::Release).kind,
+            FaultKind::DropAfter
+        );
+        assert_eq!(
+            Fault::drop_before(Endpoint::Release).kind,
+            FaultKind::DropBefore
         );
     }
 }

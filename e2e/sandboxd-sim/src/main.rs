@@ -19,6 +19,8 @@ ADMIN API (under /_sim on the API port, and on --admin-listen if given):
   POST   /_sim/faults  {\"endpoint\":\"claim|release|list|info\",\"kind\":K,...,\"times\":N}
          K = status {status,error?,body?,content_type?} | redirect {peers?} | garbage
            | truncate | slow {ms} | drop_after | drop_before
+           | persist_late {ms}  (claim: no effect for ms, then the claim is made and
+                                 persisted even after the client gave up)
            | release_fail_keep | release_fail_drop       (times absent = always)
   DELETE /_sim/faults                disarm all faults
   GET|PATCH /_sim/config             change api_token (rotation), tenants, tenant_list, max_claims,

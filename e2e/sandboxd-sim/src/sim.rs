@@ -440,8 +440,39 @@ impl Sim {
         if let Some(outcome) = self.pre_fault(&fault) {
             return outcome;
         }
+        if let Some(FaultKind::PersistLate { ms }) = fault {
+            return self.claim_late(auth, body, Duration::from_millis(ms)).await;
+        }
         let reply = self.claim_inner(auth, body).await;
         Self::post_fault(&fault, reply)
+    }
+
+    /// The `persist_late` fault: the claim is decided after `delay` on a task
+    /// of its own, so it completes (and persists) even when the client hangs
+    /// up and the connection's handler is dropped, as sandboxd's Go handler
+    /// runs on after its client has gone.
+    async fn claim_late(
+        self: &Arc<Self>,
+        auth: Option<&str>,
+        body: &[u8],
+        delay: Duration,
+    ) -> Outcome {
+        let sim = Arc::clone(self);
+        let auth = auth.map(str::to_string);
+        let body = body.to_vec();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let reply = sim.claim_inner(auth.as_deref(), &body).await;
+            info!(
+                status = reply.status,
+                ?delay,
+                "sandboxd-sim: late claim decided"
+            );
+            reply
+        });
+        task.await
+            .unwrap_or_else(|_| Reply::error(500, "provisioning failed"))
+            .into()
     }
 
     async fn claim_inner(self: &Arc<Self>, auth: Option<&str>, body: &[u8]) -> Reply {
