@@ -47,7 +47,7 @@ fn bench_dir() -> tempfile::TempDir {
 fn claim(n: u64) -> Claim {
     Claim {
         id: format!("sb_{n:016x}"),
-        token: format!("{n:064x}"),
+        token: vk_sandbox::sandboxd::Token::new(format!("{n:064x}")),
         address: "10.244.17.203:7777".into(),
         pod_uid: format!("6c1f5a2e-0b7d-4d0e-9a51-{n:012x}"),
         claimed_at: Timestamp::from_second(1_780_000_000).expect("ts"),

@@ -1,22 +1,9 @@
 //! The plain-HTTP admin port (`--admin-addr`, default `:10261`): `/metrics`,
 //! `/livez`, `/readyz`, apart from the kubelet API so scraping and probes
-//! need no certificates or kubelet authorization.
-//!
-//! [`Health`] is the shared liveness/readiness state. The Pod watch calls
-//! [`Health::set_pod_watch_synced`], the Lease loop
-//! [`Health::set_lease_ok`]; every loop that must keep turning (Lease
-//! renewal, Node status, the Pod controller's side loops, the inventory
-//! publisher, the orphan scan) registers a heartbeat with
-//! [`Health::register_loop`] and calls [`LoopHeartbeat::beat`] each turn,
-//! and every Pod reconcile holds a [`Working`] guard while it runs, so
-//! `/livez` fails when a loop has stalled or a reconcile hangs past its
-//! bound.
+//! need no certificates or kubelet authorization. What `/livez` and
+//! `/readyz` answer is [`Health`]'s.
 
-use std::collections::BTreeMap;
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
@@ -24,191 +11,12 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
+use crate::config::ListenAddr;
 use crate::error::{Error, Result};
+use crate::health::Health;
 use crate::metrics::{Metrics, TEXT_CONTENT_TYPE};
-
-/// Liveness and readiness shared by every loop and the admin server.
-#[derive(Debug, Default)]
-pub struct Health {
-    pod_watch_synced: AtomicBool,
-    lease_ok: AtomicBool,
-    loops: Mutex<BTreeMap<&'static str, LoopState>>,
-    /// Work in progress: id → (name, started, bound).
-    working: Mutex<BTreeMap<u64, (&'static str, Instant, Duration)>>,
-    next_work: std::sync::atomic::AtomicU64,
-}
-
-/// How long past its period a loop may stay silent before `/livez` fails:
-/// longer than any one turn can take with every call's deadline spent.
-pub const STALL_MARGIN: Duration = Duration::from_secs(300);
-
-/// A unit of work in progress (one Pod reconcile); dropping it ends it.
-#[derive(Debug)]
-pub struct Working {
-    health: Arc<Health>,
-    id: u64,
-}
-
-impl Drop for Working {
-    fn drop(&mut self) {
-        if let Ok(mut w) = self.health.working.lock() {
-            w.remove(&self.id);
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct LoopState {
-    last: Instant,
-    max_silence: Duration,
-}
-
-/// A loop's handle for reporting that it is still turning.
-#[derive(Debug, Clone)]
-pub struct LoopHeartbeat {
-    health: Arc<Health>,
-    name: &'static str,
-}
-
-impl LoopHeartbeat {
-    /// Record that the loop is alive now.
-    pub fn beat(&self) {
-        if let Ok(mut loops) = self.health.loops.lock()
-            && let Some(state) = loops.get_mut(self.name)
-        {
-            state.last = Instant::now();
-        }
-    }
-}
-
-impl Health {
-    pub fn new() -> Arc<Health> {
-        Arc::new(Health::default())
-    }
-
-    /// The Pod watch has listed once (its cache is ready).
-    pub fn set_pod_watch_synced(&self, synced: bool) {
-        self.pod_watch_synced.store(synced, Ordering::Relaxed);
-    }
-
-    /// The last Lease renewal succeeded (true) or failed (false).
-    pub fn set_lease_ok(&self, ok: bool) {
-        self.lease_ok.store(ok, Ordering::Relaxed);
-    }
-
-    pub fn pod_watch_synced(&self) -> bool {
-        self.pod_watch_synced.load(Ordering::Relaxed)
-    }
-
-    pub fn lease_ok(&self) -> bool {
-        self.lease_ok.load(Ordering::Relaxed)
-    }
-
-    /// Register a loop that promises to call [`LoopHeartbeat::beat`] at
-    /// least every `max_silence`; `/livez` fails once it has been silent
-    /// longer. Registering a name again replaces the previous entry.
-    pub fn register_loop(
-        self: &Arc<Self>,
-        name: &'static str,
-        max_silence: Duration,
-    ) -> LoopHeartbeat {
-        if let Ok(mut loops) = self.loops.lock() {
-            loops.insert(
-                name,
-                LoopState {
-                    last: Instant::now(),
-                    max_silence,
-                },
-            );
-        }
-        LoopHeartbeat {
-            health: Arc::clone(self),
-            name,
-        }
-    }
-
-    /// Marks work in progress until the guard is dropped; `/livez` fails
-    /// while any has run longer than its `bound`.
-    pub fn working(self: &Arc<Self>, name: &'static str, bound: Duration) -> Working {
-        let id = self.next_work.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut w) = self.working.lock() {
-            w.insert(id, (name, Instant::now(), bound));
-        }
-        Working {
-            health: Arc::clone(self),
-            id,
-        }
-    }
-
-    /// Stop watching a loop (it ended on purpose).
-    pub fn deregister_loop(&self, name: &str) {
-        if let Ok(mut loops) = self.loops.lock() {
-            loops.remove(name);
-        }
-    }
-
-    /// `Ok` when every registered loop beat recently, else the stalled ones.
-    pub fn liveness(&self) -> std::result::Result<(), Vec<String>> {
-        let now = Instant::now();
-        let Ok(loops) = self.loops.lock() else {
-            return Err(vec!["health state lock poisoned".into()]);
-        };
-        let mut stalled: Vec<String> = loops
-            .iter()
-            .filter(|(_, s)| now.duration_since(s.last) > s.max_silence)
-            .map(|(name, s)| {
-                format!(
-                    "{name} loop silent for {}s (limit {}s)",
-                    now.duration_since(s.last).as_secs(),
-                    s.max_silence.as_secs()
-                )
-            })
-            .collect();
-        drop(loops);
-        if let Ok(working) = self.working.lock() {
-            // One line per kind of work, for the oldest one.
-            let mut oldest: BTreeMap<&str, (Duration, Duration, usize)> = BTreeMap::new();
-            for (name, started, bound) in working.values() {
-                let age = now.duration_since(*started);
-                if age > *bound {
-                    let e = oldest.entry(name).or_insert((age, *bound, 0));
-                    e.0 = e.0.max(age);
-                    e.2 += 1;
-                }
-            }
-            for (name, (age, bound, n)) in oldest {
-                stalled.push(format!(
-                    "{n} {name} running for {}s (limit {}s)",
-                    age.as_secs(),
-                    bound.as_secs()
-                ));
-            }
-        }
-        if stalled.is_empty() {
-            Ok(())
-        } else {
-            Err(stalled)
-        }
-    }
-
-    /// `Ok` once the Pod watch synced and the last Lease renewal succeeded,
-    /// else what is missing.
-    pub fn readiness(&self) -> std::result::Result<(), Vec<&'static str>> {
-        let mut missing = Vec::new();
-        if !self.pod_watch_synced() {
-            missing.push("the Pod watch has not synced yet");
-        }
-        if !self.lease_ok() {
-            missing.push("the last node Lease renewal has not succeeded");
-        }
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(missing)
-        }
-    }
-}
 
 #[derive(Clone)]
 struct AdminState {
@@ -257,20 +65,29 @@ async fn readyz(State(s): State<AdminState>) -> Response {
     }
 }
 
-/// Serve `router` (from [`router`]) on `listener` until `shutdown`
-/// completes; in-flight requests finish first.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<()> {
+/// Binds the admin port (`--admin-addr`).
+pub async fn bind(addr: &ListenAddr) -> Result<TcpListener> {
+    addr.bind().await.map_err(|e| {
+        Error::io(
+            format!(
+                "bind the admin port --admin-addr (env VK_ADMIN_ADDR)={addr}; free the port or \
+                 choose another"
+            ),
+            e,
+        )
+    })
+}
+
+/// Serve `router` (from [`router`]) on `listener` until `stop` is
+/// cancelled; in-flight requests finish first.
+pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) -> Result<()> {
     let local = listener
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
     tracing::info!(addr = %local, "admin server listening (/metrics, /livez, /readyz)");
     axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(stop.cancelled_owned())
         .await
         .map_err(|e| Error::io(format!("admin server on {local}"), e))
 }
@@ -280,6 +97,7 @@ mod tests {
     use super::*;
     use axum::body::Body;
     use axum::http::Request;
+    use std::time::Duration;
     use tower::ServiceExt;
 
     async fn get_path(router: &Router, path: &str) -> (StatusCode, String, Option<String>) {
@@ -308,7 +126,7 @@ mod tests {
         assert!(body.contains("Pod watch has not synced"), "{body}");
         assert!(body.contains("Lease renewal"), "{body}");
 
-        health.set_pod_watch_synced(true);
+        health.mark_pod_watch_synced();
         let (code, body, _) = get_path(&r, "/readyz").await;
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert!(!body.contains("Pod watch"), "{body}");
@@ -413,14 +231,12 @@ mod tests {
     async fn serves_over_tcp_and_shuts_down() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let stop = CancellationToken::new();
         let health = Health::new();
         let task = tokio::spawn(serve(
             listener,
             router(health, Metrics::new().unwrap()),
-            async move {
-                let _ = rx.await;
-            },
+            stop.clone(),
         ));
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -431,7 +247,7 @@ mod tests {
         let mut buf = String::new();
         stream.read_to_string(&mut buf).await.unwrap();
         assert!(buf.starts_with("HTTP/1.1 200"), "{buf}");
-        tx.send(()).unwrap();
+        stop.cancel();
         tokio::time::timeout(Duration::from_secs(5), task)
             .await
             .expect("shutdown in time")

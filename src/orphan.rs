@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::admin::LoopHeartbeat;
+use crate::health::Health;
+use crate::periodic::{Beat, First, Next, Periodic, Turn};
 
 use crate::claims::{Claim, ClaimsStore};
 use crate::metrics::Metrics;
@@ -194,33 +195,19 @@ impl Scanner {
     }
 
     /// Scan every `interval`, the first time after one interval, until
-    /// `stop` is cancelled. `None` (a flag value ≤ 0) never scans and never
-    /// lists: it returns at once.
-    pub async fn run(
-        mut self,
-        interval: Option<Duration>,
-        stop: CancellationToken,
-        heartbeat: Option<LoopHeartbeat>,
-    ) {
-        let Some(every) = interval else {
-            info!("orphan audit scan disabled (--orphan-scan-interval <= 0)");
-            return;
-        };
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            if let Some(hb) = &heartbeat {
-                hb.beat();
-            }
-            tokio::select! {
-                _ = ticker.tick() => {}
-                _ = stop.cancelled() => return,
-            }
-            tokio::select! {
-                _ = self.scan() => {}
-                _ = stop.cancelled() => return,
-            }
-        }
+    /// `stop` is cancelled.
+    pub async fn run(self, interval: Duration, health: Arc<Health>, stop: CancellationToken) {
+        Periodic::new("orphan audit", interval)
+            .first(First::AfterPeriod)
+            .run(Some(&health), &stop, self)
+            .await
+    }
+}
+
+impl Turn for Scanner {
+    async fn turn(&mut self, _: &Beat) -> Next {
+        self.scan().await;
+        Next::Period
     }
 }
 
@@ -237,7 +224,7 @@ mod tests {
             key.into(),
             Claim {
                 id: id.into(),
-                token: "t".into(),
+                token: crate::sandboxd::Token::new("t"),
                 address: String::new(),
                 pod_uid: String::new(),
                 claimed_at: jiff::Timestamp::UNIX_EPOCH,

@@ -218,7 +218,7 @@ fn export_of_a_go_state_is_the_go_file_byte_for_byte() {
 fn claim(id: &str, uid: &str) -> Claim {
     Claim {
         id: id.into(),
-        token: format!("tok-{id}"),
+        token: vk_sandbox::sandboxd::Token::new(format!("tok-{id}")),
         address: "10.0.0.9:7777".into(),
         pod_uid: uid.into(),
         claimed_at: "2026-03-01T10:00:00Z".parse().expect("ts"),
@@ -381,7 +381,7 @@ async fn verify_against_the_sandboxd_simulator() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("claims.json");
-    let row = |c: &vk_sandbox::sandboxd::Claim| serde_json::json!({"id": c.id, "token": c.token.expose(), "podUID": "u"});
+    let row = |c: &vk_sandbox::sandboxd::Granted| serde_json::json!({"id": c.id, "token": c.token.expose(), "podUID": "u"});
     let state_json = serde_json::json!({"claims": {
         "ns/listed": row(&listed),
         "ns/gone": row(&gone),

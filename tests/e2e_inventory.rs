@@ -51,7 +51,7 @@ fn sandboxd(sim: &SimHandle) -> SandboxdClient {
 }
 
 /// Claims one sandbox directly from the simulator (as another client would).
-async fn claim(sim: &SimHandle, claim_ref: &str) -> vk_sandbox::sandboxd::Claim {
+async fn claim(sim: &SimHandle, claim_ref: &str) -> vk_sandbox::sandboxd::Granted {
     sandboxd(sim)
         .claim(&ClaimRequest {
             template: "base:24.04".into(),
@@ -476,9 +476,12 @@ async fn orphan_audit_reports_and_never_releases() {
     }
 }
 
-/// Orphan audit with the scan disabled: it never lists.
+/// Orphan audit: nothing lists before the scanner runs (with
+/// `--orphan-scan-interval <= 0` the configuration has no interval and the
+/// daemon never starts it: `config/tests/values.rs`); running, it lists
+/// every interval, the first one interval in.
 #[tokio::test(flavor = "multi_thread")]
-async fn disabled_scan_never_lists() {
+async fn scanner_lists_every_interval() {
     let sim = start_sim().await;
     let claims = std::sync::Arc::new(
         vk_sandbox::claims::ClaimsStore::open(
@@ -489,18 +492,10 @@ async fn disabled_scan_never_lists() {
     );
     let stop = tokio_util::sync::CancellationToken::new();
     let metrics = vk_sandbox::metrics::Metrics::new().expect("metrics");
-    let scanner = vk_sandbox::orphan::Scanner::new(sandboxd(&sim), claims.clone(), metrics.clone());
-    // `None` (a flag value <= 0) returns at once without listing.
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        scanner.run(None, stop.clone(), None),
-    )
-    .await
-    .expect("a disabled scan returns at once");
-    assert_eq!(sim.sim().requests().len(), 0);
-    // Control: enabled, it lists.
+    let health = vk_sandbox::health::Health::new();
     let scanner = vk_sandbox::orphan::Scanner::new(sandboxd(&sim), claims, metrics.clone());
-    let running = tokio::spawn(scanner.run(Some(Duration::from_millis(50)), stop.clone(), None));
+    assert_eq!(sim.sim().requests().len(), 0);
+    let running = tokio::spawn(scanner.run(Duration::from_millis(50), health, stop.clone()));
     wait_for("a scan to list", Duration::from_secs(10), || async {
         let n = sim
             .sim()

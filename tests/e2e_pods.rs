@@ -1567,10 +1567,10 @@ async fn check_monitoring_manifests(prom: &Prometheus, exposition: &str, dir: &s
         }
     }
     assert!(exprs.len() >= 10, "only {} expressions", exprs.len());
-    // Where families are registered: src/metrics/ and the gauges main.rs
-    // samples at scrape time.
+    // Where families are registered: src/metrics/ and the gauges sampled
+    // at scrape time beside what they measure.
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut sources = vec![src.join("main.rs")];
+    let mut sources = vec![src.join("pods/gauges.rs"), src.join("claims/gauge.rs")];
     for entry in std::fs::read_dir(src.join("metrics")).expect("src/metrics/") {
         sources.push(entry.expect("src/metrics/ entry").path());
     }

@@ -18,7 +18,7 @@ use rcgen::{
 use reqwest::StatusCode;
 use support::kubelet::StaticPods;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 use vk_sandbox::config::TlsFiles;
 use vk_sandbox::kubelet::auth::{Authenticator, Authorizer, Decision, RequestAttributes};
 use vk_sandbox::kubelet::tls::{self, KubeletTls};
@@ -93,7 +93,7 @@ impl Authorizer for Allow {
 
 struct Server {
     addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
+    stop: CancellationToken,
     task: tokio::task::JoinHandle<vk_sandbox::Result<()>>,
     metrics: Arc<Metrics>,
 }
@@ -103,10 +103,8 @@ impl Server {
         format!("https://127.0.0.1:{}{path}", self.addr.port())
     }
 
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
+    async fn stop(self) {
+        self.stop.cancel();
         tokio::time::timeout(Duration::from_secs(10), self.task)
             .await
             .expect("server stops in time")
@@ -134,13 +132,11 @@ async fn start(
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let config = tls.server_config(client_roots).expect("server config");
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(listener, config, router(state), async move {
-        let _ = rx.await;
-    }));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(serve(listener, config, router(state), stop.clone()));
     Server {
         addr,
-        stop: Some(tx),
+        stop,
         task,
         metrics,
     }
@@ -678,14 +674,12 @@ async fn certificate_files_are_reloaded() {
     let tls = KubeletTls::init(&files, "node-a", None).unwrap();
     assert!(!tls.is_self_signed());
     let server = start(&tls, None, None, Arc::default()).await;
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let stop_watch = CancellationToken::new();
     let metrics = server.metrics.clone();
     let watcher = tokio::spawn(tls.clone().watch(
         Duration::from_millis(50),
         metrics.clone(),
-        async move {
-            let _ = stop_rx.await;
-        },
+        stop_watch.clone(),
     ));
     assert_eq!(served_cn(&server).await, "first");
 
@@ -742,7 +736,7 @@ async fn certificate_files_are_reloaded() {
         Some(2.0)
     );
 
-    stop_tx.send(()).unwrap();
+    stop_watch.cancel();
     tokio::time::timeout(Duration::from_secs(5), watcher)
         .await
         .expect("watcher stops")
@@ -783,10 +777,8 @@ async fn the_daemon_reloads_rotated_certificates() {
     .await
     .expect("prepare");
     let addr = api.local_addr().expect("bound");
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let running = tokio::spawn(api.run(async move {
-        let _ = stop_rx.await;
-    }));
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(api.run(stop.clone()));
     let cn = || async move {
         let resp = client()
             .get(format!("https://127.0.0.1:{}/healthz", addr.port()))
@@ -823,7 +815,7 @@ async fn the_daemon_reloads_rotated_certificates() {
         seen, "second",
         "the running daemon never served the rotated certificate"
     );
-    stop_tx.send(()).unwrap();
+    stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), running)
         .await
         .expect("stops")

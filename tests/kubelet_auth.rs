@@ -24,7 +24,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use support::from_json;
 use support::kubelet::StaticPods;
-use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 use vk_sandbox::config::{KubeletAuthConfig, TlsFiles};
 use vk_sandbox::kubelet::auth::{
     Authenticator, Authorizer, Decision, KubeAuthenticator, KubeAuthorizer, request_attributes,
@@ -178,7 +178,7 @@ async fn client_ca_token_review_and_sar_with_shipped_rbac() {
 
 struct RunningApi {
     addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
+    stop: CancellationToken,
     task: tokio::task::JoinHandle<vk_sandbox::Result<()>>,
 }
 
@@ -202,20 +202,14 @@ async fn start_kubelet_api(vk: &Client, node: &str) -> RunningApi {
         auth: Some(Arc::new(KubeletAuth::with_client(vk.clone(), node, false))),
         metrics: Metrics::new().expect("metrics"),
     };
-    let (tx, rx) = oneshot::channel::<()>();
+    let stop = CancellationToken::new();
     let task = tokio::spawn(serve(
         listener,
         tls.server_config(roots).expect("server config"),
         router(state),
-        async move {
-            let _ = rx.await;
-        },
+        stop.clone(),
     ));
-    RunningApi {
-        addr,
-        stop: Some(tx),
-        task,
-    }
+    RunningApi { addr, stop, task }
 }
 
 #[tokio::test]
@@ -369,9 +363,6 @@ async fn apiserver_reaches_the_kubelet_api_and_strangers_are_refused() {
 
     let _ = nodes.delete(&node, &DeleteParams::default()).await;
     cluster.drop_namespace(&ns).await;
-    let mut api = api;
-    if let Some(tx) = api.stop.take() {
-        let _ = tx.send(());
-    }
+    api.stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), api.task).await;
 }

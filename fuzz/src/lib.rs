@@ -187,9 +187,9 @@ pub fn check_annotations(data: &[u8]) {
         },
         name
     );
-    assert_eq!(annotations::key(&pod), key);
+    assert_eq!(pod.key(), key);
 
-    // Step 1.
+    // The runtime gate.
     match (get(0), annotations::runtime_gate(&pod)) {
         (None | Some("sandboxd"), Ok(())) => {}
         (Some(rt), Err(e)) if rt != "sandboxd" => {
@@ -201,7 +201,7 @@ pub fn check_annotations(data: &[u8]) {
         (rt, got) => panic!("runtime {rt:?}: runtime_gate gave {got:?}"),
     }
 
-    // Steps 6–8 in the spec's order: TTL first, then template.
+    // The claim request: TTL first, then template.
     let ttl = match get(4) {
         None => Ok(annotations::DEFAULT_TTL_SECONDS),
         Some(raw) => match go_atoi(raw) {
@@ -496,7 +496,7 @@ fn check_info_reply(reply: &RawReply, json: Option<&Value>) {
 fn claim_with_deadline(deadline: Option<Timestamp>) -> claims::Claim {
     claims::Claim {
         id: "sb_1".into(),
-        token: "t".into(),
+        token: vk_sandbox::sandboxd::Token::new("t"),
         address: String::new(),
         pod_uid: String::new(),
         claimed_at: Timestamp::from_second(1_700_000_000).expect("ts"),
@@ -829,7 +829,7 @@ fn arbitrary_claim(input: &mut Input) -> claims::Claim {
     let flags = input.byte();
     claims::Claim {
         id: input.string(),
-        token: input.string(),
+        token: vk_sandbox::sandboxd::Token::new(input.string()),
         address: input.string(),
         pod_uid: input.string(),
         claimed_at: if flags & 1 != 0 {

@@ -33,7 +33,10 @@
 
 pub mod dir;
 pub mod format;
+pub mod gauge;
 mod load;
+pub mod paths;
+pub mod read;
 pub mod state_lock;
 mod types;
 mod writer;
@@ -49,7 +52,7 @@ use tracing::{debug, info};
 
 use crate::error::{Error, Result};
 use crate::sandboxd::SandboxRow;
-use load::Paths;
+pub use paths::StatePaths;
 pub use types::{Claim, ClaimCounts, ClaimState, StoreOptions, StoreStats, VerifyReport};
 use writer::{Counters, Entry, Request, Table, Writer, lock};
 
@@ -101,7 +104,7 @@ impl ClaimsStore {
 
     /// [`ClaimsStore::open`] with explicit options.
     pub async fn open_with(path: &Path, options: StoreOptions) -> Result<ClaimsStore> {
-        let paths = Paths::new(path);
+        let paths = StatePaths::new(path);
         let table = Arc::new(Mutex::new(Table::default()));
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::unbounded_channel();
@@ -283,7 +286,7 @@ impl ClaimsStore {
     /// first (claim, then commit; released if the commit fails). Committing the same id
     /// again replaces the row's fields.
     pub async fn commit(&self, key: &str, claim: Claim) -> Result<()> {
-        let claim = claim.normalised(Timestamp::now());
+        let claim = format::normalised(claim, Timestamp::now());
         let id = claim.id.clone();
         self.persist(|table| {
             if let Some(held) = table.rows.get(key)

@@ -13,14 +13,8 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use super::paths::StatePaths;
 use crate::error::{Error, Result};
-
-/// The lock file beside the state file.
-pub fn lock_path(state_path: &Path) -> PathBuf {
-    let mut name = state_path.as_os_str().to_os_string();
-    name.push(".lock");
-    PathBuf::from(name)
-}
 
 /// The held lock; dropping it releases the lock.
 #[derive(Debug)]
@@ -32,7 +26,7 @@ pub struct StateLock {
 impl StateLock {
     /// Takes the lock for `state_path`, or says who holds it.
     pub fn acquire(state_path: &Path) -> Result<StateLock> {
-        let path = lock_path(state_path);
+        let path = StatePaths::new(state_path).lock;
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -125,7 +119,7 @@ mod tests {
     fn a_second_holder_is_refused_by_name() {
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path().join("claims.json");
-        let lock = lock_path(&state);
+        let lock = StatePaths::new(&state).lock;
         assert_eq!(probe(&lock), Daemon::NoLockFile);
         let first = StateLock::acquire(&state).expect("first");
         assert_eq!(first.path(), dir.path().join("claims.json.lock"));

@@ -1,18 +1,17 @@
 //! The values of the claims store: a claim, its state, counts and options.
 
-use std::fmt;
-
 use jiff::Timestamp;
 
-use super::format;
+use crate::sandboxd::Token;
 
 /// One claim: the sandbox a Pod key holds and the credential to release it.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Claim {
     /// sandboxd's sandbox id (`sb_…`).
     pub id: String,
-    /// The release credential. Never logged: `Debug` redacts it.
-    pub token: String,
+    /// The release credential; `None` for a claim recovered without it
+    /// (released with the node token).
+    pub token: Option<Token>,
     /// sandboxd's `owner_addr` (may be empty).
     pub address: String,
     /// UID of the Pod the claim was made or last adopted for (forensics; the
@@ -22,43 +21,6 @@ pub struct Claim {
     pub claimed_at: Timestamp,
     /// The lease deadline; `None` = no expiry.
     pub deadline: Option<Timestamp>,
-}
-
-impl fmt::Debug for Claim {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Claim")
-            .field("id", &self.id)
-            .field(
-                "token",
-                &if self.token.is_empty() {
-                    "<empty>"
-                } else {
-                    "<redacted>"
-                },
-            )
-            .field("address", &self.address)
-            .field("pod_uid", &self.pod_uid)
-            .field("claimed_at", &self.claimed_at)
-            .field("deadline", &self.deadline)
-            .finish()
-    }
-}
-
-impl Claim {
-    /// The claim with its times truncated to whole seconds (the file's
-    /// precision) and an unset `claimed_at` stamped with `now`.
-    pub(super) fn normalised(mut self, now: Timestamp) -> Claim {
-        // Truncate first: a time within the epoch's first second becomes the
-        // epoch, which the file cannot tell from unset.
-        let claimed_at = format::to_second(self.claimed_at);
-        self.claimed_at = if format::is_unset(claimed_at) {
-            format::to_second(now)
-        } else {
-            claimed_at
-        };
-        self.deadline = self.deadline.and_then(format::to_file_deadline);
-        self
-    }
 }
 
 /// Where a row stands: settled, tentative (claimed, not yet durable) or

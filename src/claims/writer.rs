@@ -30,8 +30,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use super::format::{self, JournalOp};
-use super::load::Paths;
-use super::{Claim, ClaimState, StoreOptions, StoreStats};
+use super::paths::StatePaths;
+use super::types::{Claim, ClaimState, StoreOptions, StoreStats};
 use crate::error::{Error, Result};
 
 /// The outcome sent to a waiter: the problem text on failure.
@@ -119,7 +119,7 @@ fn sync_dir(dir: &Path) -> Outcome {
 
 /// The writer thread's state.
 pub(super) struct Writer {
-    paths: Paths,
+    paths: StatePaths,
     options: StoreOptions,
     table: Arc<Mutex<Table>>,
     counters: Arc<Counters>,
@@ -144,7 +144,7 @@ enum Plan {
 
 impl Writer {
     pub fn new(
-        paths: Paths,
+        paths: StatePaths,
         options: StoreOptions,
         table: Arc<Mutex<Table>>,
         counters: Arc<Counters>,
@@ -400,12 +400,13 @@ impl Writer {
         self.journal = None;
         self.ensure_dir()?;
         let bytes = format::encode_snapshot(rows);
-        let Paths {
+        let StatePaths {
             snapshot,
             journal,
             journal_old,
             tmp,
             dir,
+            ..
         } = &self.paths;
         match fs::remove_file(tmp) {
             Ok(()) => {}

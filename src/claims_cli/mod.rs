@@ -12,7 +12,7 @@
 //!   the file exists to carry them).
 //!
 //! The state is the snapshot plus its journal(s), read consistently while a
-//! daemon appends and compacts ([`state`]).
+//! daemon appends and compacts ([`crate::claims::read`]).
 
 pub mod state;
 mod view;
@@ -22,83 +22,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Subcommand, ValueEnum};
-
+use crate::claims::StatePaths;
+use crate::claims::read::StateView;
+use crate::config::{ClaimsArgs, ClaimsCommand, Output, SandboxdArgs, StateArg};
 use crate::sandboxd::SandboxdClient;
-use state::{Daemon, StatePaths, StateView};
-
-/// `vk-sandbox claims …`.
-#[derive(Debug, Clone, Args)]
-pub struct ClaimsArgs {
-    #[command(subcommand)]
-    pub command: ClaimsCommand,
-}
-
-pub use crate::config::{SandboxdArgs, StateArg};
-
-/// Output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    /// Aligned columns for people.
-    Table,
-    /// One JSON document for scripts.
-    Json,
-}
-
-/// State path and output format.
-#[derive(Debug, Clone, Args)]
-pub struct ViewArgs {
-    #[command(flatten)]
-    pub state: StateArg,
-    /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
-    pub output: Output,
-}
-
-/// What `vk-sandbox claims` does.
-#[derive(Debug, Clone, Subcommand)]
-pub enum ClaimsCommand {
-    /// List every claim: key, sandbox id, Pod UID, claimed at, deadline,
-    /// state (active, or expired once its deadline passed). Tokens are
-    /// never shown unless --show-tokens.
-    List {
-        #[command(flatten)]
-        view: ViewArgs,
-        /// Show the release tokens (credentials: keep the output private).
-        #[arg(long)]
-        show_tokens: bool,
-    },
-    /// Show one claim (every field) by its key, `<namespace>/<pod name>`.
-    /// Exit 1 when no claim has that key.
-    Show {
-        /// The claim's key, `<namespace>/<pod name>`.
-        #[arg(value_name = "KEY")]
-        key: String,
-        #[command(flatten)]
-        view: ViewArgs,
-        /// Show the release token (a credential: keep the output private).
-        #[arg(long)]
-        show_tokens: bool,
-    },
-    /// Check the claims against sandboxd's listing: held and listed, held
-    /// and missing (reaped at the deadline, or released by someone else),
-    /// and listed under a held key but not held (a claim sandboxd made for
-    /// a Pod whose credential this state lacks). Exit 0 when consistent, 1
-    /// when not, 2 when the check could not run.
-    Verify {
-        #[command(flatten)]
-        view: ViewArgs,
-        #[command(flatten)]
-        sandboxd: SandboxdArgs,
-    },
-    /// Write the state (snapshot with its journal folded in) to stdout as
-    /// a Go vk-sandbox `claims.json`, tokens included, e.g. for jq or a
-    /// rollback: `vk-sandbox claims export > claims.json`.
-    Export {
-        #[command(flatten)]
-        state: StateArg,
-    },
-}
+use state::Daemon;
 
 /// Exit codes of `verify`.
 const EXIT_INCONSISTENT: u8 = 1;
@@ -149,7 +77,8 @@ fn load(arg: &StateArg, err: &mut dyn Write) -> Result<(StatePaths, Daemon, Stat
         paths.snapshot.display(),
         daemon.describe(&paths.lock)
     );
-    let view = state::read(&paths)?;
+    let view = crate::claims::read::read(&paths, jiff::Timestamp::UNIX_EPOCH)
+        .map_err(|e| e.to_string())?;
     for (file, bytes) in &view.loaded.torn_tails {
         let _ = writeln!(
             err,

@@ -10,7 +10,7 @@ use crate::sandboxd::SandboxRow;
 fn claim(id: &str, deadline: Option<&str>) -> Claim {
     Claim {
         id: id.into(),
-        token: format!("tok-{id}"),
+        token: crate::sandboxd::Token::new(format!("tok-{id}")),
         address: String::new(),
         pod_uid: format!("uid-{id}"),
         claimed_at: "2026-01-01T00:00:00Z".parse().expect("ts"),

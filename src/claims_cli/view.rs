@@ -6,9 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::state::{Daemon, StatePaths, StateView};
+use super::state::Daemon;
 use crate::claims::Claim;
+use crate::claims::StatePaths;
 use crate::claims::format;
+use crate::claims::read::StateView;
 use crate::orphan::{self, Verdict};
 use crate::sandboxd::SandboxRow;
 
@@ -80,6 +82,11 @@ fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The release credential as the file holds it.
+fn token(c: &Claim) -> Option<String> {
+    c.token.as_ref().map(|t| t.expose().to_string())
+}
+
 fn dash(s: Option<String>) -> String {
     s.filter(|s| !s.is_empty()).unwrap_or_else(|| "-".into())
 }
@@ -113,7 +120,7 @@ pub fn list_table(state: &StateView, now: Timestamp, show_tokens: bool) -> Strin
                 state_of(c, now).to_string(),
             ];
             if show_tokens {
-                row.push(dash(Some(c.token.clone())));
+                row.push(dash(token(c)));
             }
             row
         })
@@ -139,7 +146,7 @@ pub fn claim_json(
         "source": source.as_str(),
     });
     if show_tokens {
-        v["token"] = json!(c.token);
+        v["token"] = json!(token(c).unwrap_or_default());
     }
     v
 }
@@ -188,8 +195,8 @@ pub fn show_text(
     show_tokens: bool,
 ) -> String {
     let token = if show_tokens {
-        dash(Some(c.token.clone()))
-    } else if c.token.is_empty() {
+        dash(token(c))
+    } else if c.token.is_none() {
         "(empty)".into()
     } else {
         "(hidden; --show-tokens shows it)".into()

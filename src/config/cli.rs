@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::builder::BoolishValueParser;
-use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, ValueEnum};
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use super::defaults;
 
@@ -46,7 +46,78 @@ pub enum Command {
     /// Inspect the claims state without changing it (safe while the daemon
     /// runs): list, show, verify against sandboxd, export as a Go
     /// claims.json.
-    Claims(crate::claims_cli::ClaimsArgs),
+    Claims(ClaimsArgs),
+}
+
+/// `vk-sandbox claims …`.
+#[derive(Debug, Clone, Args)]
+pub struct ClaimsArgs {
+    #[command(subcommand)]
+    pub command: ClaimsCommand,
+}
+
+/// Output format of `vk-sandbox claims`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Aligned columns for people.
+    Table,
+    /// One JSON document for scripts.
+    Json,
+}
+
+/// State path and output format.
+#[derive(Debug, Clone, Args)]
+pub struct ViewArgs {
+    #[command(flatten)]
+    pub state: StateArg,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// What `vk-sandbox claims` does.
+#[derive(Debug, Clone, Subcommand)]
+pub enum ClaimsCommand {
+    /// List every claim: key, sandbox id, Pod UID, claimed at, deadline,
+    /// state (active, or expired once its deadline passed). Tokens are
+    /// never shown unless --show-tokens.
+    List {
+        #[command(flatten)]
+        view: ViewArgs,
+        /// Show the release tokens (credentials: keep the output private).
+        #[arg(long)]
+        show_tokens: bool,
+    },
+    /// Show one claim (every field) by its key, `<namespace>/<pod name>`.
+    /// Exit 1 when no claim has that key.
+    Show {
+        /// The claim's key, `<namespace>/<pod name>`.
+        #[arg(value_name = "KEY")]
+        key: String,
+        #[command(flatten)]
+        view: ViewArgs,
+        /// Show the release token (a credential: keep the output private).
+        #[arg(long)]
+        show_tokens: bool,
+    },
+    /// Check the claims against sandboxd's listing: held and listed, held
+    /// and missing (reaped at the deadline, or released by someone else),
+    /// and listed under a held key but not held (a claim sandboxd made for
+    /// a Pod whose credential this state lacks). Exit 0 when consistent, 1
+    /// when not, 2 when the check could not run.
+    Verify {
+        #[command(flatten)]
+        view: ViewArgs,
+        #[command(flatten)]
+        sandboxd: SandboxdArgs,
+    },
+    /// Write the state (snapshot with its journal folded in) to stdout as
+    /// a Go vk-sandbox `claims.json`, tokens included, e.g. for jq or a
+    /// rollback: `vk-sandbox claims export > claims.json`.
+    Export {
+        #[command(flatten)]
+        state: StateArg,
+    },
 }
 
 /// Every flag of the run command, by concern (each group has its own

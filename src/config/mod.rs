@@ -34,6 +34,7 @@
 //! `$KUBECONFIG`, then `~/.kube/config`).
 
 pub mod cli;
+pub mod defaults;
 pub mod settings;
 mod validate;
 pub mod values;
@@ -42,8 +43,9 @@ pub mod values;
 mod tests;
 
 pub use cli::{
-    AdminArgs, AuditArgs, Cli, Command, InventoryArgs, KubeArgs, KubeletArgs, LogFormat, NodeArgs,
-    RunArgs, SandboxdArgs, StateArg, command, parse_from, parse_process_args,
+    AdminArgs, AuditArgs, ClaimsArgs, ClaimsCommand, Cli, Command, InventoryArgs, KubeArgs,
+    KubeletArgs, LogFormat, NodeArgs, Output, RunArgs, SandboxdArgs, StateArg, ViewArgs, command,
+    parse_from, parse_process_args,
 };
 pub use settings::{
     Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, KubeletSettings,
@@ -52,21 +54,3 @@ pub use settings::{
 pub use values::{
     ListenAddr, advertise_default, parse_go_duration, parse_node_labels, validate_quantity,
 };
-
-/// Flag defaults (docs/configuration.md), shared by `--help` and tests.
-pub mod defaults {
-    pub const NODE_NAME: &str = "vk-sandboxd";
-    pub const LISTEN_ADDR: &str = ":10260";
-    pub const ADMIN_ADDR: &str = ":10261";
-    pub const NODE_CPU: &str = "4000";
-    pub const NODE_MEMORY: &str = "8Ti";
-    pub const NODE_PODS: &str = "2000";
-    pub const KUBE_API_QPS: f32 = 200.0;
-    pub const KUBE_API_BURST: u32 = 400;
-    pub const SANDBOXD_URL: &str = "http://127.0.0.1:7777";
-    pub const STATE_PATH: &str = "/var/lib/vk-sandbox/claims.json";
-    pub const ORPHAN_SCAN_INTERVAL: &str = "60s";
-    pub const PUBLISH_INTERVAL: &str = "30s";
-    pub const NODE_LABELS: &str = "sandbox.cocoonstack.io/runtime=sandboxd";
-    pub const INVENTORY_GROUP: &str = "sandbox.cocoonstack.io";
-}

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::cli::LogFormat;
 use super::values::ListenAddr;
 use crate::sandboxd::Secret;
 
@@ -91,13 +90,12 @@ pub struct Config {
     /// Extra Node labels from `--node-labels`.
     pub node_labels: BTreeMap<String, String>,
     pub kubelet_auth: KubeletAuthConfig,
-    pub log_format: LogFormat,
     /// Node status heartbeat period (> 0).
     pub node_status_interval: Duration,
 }
 
 /// What the kubelet API is built from (a projection of [`Config`], as
-/// the node has [`crate::node::NodeSettings`]).
+/// the node has [`crate::node::NodeSettings::from_config`]).
 #[derive(Debug, Clone)]
 pub struct KubeletSettings {
     pub node_name: String,

@@ -327,7 +327,6 @@ impl Config {
                 anonymous: args.kubelet.anonymous_auth,
                 client_ca_file,
             },
-            log_format: args.admin.log_format,
             node_status_interval,
         })
     }

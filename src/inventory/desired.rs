@@ -139,7 +139,7 @@ mod tests {
     fn claim(id: &str, address: &str) -> Claim {
         Claim {
             id: id.into(),
-            token: "tok".into(),
+            token: crate::sandboxd::Token::new("tok"),
             address: address.into(),
             pod_uid: "uid".into(),
             claimed_at: jiff::Timestamp::UNIX_EPOCH,

@@ -10,11 +10,12 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchP
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::admin::LoopHeartbeat;
 use crate::claims::ClaimsStore;
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use crate::health::Health;
+use crate::metrics::{Controller, Metrics};
 use crate::node::desired::FIELD_MANAGER;
+use crate::periodic::{Beat, Next, Periodic, Turn};
 use crate::sandboxd::{SandboxRow, SandboxdClient};
 
 use super::desired::{Applied, ApplyDecision, decide, desired};
@@ -74,10 +75,11 @@ impl Publisher {
         }
     }
 
-    /// The first tick publishes from `listing` (just taken by the caller)
-    /// instead of listing sandboxd a second time at start-up.
-    pub fn seeded(mut self, listing: Vec<SandboxRow>) -> Publisher {
-        self.seed = Some(listing);
+    /// The first tick publishes from `listing` (just taken by the caller,
+    /// if it could list) instead of listing sandboxd a second time at
+    /// start-up.
+    pub fn seeded(mut self, listing: Option<Vec<SandboxRow>>) -> Publisher {
+        self.seed = listing;
         self
     }
 
@@ -164,37 +166,24 @@ impl Publisher {
     }
 
     /// Publish now and then every `interval` until `stop`.
-    pub async fn run(
-        mut self,
-        interval: Duration,
-        stop: CancellationToken,
-        heartbeat: Option<LoopHeartbeat>,
-    ) {
+    pub async fn run(self, interval: Duration, health: Arc<Health>, stop: CancellationToken) {
         let span = info_span!("inventory", node = %self.node, group = %self.group);
-        async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => {}
-                    _ = stop.cancelled() => return,
-                }
-                if let Some(hb) = &heartbeat {
-                    hb.beat();
-                }
-                let started = Instant::now();
-                let result = tokio::select! {
-                    r = self.tick() => r,
-                    _ = stop.cancelled() => return,
-                };
-                if let Err(e) = &result {
-                    warn!(error = %e, retry_in = ?interval, "NodeInventory apply failed");
-                }
-                self.metrics
-                    .reconciled("inventory", started.elapsed(), &result.map(|_| ()));
-            }
+        Periodic::new("NodeInventory publisher", interval)
+            .run(Some(&health), &stop, self)
+            .instrument(span)
+            .await
+    }
+}
+
+impl Turn for Publisher {
+    async fn turn(&mut self, _: &Beat) -> Next {
+        let started = Instant::now();
+        let result = self.tick().await;
+        if let Err(e) = &result {
+            warn!(error = %e, "NodeInventory apply failed; retried next tick");
         }
-        .instrument(span)
-        .await
+        self.metrics
+            .reconciled(Controller::Inventory, started.elapsed(), &result);
+        Next::Period
     }
 }

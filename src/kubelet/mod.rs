@@ -13,20 +13,19 @@ pub mod auth;
 pub mod client_ca;
 pub mod routes;
 pub mod server;
-pub mod source;
 pub mod tls;
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
+pub use crate::pods::source::PodSource;
 pub use auth::{KubeletAuth, PeerIdentity, UserInfo};
 pub use client_ca::load_client_ca;
 pub use routes::{KubeletState, router};
 pub use server::serve;
-pub use source::PodSource;
 pub use tls::KubeletTls;
 
 use crate::config::KubeletSettings;
@@ -102,28 +101,15 @@ impl KubeletApi {
         self.listener.local_addr().ok()
     }
 
-    /// Serve, and watch the certificate files, until `shutdown` completes.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
+    /// Serve, and watch the certificate files, until `stop` is cancelled.
+    pub async fn run(self, stop: CancellationToken) -> Result<()> {
         let watcher = self.tls.clone().watch(
             tls::RELOAD_POLL_INTERVAL,
             Arc::clone(&self.metrics),
-            stopped(stop_rx.clone()),
+            stop.clone(),
         );
-        let server = serve(
-            self.listener,
-            self.server_config,
-            self.router,
-            stopped(stop_rx),
-        );
-        let signal = async move {
-            shutdown.await;
-            let _ = stop_tx.send(true);
-        };
-        let ((), result, ()) = tokio::join!(watcher, server, signal);
+        let server = serve(self.listener, self.server_config, self.router, stop);
+        let ((), result) = tokio::join!(watcher, server);
         result
     }
 }

@@ -28,8 +28,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 
 use crate::kubelet::auth::{KubeletAuth, PeerIdentity};
-use crate::kubelet::source::PodSource;
 use crate::metrics::Metrics;
+use crate::pods::source::PodSource;
 
 /// The shared tail of every not-implemented answer.
 pub const NOT_IMPLEMENTED: &str =
@@ -234,7 +234,7 @@ pub fn validate_log_query(query: &str) -> Result<(), String> {
     if !since_time.is_empty() {
         // RFC 3339 proper: jiff's own parser also takes ISO 8601 and
         // RFC 9557 forms (`+02`, `T03Z`, `[UTC]`, `,5`, basic format).
-        if crate::sandboxd::deadline::parse_rfc3339(&since_time).is_none() {
+        if crate::sandboxd::lease_deadline::parse_rfc3339(&since_time).is_none() {
             return Err(format!(
                 "invalid sinceTime {since_time:?}: want an RFC 3339 time"
             ));

@@ -3,7 +3,6 @@
 //! 30 s read-header timeout (a client that never finishes its headers cannot
 //! hold a connection), graceful shutdown.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,9 +13,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::error::Result;
@@ -29,7 +28,7 @@ pub const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long open connections get to finish after shutdown starts.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// Serve `router` over TLS on `listener` until `shutdown` completes, then
+/// Serve `router` over TLS on `listener` until `stop` is cancelled, then
 /// let open connections finish (at most [`SHUTDOWN_GRACE`]). Each request
 /// carries a [`PeerIdentity`] extension with the identity of a verified
 /// client certificate, if the client sent one.
@@ -37,17 +36,15 @@ pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     router: Router,
-    shutdown: impl Future<Output = ()> + Send,
+    stop: CancellationToken,
 ) -> Result<()> {
     let local = listener.local_addr().ok();
     tracing::info!(addr = ?local, "kubelet API listening (TLS)");
     let acceptor = TlsAcceptor::from(tls);
-    let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
-    tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            _ = &mut shutdown => break,
+            _ = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
                     connections.spawn(serve_connection(
@@ -55,7 +52,7 @@ pub async fn serve(
                         tcp,
                         peer,
                         router.clone(),
-                        stop_rx.clone(),
+                        stop.clone(),
                     ));
                 }
                 Err(e) => {
@@ -68,7 +65,6 @@ pub async fn serve(
         }
     }
     drop(listener);
-    let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while connections.join_next().await.is_some() {}
     })
@@ -89,7 +85,7 @@ async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
     router: Router,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
@@ -126,7 +122,7 @@ async fn serve_connection(
                 tracing::debug!(%peer, error = %e, "kubelet API connection ended with an error");
             }
         }
-        _ = async { stop.wait_for(|stopping| *stopping).await.map(|_| ()) } => {
+        _ = stop.cancelled() => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.as_mut().await;
         }

@@ -24,9 +24,13 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
 use crate::config::TlsFiles;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::periodic::{Beat, First, Next, Periodic, Turn};
 
 /// How often the certificate files are checked for changes.
 pub const RELOAD_POLL_INTERVAL: Duration = Duration::from_secs(5);
@@ -262,79 +266,81 @@ impl KubeletTls {
         Ok(Arc::new(config))
     }
 
-    /// Poll the configured files every `interval` until `shutdown`; on a
-    /// change load the pair and swap it in. Returns at once when no pair is
-    /// configured. A pair that fails to load keeps the current certificate.
-    pub async fn watch(
-        self,
-        interval: Duration,
-        metrics: Arc<Metrics>,
-        shutdown: impl std::future::Future<Output = ()>,
-    ) {
+    /// Poll the configured files every `interval` until `stop` is
+    /// cancelled; on a change load the pair and swap it in. Returns at once
+    /// when no pair is configured. A pair that fails to load keeps the
+    /// current certificate.
+    pub async fn watch(self, interval: Duration, metrics: Arc<Metrics>, stop: CancellationToken) {
         let Some((cert, key)) = self.files.clone() else {
             return;
         };
         let span =
             tracing::info_span!("kubelet_cert_watch", cert = %cert.display(), key = %key.display());
-        tracing::Instrument::instrument(
-            self.poll_files(cert, key, interval, metrics, shutdown),
-            span,
-        )
-        .await
+        let seen = (fingerprint(&cert), fingerprint(&key));
+        let watch = CertWatch {
+            resolver: self.resolver,
+            cert,
+            key,
+            metrics,
+            seen,
+            last_failed: None,
+        };
+        // The first look is one period in: the pair was just loaded.
+        Periodic::new("kubelet certificate watch", interval)
+            .first(First::AfterPeriod)
+            .run(None, &stop, watch)
+            .instrument(span)
+            .await
     }
+}
 
-    async fn poll_files(
-        self,
-        cert: PathBuf,
-        key: PathBuf,
-        interval: Duration,
-        metrics: Arc<Metrics>,
-        shutdown: impl std::future::Future<Output = ()>,
-    ) {
-        let mut seen = (fingerprint(&cert), fingerprint(&key));
-        let mut last_failed: Option<(Fingerprint, Fingerprint)> = None;
-        tokio::pin!(shutdown);
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => return,
-                _ = tick.tick() => {}
+/// The certificate files, polled for a change.
+struct CertWatch {
+    resolver: Arc<ReloadingResolver>,
+    cert: PathBuf,
+    key: PathBuf,
+    metrics: Arc<Metrics>,
+    /// The files as last loaded.
+    seen: (Fingerprint, Fingerprint),
+    /// The files as they were when loading last failed (logged once).
+    last_failed: Option<(Fingerprint, Fingerprint)>,
+}
+
+impl Turn for CertWatch {
+    async fn turn(&mut self, _: &Beat) -> Next {
+        let now = (fingerprint(&self.cert), fingerprint(&self.key));
+        if now == self.seen {
+            return Next::Period;
+        }
+        let regular = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
+        if !(regular(&self.cert) && regular(&self.key)) {
+            if self.last_failed.as_ref() != Some(&now) {
+                tracing::warn!(
+                    "kubelet certificate files missing or not regular files; keeping the current certificate"
+                );
+                self.last_failed = Some(now);
             }
-            let now = (fingerprint(&cert), fingerprint(&key));
-            if now == seen {
-                continue;
+            return Next::Period;
+        }
+        match load_pair(&self.cert, &self.key) {
+            Ok(pair) => {
+                self.resolver.set(pair);
+                self.seen = now;
+                self.last_failed = None;
+                self.metrics.cert_reloaded(true);
+                tracing::info!("kubelet serving certificate reloaded");
             }
-            let count = |ok: bool| metrics.cert_reloaded(ok);
-            let regular = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
-            if !(regular(&cert) && regular(&key)) {
-                if last_failed.as_ref() != Some(&now) {
-                    tracing::warn!(
-                        "kubelet certificate files missing or not regular files; keeping the current certificate"
-                    );
-                    last_failed = Some(now.clone());
-                }
-                continue;
-            }
-            match load_pair(&cert, &key) {
-                Ok(pair) => {
-                    self.resolver.set(pair);
-                    seen = now;
-                    last_failed = None;
-                    count(true);
-                    tracing::info!("kubelet serving certificate reloaded");
-                }
-                Err(e) => {
-                    // Often a half-written rotation: retried on the next
-                    // change, logged once per distinct state.
-                    if last_failed.as_ref() != Some(&now) {
-                        count(false);
-                        tracing::warn!(error = %e, "kubelet certificate reload failed; keeping the current certificate");
-                        last_failed = Some(now);
-                    }
+            Err(e) => {
+                // Often a half-written rotation: retried on the next
+                // change, logged once per distinct state.
+                if self.last_failed.as_ref() != Some(&now) {
+                    self.metrics.cert_reloaded(false);
+                    tracing::warn!(error = %e, "kubelet certificate reload failed; keeping the current certificate");
+                    self.last_failed = Some(now);
                 }
             }
         }
+        Next::Period
     }
 }
 

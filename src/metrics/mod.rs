@@ -14,6 +14,27 @@ use prometheus::{Encoder, Gauge, IntCounterVec, IntGaugeVec, Opts, Registry, Tex
 
 use crate::error::{Error, Result};
 
+/// Times one reconcile: dropping it records the duration.
+pub type Timer = prometheus::HistogramTimer;
+
+/// The controllers whose reconciles are counted (the `controller` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controller {
+    Pods,
+    Node,
+    Inventory,
+}
+
+impl Controller {
+    pub fn label(self) -> &'static str {
+        match self {
+            Controller::Pods => "pods",
+            Controller::Node => "node",
+            Controller::Inventory => "inventory",
+        }
+    }
+}
+
 /// Content type of the text exposition format served on `/metrics`.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -377,6 +398,13 @@ impl Metrics {
     }
 
     /// Everything in the text exposition format.
+    /// Register a [`SampledGauge`].
+    pub fn register_sampled(&self, gauge: SampledGauge) -> Result<()> {
+        self.registry
+            .register(Box::new(gauge))
+            .map_err(|e| Error::Internal(format!("registering a metric: {e}")))
+    }
+
     pub fn encode(&self) -> Result<String> {
         let mut out = Vec::new();
         TextEncoder::new()
@@ -393,5 +421,4 @@ mod sampled;
 #[cfg(test)]
 mod tests;
 
-pub use record::Timer;
-pub use sampled::{PODS_PENDING_OLDEST, SampledGauge, pending_oldest};
+pub use sampled::SampledGauge;

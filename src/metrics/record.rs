@@ -3,14 +3,9 @@
 
 use std::time::Duration;
 
-use prometheus::HistogramTimer;
-
-use super::Metrics;
+use super::{Controller, Metrics, Timer};
 use crate::error::Result;
 use crate::sandboxd::{Observer, Op, SandboxdError};
-
-/// Times one reconcile: dropping it records the duration.
-pub type Timer = HistogramTimer;
 
 fn result_label(ok: bool) -> &'static str {
     if ok { "success" } else { "error" }
@@ -33,7 +28,8 @@ impl Metrics {
 
     /// Record one reconcile of `controller` that is not run by a
     /// kube-runtime `Controller` (node status, inventory).
-    pub fn reconciled<T>(&self, controller: &str, elapsed: Duration, result: &Result<T>) {
+    pub fn reconciled<T>(&self, controller: Controller, elapsed: Duration, result: &Result<T>) {
+        let controller = controller.label();
         self.reconcile_runs.with_label_values(&[controller]).inc();
         self.reconcile_duration
             .with_label_values(&[controller])
@@ -47,7 +43,8 @@ impl Metrics {
 
     /// A reconcile of `controller` run by a kube-runtime Controller
     /// starts; the returned timer records its duration when dropped.
-    pub fn reconcile_started(&self, controller: &str) -> Timer {
+    pub fn reconcile_started(&self, controller: Controller) -> Timer {
+        let controller = controller.label();
         self.reconcile_runs.with_label_values(&[controller]).inc();
         self.reconcile_duration
             .with_label_values(&[controller])
@@ -56,7 +53,8 @@ impl Metrics {
 
     /// A reconcile of `controller` failed with an error of kind `kind`
     /// (`Error::metric_label`).
-    pub fn reconcile_failed(&self, controller: &str, kind: &str) {
+    pub fn reconcile_failed(&self, controller: Controller, kind: &str) {
+        let controller = controller.label();
         self.reconcile_failures
             .with_label_values(&[controller, kind])
             .inc();

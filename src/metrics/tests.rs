@@ -56,8 +56,12 @@ fn sandboxd_calls_sampled_gauges_and_reconciles_are_exposed() {
         .unwrap(),
     )
     .unwrap();
-    m.reconciled("node", ms, &Ok(()));
-    m.reconciled("inventory", ms, &Err::<(), _>(Error::Config("x".into())));
+    m.reconciled(Controller::Node, ms, &Ok(()));
+    m.reconciled(
+        Controller::Inventory,
+        ms,
+        &Err::<(), _>(Error::Config("x".into())),
+    );
     let text = m.encode().unwrap();
     for needle in [
         "vk_sandbox_sandboxd_requests_total{endpoint=\"claim\",status=\"ok\"} 1",
@@ -72,62 +76,6 @@ fn sandboxd_calls_sampled_gauges_and_reconciles_are_exposed() {
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
-}
-
-#[test]
-fn pending_oldest_by_reason() {
-    use crate::pods::pod::{Pod, PodStatus};
-    use k8s_openapi::api::core::v1::PodCondition;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    let at = |s: &str| Time(s.parse().expect("ts"));
-    let pod = |phase: Option<&str>, reason: Option<&str>, created: &str, bound: Option<&str>| {
-        let mut p = Pod::default();
-        p.metadata.creation_timestamp = Some(at(created));
-        p.status = Some(PodStatus {
-            phase: phase.map(Into::into),
-            reason: reason.map(Into::into),
-            conditions: bound.map(|b| {
-                vec![PodCondition {
-                    type_: "PodScheduled".into(),
-                    status: "True".into(),
-                    last_transition_time: Some(at(b)),
-                    ..Default::default()
-                }]
-            }),
-            ..Default::default()
-        });
-        p
-    };
-    let mut deleting = pod(Some("Pending"), None, "2026-01-01T00:00:00Z", None);
-    deleting.metadata.deletion_timestamp = Some(at("2026-01-01T00:00:01Z"));
-    let pods = [
-        // Waiting for capacity since binding 10 min ago (created earlier).
-        pod(
-            Some("Pending"),
-            Some("NoWarmCapacity"),
-            "2026-01-01T00:00:00Z",
-            Some("2026-01-01T00:50:00Z"),
-        ),
-        pod(
-            Some("Pending"),
-            Some("NoWarmCapacity"),
-            "2026-01-01T00:55:00Z",
-            Some("2026-01-01T00:55:00Z"),
-        ),
-        // No status yet: Pending since created.
-        pod(None, None, "2026-01-01T00:59:00Z", None),
-        pod(Some("Running"), None, "2026-01-01T00:00:00Z", None),
-        deleting,
-    ];
-    let now: jiff::Timestamp = "2026-01-01T01:00:00Z".parse().expect("ts");
-    assert_eq!(
-        pending_oldest(&pods, now),
-        vec![
-            ("NoWarmCapacity".to_string(), 600),
-            ("none".to_string(), 60)
-        ]
-    );
-    assert!(pending_oldest(&pods[3..], now).is_empty());
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The node Lease (`kube-node-lease/<node>`): the heartbeat the node
 //! lifecycle controller reads (docs/architecture.md, "Node and Lease").
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -11,11 +12,13 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, instrument, warn};
+use tracing::{Instrument, debug, info_span, warn};
 
 use super::desired::FIELD_MANAGER;
-use crate::admin::LoopHeartbeat;
 use crate::backoff::Backoff;
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::periodic::{Beat, Next, Periodic, Turn};
 use crate::{Error, Result};
 
 pub const NAMESPACE: &str = "kube-node-lease";
@@ -113,49 +116,69 @@ pub async fn renew_once(
     })
 }
 
-/// Renews the Lease every 10 s until `stop` is cancelled. Failures back off
-/// (200 ms doubling to 7 s) and are reported through `on_result`; nothing
-/// here panics or gives up. `node_uid` follows the Node (it changes when
-/// the Node is deleted and registered again), so the Lease is always owned
-/// by the Node that exists.
-#[instrument(skip_all, fields(node = %node))]
-pub async fn run(
-    client: Client,
+/// The Lease loop: renews every 10 s until stopped. Failures back off
+/// (200 ms doubling to 7 s); each outcome is counted and sets readiness
+/// (`/readyz` needs the last renewal to have succeeded). Nothing here
+/// panics or gives up. `node_uid` follows the Node (it changes when the
+/// Node is deleted and registered again), so the Lease is always owned by
+/// the Node that exists.
+pub struct Renewal {
+    leases: Api<Lease>,
     node: String,
     node_uid: watch::Receiver<String>,
-    stop: CancellationToken,
-    heartbeat: Option<LoopHeartbeat>,
-    on_result: impl Fn(&Result<()>) + Send,
-) {
-    let leases: Api<Lease> = Api::namespaced(client, NAMESPACE);
-    let mut last: Option<Lease> = None;
-    let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_CAP);
-    loop {
-        if let Some(hb) = &heartbeat {
-            hb.beat();
+    last: Option<Lease>,
+    backoff: Backoff,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+impl Renewal {
+    pub fn new(
+        client: Client,
+        node: &str,
+        node_uid: watch::Receiver<String>,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+    ) -> Renewal {
+        Renewal {
+            leases: Api::namespaced(client, NAMESPACE),
+            node: node.to_string(),
+            node_uid,
+            last: None,
+            backoff: Backoff::new(BACKOFF_START, BACKOFF_CAP),
+            metrics,
+            health,
         }
-        let uid = node_uid.borrow().clone();
-        let renewal = tokio::select! {
-            r = renew_once(&leases, &node, &uid, last.take()) => r,
-            _ = stop.cancelled() => return,
-        };
-        let wait = match renewal {
+    }
+
+    /// Renews until `stop` is cancelled.
+    pub async fn run(self, stop: CancellationToken) {
+        let span = info_span!("lease", node = %self.node);
+        let health = Arc::clone(&self.health);
+        Periodic::new("node Lease", RENEW_INTERVAL)
+            .run(Some(&health), &stop, self)
+            .instrument(span)
+            .await
+    }
+}
+
+impl Turn for Renewal {
+    async fn turn(&mut self, _: &Beat) -> Next {
+        let uid = self.node_uid.borrow().clone();
+        let renewal = renew_once(&self.leases, &self.node, &uid, self.last.take()).await;
+        self.metrics.lease_renewed(renewal.is_ok());
+        self.health.set_lease_ok(renewal.is_ok());
+        match renewal {
             Ok(l) => {
-                last = Some(l);
-                backoff.reset();
-                on_result(&Ok(()));
-                RENEW_INTERVAL
+                self.last = Some(l);
+                self.backoff.reset();
+                Next::After(RENEW_INTERVAL)
             }
             Err(e) => {
-                let wait = backoff.failed();
+                let wait = self.backoff.failed();
                 warn!(error = %e, retry_in = ?wait, "node lease renewal failed");
-                on_result(&Err(e));
-                wait
+                Next::After(wait)
             }
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.cancelled() => return,
         }
     }
 }

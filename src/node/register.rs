@@ -1,5 +1,6 @@
 //! Registers or adopts the virtual Node, and keeps its status fresh.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -8,30 +9,14 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, instrument, warn};
+use tracing::{Instrument, info, info_span, instrument, warn};
 
 use super::desired::{self, FIELD_MANAGER, NodeSettings};
-use crate::admin::LoopHeartbeat;
 use crate::backoff::Backoff;
+use crate::health::Health;
+use crate::metrics::{Controller, Metrics};
+use crate::periodic::{Beat, Next, Periodic, Turn};
 use crate::{Error, Result};
-
-/// Whether an existing Node may be taken over: it is labelled as a virtual
-/// kubelet, or vk-sandbox already manages it (its labels may have been
-/// overridden through `--node-labels`). A physical node is neither.
-pub fn adoptable(node: &Node) -> bool {
-    let (k, v) = desired::VIRTUAL_KUBELET_LABEL;
-    let labelled = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(k))
-        .is_some_and(|x| x == v);
-    let managed = node.metadata.managed_fields.as_ref().is_some_and(|m| {
-        m.iter()
-            .any(|f| f.manager.as_deref() == Some(FIELD_MANAGER))
-    });
-    labelled || managed
-}
 
 fn refuse_foreign(name: &str) -> Error {
     Error::Config(format!(
@@ -40,6 +25,27 @@ fn refuse_foreign(name: &str) -> Error {
          Give the virtual node its own name with --node-name or VK_NODE_NAME \
          (for example \"{name}-sandboxd\")"
     ))
+}
+
+/// The Node as read before registering (start-up reads it while the Pod
+/// watch lists).
+#[derive(Debug, Clone)]
+pub enum Seen {
+    /// Not read (or the read failed): registration reads it.
+    ReadNow,
+    Absent,
+    Present(Box<Node>),
+}
+
+impl Seen {
+    /// Reads the Node; a failed read leaves it to registration.
+    pub async fn read(client: Client, name: String) -> Seen {
+        match Api::<Node>::all(client).get_opt(&name).await {
+            Ok(Some(node)) => Seen::Present(Box::new(node)),
+            Ok(None) => Seen::Absent,
+            Err(_) => Seen::ReadNow,
+        }
+    }
 }
 
 /// What registration found and did.
@@ -57,8 +63,7 @@ pub struct Registered {
 /// ours as applied, and restores the taint if it is missing, leaving
 /// others' labels, taints and conditions alone.
 ///
-/// `seen` is the Node as read earlier (`Some(None)`: absent), or `None` to
-/// read it now. An earlier read only ever spares requests: "absent" leads
+/// `seen` is the Node as read earlier, or [`Seen::ReadNow`]. An earlier read only ever spares requests: "absent" leads
 /// to a create, which a Node made meanwhile refuses (409, then read
 /// afresh), and "present with everything in place" to no write at all;
 /// any write to an existing Node is decided from a fresh read.
@@ -66,13 +71,14 @@ pub struct Registered {
 pub async fn register(
     client: &Client,
     s: &NodeSettings,
-    seen: Option<Option<Node>>,
+    seen: Seen,
     ready: bool,
 ) -> Result<Registered> {
     let nodes: Api<Node> = Api::all(client.clone());
     let (existing, fresh_read) = match seen {
-        Some(n) => (n, false),
-        None => (
+        Seen::Absent => (None, false),
+        Seen::Present(n) => (Some(*n), false),
+        Seen::ReadNow => (
             nodes
                 .get_opt(&s.name)
                 .await
@@ -100,12 +106,12 @@ pub async fn register(
             }
             // Lost a race with another writer: adopt what is there.
             Err(kube::Error::Api(ae)) if ae.code == 409 => {
-                Box::pin(register(client, s, None, ready)).await
+                Box::pin(register(client, s, Seen::ReadNow, ready)).await
             }
             Err(e) => Err(Error::kube(format!("create Node {}", s.name), e)),
         };
     };
-    if !adoptable(&node) {
+    if !desired::adoptable(&node) {
         return Err(refuse_foreign(&s.name));
     }
     let taints = node
@@ -122,7 +128,7 @@ pub async fn register(
     }
     if !fresh_read {
         // Writes are decided from a fresh read only.
-        return Box::pin(register(client, s, None, ready)).await;
+        return Box::pin(register(client, s, Seen::ReadNow, ready)).await;
     }
     let node = adopt(&nodes, s).await?;
     info!("adopted existing Node");
@@ -130,6 +136,21 @@ pub async fn register(
         node,
         status_fresh: false,
     })
+}
+
+/// Start-up registration, counted as the Node's first reconcile (a Node
+/// created with its status has no status apply until the heartbeat). The
+/// node is Ready once it is done.
+pub async fn at_start(
+    client: &Client,
+    s: &NodeSettings,
+    seen: Seen,
+    metrics: &Metrics,
+) -> Result<Registered> {
+    let started = Instant::now();
+    let r = register(client, s, seen, true).await;
+    metrics.reconciled(Controller::Node, started.elapsed(), &r);
+    r
 }
 
 /// Applies our labels to an existing Node and restores the taint if it is
@@ -198,82 +219,112 @@ pub async fn apply_status(
         .map_err(|e| Error::kube(format!("apply status of Node {}", s.name), e))
 }
 
-/// Keeps the Node status fresh: every `interval`, and at once when
-/// readiness changes. `registered` says whether the Node was just created
-/// with its status (then the first apply waits for the interval). A Node
-/// deleted while vk-sandbox runs is registered again (and its new UID sent
-/// on `node_uid`, so the Lease follows it). Errors are logged and retried
-/// after a short back-off; the loop ends when `stop` is cancelled.
-#[allow(clippy::too_many_arguments)]
-#[instrument(skip_all, fields(node = %s.name))]
-pub async fn run_status_loop(
-    client: Client,
-    s: NodeSettings,
-    registered: Registered,
-    mut ready: watch::Receiver<bool>,
-    interval: Duration,
-    stop: CancellationToken,
-    heartbeat: Option<LoopHeartbeat>,
-    node_uid: watch::Sender<String>,
-    on_result: impl Fn(&Result<()>, Duration) + Send,
-) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(7));
-    let mut observed = registered.node;
-    // The readiness last applied, and when.
-    let mut applied: Option<(bool, Instant)> = registered
-        .status_fresh
-        .then(|| (*ready.borrow(), Instant::now()));
-    loop {
-        if let Some(hb) = &heartbeat {
-            hb.beat();
-        }
-        let is_ready = *ready.borrow_and_update();
-        let wait = match heartbeat_due(applied, is_ready, interval, Instant::now()) {
-            Some(wait) => wait,
-            None => {
-                let started = Instant::now();
-                let result = tokio::select! {
-                    r = apply_status(&nodes, &s, is_ready, Some(&observed)) => r,
-                    _ = stop.cancelled() => return,
-                };
-                let result = match result {
-                    Err(Error::Kube { source, .. }) if is_not_found(&source) => {
-                        warn!("the Node was deleted; registering it again");
-                        match register(&client, &s, None, is_ready).await {
-                            Ok(r) => {
-                                let uid = r.node.metadata.uid.clone().unwrap_or_default();
-                                node_uid.send_replace(uid);
-                                apply_status(&nodes, &s, is_ready, Some(&r.node)).await
-                            }
-                            Err(e) => Err(e),
-                        }
-                    }
-                    other => other,
-                };
-                let took = started.elapsed();
-                match result {
-                    Ok(n) => {
-                        observed = n;
-                        applied = Some((is_ready, started));
-                        backoff.reset();
-                        on_result(&Ok(()), took);
-                        interval
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "node status update failed; retrying");
-                        on_result(&Err(e), took);
-                        // Applied again after the back-off, whatever is due.
-                        applied = None;
-                        backoff.failed()
-                    }
-                }
-            }
+/// The Node status loop: applies the status every `interval`, and at once
+/// when readiness changes. A Node deleted while vk-sandbox runs is
+/// registered again (and its new UID sent on `node_uid`, so the Lease
+/// follows it). Each apply counts as a reconcile of the Node; errors are
+/// logged and retried after a short back-off.
+pub struct StatusLoop {
+    pub client: Client,
+    pub settings: NodeSettings,
+    /// What registration found and did: when the Node was just created
+    /// with its status, the first apply waits for the interval.
+    pub registered: Registered,
+    /// The Node's readiness (the Pod watch synced and the Node registered).
+    pub ready: watch::Receiver<bool>,
+    pub interval: Duration,
+    pub node_uid: watch::Sender<String>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl StatusLoop {
+    /// Keeps the status fresh until `stop` is cancelled.
+    pub async fn run(self, health: Arc<Health>, stop: CancellationToken) {
+        let span = info_span!("node status", node = %self.settings.name);
+        let applied = self
+            .registered
+            .status_fresh
+            .then(|| (*self.ready.borrow(), Instant::now()));
+        let turns = StatusTurns {
+            nodes: Api::all(self.client.clone()),
+            observed: self.registered.node,
+            applied,
+            backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(7)),
+            client: self.client,
+            settings: self.settings,
+            ready: self.ready,
+            interval: self.interval,
+            node_uid: self.node_uid,
+            metrics: self.metrics,
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            changed = ready.changed() => { if changed.is_err() { return; } }
-            _ = stop.cancelled() => return,
+        Periodic::new("Node status", turns.interval)
+            .run(Some(&health), &stop, turns)
+            .instrument(span)
+            .await
+    }
+}
+
+struct StatusTurns {
+    client: Client,
+    nodes: Api<Node>,
+    settings: NodeSettings,
+    /// The Node as last stored.
+    observed: Node,
+    /// The readiness last applied, and when.
+    applied: Option<(bool, Instant)>,
+    ready: watch::Receiver<bool>,
+    interval: Duration,
+    node_uid: watch::Sender<String>,
+    backoff: Backoff,
+    metrics: Arc<Metrics>,
+}
+
+impl StatusTurns {
+    /// Applies the status; registers the Node again when it is gone.
+    async fn apply(&self, ready: bool) -> Result<Node> {
+        let s = &self.settings;
+        match apply_status(&self.nodes, s, ready, Some(&self.observed)).await {
+            Err(Error::Kube { source, .. }) if is_not_found(&source) => {
+                warn!("the Node was deleted; registering it again");
+                let r = register(&self.client, s, Seen::ReadNow, ready).await?;
+                let uid = r.node.metadata.uid.clone().unwrap_or_default();
+                self.node_uid.send_replace(uid);
+                apply_status(&self.nodes, s, ready, Some(&r.node)).await
+            }
+            other => other,
+        }
+    }
+}
+
+impl Turn for StatusTurns {
+    async fn turn(&mut self, _: &Beat) -> Next {
+        let ready = *self.ready.borrow_and_update();
+        if let Some(wait) = heartbeat_due(self.applied, ready, self.interval, Instant::now()) {
+            return Next::After(wait);
+        }
+        let started = Instant::now();
+        let result = self.apply(ready).await;
+        self.metrics
+            .reconciled(Controller::Node, started.elapsed(), &result);
+        match result {
+            Ok(n) => {
+                self.observed = n;
+                self.applied = Some((ready, started));
+                self.backoff.reset();
+                Next::After(self.interval)
+            }
+            Err(e) => {
+                warn!(error = %e, "node status update failed; retrying");
+                // Applied again after the back-off, whatever is due.
+                self.applied = None;
+                Next::After(self.backoff.failed())
+            }
+        }
+    }
+
+    async fn woken(&mut self) {
+        if self.ready.changed().await.is_err() {
+            std::future::pending::<()>().await
         }
     }
 }
@@ -302,39 +353,6 @@ fn is_not_found(e: &kube::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
-
-    fn node(labels: &[(&str, &str)], manager: Option<&str>) -> Node {
-        let mut n = Node::default();
-        n.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        n.metadata.managed_fields = manager.map(|m| {
-            vec![ManagedFieldsEntry {
-                manager: Some(m.into()),
-                ..Default::default()
-            }]
-        });
-        n
-    }
-
-    #[test]
-    fn physical_node_is_not_adoptable() {
-        assert!(!adoptable(&node(
-            &[("kubernetes.io/hostname", "a")],
-            Some("kubelet")
-        )));
-        assert!(!adoptable(&node(&[("type", "physical")], None)));
-    }
-
-    #[test]
-    fn virtual_or_ours_is_adoptable() {
-        assert!(adoptable(&node(&[("type", "virtual-kubelet")], None)));
-        assert!(adoptable(&node(&[("type", "vk")], Some("vk-sandbox"))));
-    }
 
     #[test]
     fn the_heartbeat_is_due_when_never_applied_readiness_changed_or_the_period_passed() {

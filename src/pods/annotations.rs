@@ -16,39 +16,20 @@ pub const SANDBOXD: &str = "sandboxd";
 /// TTL sent when the Pod does not ask for one (24 h, sandboxd's cap).
 pub const DEFAULT_TTL_SECONDS: u64 = 86_400;
 
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
-        .filter(|v| !v.is_empty())
-}
-
-/// `<namespace>/<name>`: the Pod's key (the claim's `claim_ref` adds the
-/// Pod's UID to it, see [`super::claim_ref`]).
-pub fn key(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
-/// Step 1: the Pod must ask for the sandboxd runtime (absent means sandboxd).
+/// The Pod must ask for the sandboxd runtime (absent means sandboxd).
 pub fn runtime_gate(pod: &Pod) -> Result<(), String> {
-    match annotation(pod, RUNTIME) {
+    match pod.annotation(RUNTIME) {
         None | Some(SANDBOXD) => Ok(()),
         Some(other) => Err(format!(
             "pod {} requests runtime {other:?}; this node serves \"{SANDBOXD}\"",
-            key(pod)
+            pod.key()
         )),
     }
 }
 
-/// Steps 6–8: the claim request, or why the Pod cannot be claimed for.
+/// The claim request, or why the Pod cannot be claimed for.
 pub fn claim_request(pod: &Pod) -> Result<ClaimRequest, String> {
-    let ttl_seconds = match annotation(pod, TTL_SECONDS) {
+    let ttl_seconds = match pod.annotation(TTL_SECONDS) {
         None => DEFAULT_TTL_SECONDS,
         // Go's strconv.Atoi, as the original: `+600` and `-0` are numbers,
         // anything past i64 is not.
@@ -60,18 +41,16 @@ pub fn claim_request(pod: &Pod) -> Result<ClaimRequest, String> {
                 format!("invalid {TTL_SECONDS}={raw:?}: want a whole number of seconds >= 0")
             })?,
     };
-    let template = annotation(pod, TEMPLATE)
+    let template = pod
+        .annotation(TEMPLATE)
         .ok_or_else(|| format!("missing {TEMPLATE} annotation"))?
         .to_string();
     Ok(ClaimRequest {
         template,
-        net: annotation(pod, NET).unwrap_or_default().to_string(),
-        size: annotation(pod, SIZE).unwrap_or_default().to_string(),
+        net: pod.annotation(NET).unwrap_or_default().to_string(),
+        size: pod.annotation(SIZE).unwrap_or_default().to_string(),
         ttl_seconds,
-        claim_ref: super::claim_ref::for_pod(
-            &key(pod),
-            pod.metadata.uid.as_deref().unwrap_or_default(),
-        ),
+        claim_ref: super::claim_ref::for_pod(&pod.key(), pod.uid()),
     })
 }
 

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::provider::Provider;
+use crate::health::Health;
 use crate::identity::{FIELD_MANAGER, REPORTING_CONTROLLER};
 use crate::metrics::Metrics;
 
@@ -51,7 +52,7 @@ pub struct Context {
     pub node: String,
     pub metrics: Arc<Metrics>,
     /// Liveness: reconciles and side loops report here.
-    pub health: Option<Arc<crate::admin::Health>>,
+    pub health: Option<Arc<Health>>,
     failures: Mutex<HashMap<ObjectRef<Pod>, u32>>,
     /// Reconciles wait until this turns true (the Node is registered), so
     /// the Node's own writes are not queued behind every Pod's.
@@ -99,51 +100,45 @@ impl Context {
         }
     }
 
-    pub fn with_health(mut self, health: Arc<crate::admin::Health>) -> Context {
+    pub fn with_health(mut self, health: Arc<Health>) -> Context {
         self.health = Some(health);
         self
     }
 
-    /// Records an Event on the Pod. Warnings go through kube's `Recorder`,
-    /// which folds a repeat (a retried failure) into a series on the first
-    /// Event; it remembers every Event for 6 minutes to do so. Normal
-    /// Events here happen once per Pod (claimed, adopted, released,
-    /// preserved), so they are created directly: nothing to fold, and a
-    /// burst of thousands of Pods is not remembered.
-    pub async fn event(
-        &self,
-        pod: &Pod,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
+    /// A Normal Event on the Pod (claimed, adopted, released, preserved).
+    /// Each happens once per Pod, so it is created directly rather than
+    /// through kube's `Recorder`, which remembers every Event for 6 minutes
+    /// to fold repeats: nothing to fold here, and a burst of thousands of
+    /// Pods is not remembered.
+    pub async fn normal(&self, pod: &Pod, reason: &str, note: String) {
         let regarding = pod.object_ref(&());
-        let result = match type_ {
-            EventType::Warning => {
-                let ev = Event {
-                    type_,
-                    reason: reason.into(),
-                    note: Some(note),
-                    action: action.into(),
-                    secondary: None,
-                };
-                self.recorder.publish(&ev, &regarding).await
-            }
-            EventType::Normal => {
-                let ev = once_event(&regarding, &self.node, reason, note, jiff::Timestamp::now());
-                let ns = regarding.namespace.as_deref().unwrap_or("default");
-                let pp = PostParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..Default::default()
-                };
-                Api::<K8sEvent>::namespaced(self.client.clone(), ns)
-                    .create(&pp, &ev)
-                    .await
-                    .map(drop)
-            }
+        let ev = once_event(&regarding, &self.node, reason, note, jiff::Timestamp::now());
+        let ns = regarding.namespace.as_deref().unwrap_or("default");
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
         };
-        if let Err(e) = result {
+        if let Err(e) = Api::<K8sEvent>::namespaced(self.client.clone(), ns)
+            .create(&pp, &ev)
+            .await
+        {
+            warn!(error = %e, reason, "event not recorded");
+        }
+    }
+
+    /// A Warning Event on the Pod, through kube's `Recorder`, which folds a
+    /// repeat (a retried failure) into a series on the first Event.
+    /// `action` says what was being done (the precise cause, when `reason`
+    /// is virtual-kubelet's generic one).
+    pub async fn warning(&self, pod: &Pod, reason: &str, action: &str, note: String) {
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &pod.object_ref(&())).await {
             warn!(error = %e, reason, "event not recorded");
         }
     }
@@ -166,14 +161,6 @@ impl Context {
     pub fn prune_backoff(&self, present: impl Fn(&ObjectRef<Pod>) -> bool) {
         let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         f.retain(|obj, _| present(obj));
-    }
-
-    /// How many Pods have a back-off recorded (tests, metrics).
-    pub fn backoff_len(&self) -> usize {
-        self.failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
     }
 }
 

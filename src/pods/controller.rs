@@ -7,24 +7,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::pod::Pod;
 use futures::{StreamExt, TryStreamExt};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::annotations::key;
 use super::context::{Context, reason};
-use super::plan::{Step, never_restarts, plan};
+use super::plan::{Step, Tracked, plan};
+use super::pod::Pod;
 use super::provider::{Created, Deleted};
 use super::status;
 use super::sweeps::{self, Periods};
+use super::synced::Synced;
 use super::writes::{self, Guard, Written};
+use crate::metrics::Controller as MetricController;
 use crate::{Error, Result};
 
 /// Healthy Pods are looked at again this often, so drifted status is
@@ -48,38 +47,21 @@ async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
         Ok(outcome) => {
             match &outcome {
                 Deleted::Preserved { id, reason: why } => {
-                    ctx.event(
-                        &pod,
-                        EventType::Normal,
-                        reason::PRESERVED,
-                        reason::PRESERVED,
-                        format!("sandbox {id} preserved for the next Pod: {why}"),
-                    )
-                    .await
+                    let note = format!("sandbox {id} preserved for the next Pod: {why}");
+                    ctx.normal(&pod, reason::PRESERVED, note).await
                 }
                 Deleted::Released { id, reason: why } => {
-                    ctx.event(
-                        &pod,
-                        EventType::Normal,
-                        reason::RELEASED,
-                        reason::RELEASED,
-                        format!("sandbox {id} released: {why}"),
-                    )
-                    .await
+                    let note = format!("sandbox {id} released: {why}");
+                    ctx.normal(&pod, reason::RELEASED, note).await
                 }
                 Deleted::LeftToExpire { id, reason: why } => {
-                    ctx.event(
-                        &pod,
-                        EventType::Warning,
-                        reason::LEFT_TO_EXPIRE,
-                        reason::LEFT_TO_EXPIRE,
-                        format!(
-                            "sandbox {id} not released ({why}): it was recovered without its \
-                             release credential and no node token is configured; it ends at \
-                             its deadline"
-                        ),
-                    )
-                    .await
+                    let note = format!(
+                        "sandbox {id} not released ({why}): it was recovered without its \
+                         release credential and no node token is configured; it ends at \
+                         its deadline"
+                    );
+                    let r = reason::LEFT_TO_EXPIRE;
+                    ctx.warning(&pod, r, r, note).await
                 }
                 Deleted::Stale | Deleted::NothingHeld => {}
             }
@@ -87,17 +69,12 @@ async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             Ok(Action::await_change())
         }
         Err(e) => {
-            ctx.event(
-                &pod,
-                EventType::Warning,
-                reason::DELETE_FAILED,
-                reason::RELEASE_FAILED,
-                format!(
-                    "{}: release failed; the claim is kept and retried: {e}",
-                    reason::RELEASE_FAILED
-                ),
-            )
-            .await;
+            let note = format!(
+                "{}: release failed; the claim is kept and retried: {e}",
+                reason::RELEASE_FAILED
+            );
+            ctx.warning(&pod, reason::DELETE_FAILED, reason::RELEASE_FAILED, note)
+                .await;
             Err(Error::Sandboxd(e))
         }
     }
@@ -148,7 +125,7 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                 }
                 // Until the watch brings this version, decisions about the
                 // Pod are made from it (see `Provider::newest`).
-                Written::Written(stored) => ctx.provider.update_tracked(stored),
+                Written::Stored(stored) => ctx.provider.update_tracked(stored),
                 _ => {}
             }
             // Only claims and adoptions are timed: a resumed claim's
@@ -160,31 +137,26 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                 metrics.claim_own(sent.saturating_sub(waited));
             }
             if let Some((why, note)) = announce {
-                ctx.event(&pod, EventType::Normal, why, why, note).await;
+                ctx.normal(&pod, why, note).await;
             }
             Ok(Action::requeue(RESYNC))
         }
         Err(failure) => {
-            let terminal = never_restarts(&pod);
+            let terminal = pod.never_restarts();
             let patch = status::create_failed(terminal, failure.reason, &failure.message);
             let written =
                 writes::write_status(&ctx.client, metrics, &pod, &patch, Guard::Uid).await?;
             if written == Written::Gone {
                 return Ok(Action::await_change());
             }
-            ctx.event(
-                &pod,
-                EventType::Warning,
-                reason::CREATE_FAILED,
-                failure.reason,
-                format!("{}: {}", failure.reason, failure.message),
-            )
-            .await;
+            let note = format!("{}: {}", failure.reason, failure.message);
+            ctx.warning(&pod, reason::CREATE_FAILED, failure.reason, note)
+                .await;
             if terminal {
                 return Ok(Action::await_change());
             }
             Err(Error::PodCreate {
-                pod: key(&pod),
+                pod: pod.key(),
                 reason: failure.reason,
                 message: failure.message,
             })
@@ -193,7 +165,7 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
 }
 
 pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
-    let k = key(&pod);
+    let k = pod.key();
     let span = info_span!("reconcile", node = %ctx.node, pod = %k);
     async move {
         if !ctx.wait_open().await {
@@ -203,7 +175,7 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
             .health
             .as_ref()
             .map(|h| h.working("Pod reconcile", RECONCILE_BOUND));
-        let timer = ctx.metrics.reconcile_started("pods");
+        let timer = ctx.metrics.reconcile_started(MetricController::Pods);
         let result = reconcile_inner(pod.clone(), &ctx).await;
         drop(timer);
         if result.is_ok() {
@@ -216,11 +188,11 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
 }
 
 async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
-    let k = key(&pod);
+    let k = pod.key();
     let tracked = ctx.provider.tracked(&k);
     let plan = plan(
         &pod,
-        tracked.as_ref().map(|t| t.metadata.uid.as_deref()),
+        Tracked::of(tracked.as_deref(), &pod),
         ctx.provider.holds(&k),
     );
     if plan.retire_tracked
@@ -264,35 +236,11 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
 }
 
 pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_failed("pods", error.metric_label());
+    ctx.metrics
+        .reconcile_failed(MetricController::Pods, error.metric_label());
     let wait = ctx.backoff(&pod);
-    warn!(pod = %key(&pod), error = %error, retry_in = ?wait, "reconcile failed");
+    warn!(pod = %pod.key(), error = %error, retry_in = ?wait, "reconcile failed");
     Action::requeue(wait)
-}
-
-/// Whether the Pod watch has delivered its initial list. Every waiter is
-/// woken when it has (kube-runtime's own readiness signal wakes only one of
-/// several concurrent waiters, so waiting on it cost start-up up to a
-/// polling period).
-#[derive(Debug, Clone)]
-pub struct Synced(watch::Receiver<bool>);
-
-impl Synced {
-    /// Resolves once the initial list is in the cache; never, if the watch
-    /// ends first (shutting down).
-    pub async fn wait(&self) {
-        let mut rx = self.0.clone();
-        if rx.wait_for(|synced| *synced).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-
-    /// Already synced (tests).
-    pub fn ready() -> Synced {
-        let (tx, rx) = watch::channel(true);
-        drop(tx);
-        Synced(rx)
-    }
 }
 
 /// The Pod controller over `spec.nodeName=<node>`; its store also serves
@@ -302,14 +250,14 @@ pub fn controller(client: &Client, node: &str) -> (Controller<Pod>, Synced) {
     let api: Api<Pod> = Api::all(client.clone());
     let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let (reader, writer) = reflector::store();
-    let (synced_tx, synced_rx) = watch::channel(false);
+    let (synced_tx, synced) = Synced::pending();
     // Signalled after the reflector has applied the initial list, so a
     // waiter always finds the store complete.
     let pods = watcher(api, wc)
         .reflect(writer)
         .map_ok(move |event| {
             if matches!(event, watcher::Event::InitDone) {
-                synced_tx.send_replace(true);
+                synced_tx.synced();
             }
             event
         })
@@ -317,7 +265,7 @@ pub fn controller(client: &Client, node: &str) -> (Controller<Pod>, Synced) {
     let controller = Controller::for_stream(pods, reader).with_config(
         kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES),
     );
-    (controller, Synced(synced_rx))
+    (controller, synced)
 }
 
 /// Runs the controller and its side loops until `stop` is cancelled.
@@ -339,14 +287,7 @@ pub async fn run_with(
     stop: CancellationToken,
 ) {
     let store = controller.store();
-    let mut side = sweeps::spawn(
-        Arc::clone(&ctx),
-        store,
-        synced,
-        ctx.health.clone(),
-        periods,
-        stop.child_token(),
-    );
+    let mut side = sweeps::spawn(Arc::clone(&ctx), store, synced, periods, stop.child_token());
     controller
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)

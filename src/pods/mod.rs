@@ -4,22 +4,29 @@
 //!
 //! - [`controller`]: the kube-runtime Controller wiring and the reconcile;
 //! - [`plan`]: what one reconcile does (pure);
-//! - [`pod`]: the lean Pod type the watch cache holds;
+//! - [`pod`]: the lean Pod type the watch cache holds, its key and
+//!   predicates;
+//! - [`synced`]: whether the watch has delivered its initial list;
 //! - [`context`]: what reconciles share (Events, back-off, the start gate);
 //! - [`writes`]: every write to a Pod, each conditional on that Pod;
 //! - [`sweeps`]: the side loops (vanished Pods, lease expiry, refresh);
-//! - [`provider`]: claims and releases against sandboxd and the claims store.
+//! - [`provider`]: claims and releases against sandboxd and the claims store;
+//! - [`source`]: the Pods the kubelet API reports;
+//! - [`gauges`]: the Pod gauges, read from the watch cache at each scrape.
 
 pub mod annotations;
 pub mod authority;
 pub mod claim_ref;
 pub mod context;
 pub mod controller;
+pub mod gauges;
 pub mod plan;
 pub mod pod;
 pub mod provider;
+pub mod source;
 pub mod status;
 pub mod sweeps;
+pub mod synced;
 pub mod writes;
 
 #[cfg(test)]

@@ -6,48 +6,12 @@ use super::pod::Pod;
 
 use crate::claims::{Claim, ClaimState};
 
-/// Whether the apiserver already removes the object on its own: grace 0
-/// was set (by our earlier delete, or `kubectl delete --force`), so it goes
-/// as soon as no finalizer holds it. A second delete would only repeat
-/// that; skipping it saves one write per Pod (our grace-0 delete echoes
-/// back as an update before the object is gone).
-pub fn removal_pending(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_some()
-        && pod.metadata.deletion_grace_period_seconds == Some(0)
-}
-
-/// A container is "running" unless every status is terminated or waiting.
-pub fn has_running_container(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.state
-                    .as_ref()
-                    .is_none_or(|st| st.terminated.is_none() && st.waiting.is_none())
-            })
-        })
-}
-
-pub fn terminal(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Failed") | Some("Succeeded")
-    )
-}
-
-pub fn never_restarts(pod: &Pod) -> bool {
-    pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never")
-}
-
 /// What one reconcile does, decided from the observed Pod and the
 /// provider's tracked generation for its key. Pure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
     /// A different generation is tracked under this key: it is gone, so
-    /// run provider Delete for it first, then handle this Pod as new (the Go
-    /// build, seeing the key still tracked, never created the new Pod).
+    /// run provider Delete for it first, then handle this Pod as new.
     pub retire_tracked: bool,
     pub step: Step,
 }
@@ -68,21 +32,41 @@ pub enum Step {
     Create,
 }
 
+/// What the provider tracks under a Pod's key, seen from that Pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tracked {
+    /// Nothing (a new Pod, or any Pod after a restart).
+    Nothing,
+    /// This Pod (same UID).
+    ThisPod,
+    /// An earlier Pod of the same name, replaced since.
+    AnotherPod,
+}
+
+impl Tracked {
+    pub fn of(tracked: Option<&Pod>, pod: &Pod) -> Tracked {
+        match tracked {
+            None => Tracked::Nothing,
+            Some(t) if t.metadata.uid == pod.metadata.uid => Tracked::ThisPod,
+            Some(_) => Tracked::AnotherPod,
+        }
+    }
+}
+
 /// `holds_claim`: the claims store holds a claim for the Pod's key. A
 /// terminating Pod with one goes through the provider even when no
 /// container runs (claimed, then the process died or the status write
 /// failed before Running was published): deleting it alone would leak it.
-pub fn plan(pod: &Pod, tracked_uid: Option<Option<&str>>, holds_claim: bool) -> Plan {
-    let uid = pod.metadata.uid.as_deref();
-    let retire_tracked = tracked_uid.is_some_and(|t| t != uid);
-    let still_tracked = tracked_uid.is_some() && !retire_tracked;
+pub fn plan(pod: &Pod, tracked: Tracked, holds_claim: bool) -> Plan {
+    let retire_tracked = tracked == Tracked::AnotherPod;
+    let still_tracked = tracked == Tracked::ThisPod;
     let step = if pod.metadata.deletion_timestamp.is_some() {
-        if has_running_container(pod) || holds_claim {
+        if pod.has_running_container() || holds_claim {
             Step::DeleteAfterProvider
         } else {
             Step::DeleteNow
         }
-    } else if terminal(pod) {
+    } else if pod.terminal() {
         Step::Leave
     } else if still_tracked {
         Step::Republish
@@ -118,7 +102,7 @@ mod tests {
     fn claim(deadline: Option<&str>) -> Claim {
         Claim {
             id: "sb_1".into(),
-            token: "t".into(),
+            token: crate::sandboxd::Token::new("t"),
             address: String::new(),
             pod_uid: "u".into(),
             claimed_at: "2026-01-01T00:00:00Z".parse().expect("ts"),
@@ -148,60 +132,65 @@ mod tests {
     fn plan_table() {
         use Step::*;
         let cases = [
-            // (pod, tracked uid, retire old, step)
-            (pod("u", false, None, false), None, false, Create),
+            // (pod, tracked under its key, retire old, step)
+            (
+                pod("u", false, None, false),
+                Tracked::Nothing,
+                false,
+                Create,
+            ),
             (
                 pod("u", false, Some("Pending"), false),
-                Some(Some("u")),
+                Tracked::ThisPod,
                 false,
                 Republish,
             ),
             (
                 pod("u", false, Some("Running"), true),
-                Some(Some("u")),
+                Tracked::ThisPod,
                 false,
                 Republish,
             ),
             (
                 pod("u2", false, None, false),
-                Some(Some("u1")),
+                Tracked::AnotherPod,
                 true,
                 Create,
             ),
             (
                 pod("u", true, Some("Running"), true),
-                Some(Some("u")),
+                Tracked::ThisPod,
                 false,
                 DeleteAfterProvider,
             ),
             // After a restart nothing is tracked: still authorized release/preserve.
             (
                 pod("u", true, Some("Running"), true),
-                None,
+                Tracked::Nothing,
                 false,
                 DeleteAfterProvider,
             ),
             (
                 pod("u", true, Some("Pending"), false),
-                None,
+                Tracked::Nothing,
                 false,
                 DeleteNow,
             ),
             (
                 pod("u2", true, None, false),
-                Some(Some("u1")),
+                Tracked::AnotherPod,
                 true,
                 DeleteNow,
             ),
             (
                 pod("u", false, Some("Failed"), false),
-                Some(Some("u")),
+                Tracked::ThisPod,
                 false,
                 Leave,
             ),
             (
                 pod("u", false, Some("Succeeded"), false),
-                None,
+                Tracked::Nothing,
                 false,
                 Leave,
             ),
@@ -226,23 +215,22 @@ mod tests {
     #[test]
     fn terminating_pod_with_a_stored_claim_goes_through_the_provider() {
         let p = pod("u", true, Some("Pending"), false);
-        assert_eq!(plan(&p, None, false).step, Step::DeleteNow);
-        assert_eq!(plan(&p, None, true).step, Step::DeleteAfterProvider);
+        assert_eq!(plan(&p, Tracked::Nothing, false).step, Step::DeleteNow);
+        assert_eq!(
+            plan(&p, Tracked::Nothing, true).step,
+            Step::DeleteAfterProvider
+        );
         let done = pod("u", false, Some("Failed"), false);
-        assert_eq!(plan(&done, None, true).step, Step::Leave);
+        assert_eq!(plan(&done, Tracked::Nothing, true).step, Step::Leave);
     }
 
     #[test]
-    fn grace_zero_means_the_apiserver_removes_it() {
-        let mut p = pod("u", true, Some("Running"), true);
-        p.metadata.deletion_grace_period_seconds = Some(30);
-        assert!(!removal_pending(&p));
-        p.metadata.deletion_grace_period_seconds = Some(0);
-        assert!(removal_pending(&p));
-        // Not deleting at all: never pending, whatever the field says.
-        let mut live = pod("u", false, Some("Running"), true);
-        live.metadata.deletion_grace_period_seconds = Some(0);
-        assert!(!removal_pending(&live));
+    fn tracked_compares_uids() {
+        let p = pod("u", false, None, false);
+        assert_eq!(Tracked::of(None, &p), Tracked::Nothing);
+        assert_eq!(Tracked::of(Some(&p), &p), Tracked::ThisPod);
+        let old = pod("u0", false, Some("Running"), true);
+        assert_eq!(Tracked::of(Some(&old), &p), Tracked::AnotherPod);
     }
 
     #[test]

@@ -15,18 +15,17 @@
 //! would never look up to date and each echo would be written again (see
 //! [`super::status::changes`]).
 
-use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ContainerState, HostIP, PodCondition, PodIP};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// A Pod bound to this node, as cached. Serializes as a `v1` `Pod` with
 /// only these fields (the kubelet API's `/pods` shows it so).
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, kube::Resource)]
+#[resource(inherit = "k8s_openapi::api::core::v1::Pod")]
 pub struct Pod {
     #[serde(default, deserialize_with = "lean_meta")]
     pub metadata: ObjectMeta,
@@ -191,7 +190,75 @@ pub fn version_order(a: &str, b: &str) -> Option<Ordering> {
     Some(a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
 }
 
+/// `<namespace>/<name>`: a Pod's key (the claim's `claim_ref` adds the
+/// Pod's UID to it, see [`super::claim_ref`]).
+pub fn key_of(namespace: Option<&str>, name: &str) -> String {
+    format!("{}/{name}", namespace.unwrap_or("default"))
+}
+
 impl Pod {
+    /// `<namespace>/<name>` (see [`key_of`]).
+    pub fn key(&self) -> String {
+        key_of(
+            self.metadata.namespace.as_deref(),
+            self.metadata.name.as_deref().unwrap_or_default(),
+        )
+    }
+
+    /// The UID, empty when the Pod has none (only hand-made Pods lack one).
+    pub fn uid(&self) -> &str {
+        self.metadata.uid.as_deref().unwrap_or_default()
+    }
+
+    /// An annotation's value; an empty one counts as absent.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    /// Whether the apiserver already removes the object on its own: grace
+    /// 0 was set (by our earlier delete, or `kubectl delete --force`), so it
+    /// goes as soon as no finalizer holds it. A second delete would only
+    /// repeat that; skipping it saves one write per Pod (our grace-0 delete
+    /// echoes back as an update before the object is gone).
+    pub fn removal_pending(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+            && self.metadata.deletion_grace_period_seconds == Some(0)
+    }
+
+    /// A container is "running" unless every status is terminated or
+    /// waiting.
+    pub fn has_running_container(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.state
+                        .as_ref()
+                        .is_none_or(|st| st.terminated.is_none() && st.waiting.is_none())
+                })
+            })
+    }
+
+    /// Failed or Succeeded: never touched again.
+    pub fn terminal(&self) -> bool {
+        matches!(self.phase(), Some("Failed") | Some("Succeeded"))
+    }
+
+    pub fn phase(&self) -> Option<&str> {
+        self.status.as_ref().and_then(|s| s.phase.as_deref())
+    }
+
+    /// `restartPolicy: Never`.
+    pub fn never_restarts(&self) -> bool {
+        self.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never")
+    }
+
     /// Whether `self` is a later version of the same Pod (same UID) than
     /// `other`, as far as their resourceVersions tell.
     pub fn is_newer_than(&self, other: &Pod) -> bool {
@@ -201,33 +268,6 @@ impl Pod {
                 (&self.metadata.resource_version, &other.metadata.resource_version),
                 (Some(a), Some(b)) if version_order(a, b) == Some(Ordering::Greater)
             )
-    }
-}
-
-impl kube::Resource for Pod {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("Pod")
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("pods")
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
     }
 }
 

@@ -19,19 +19,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::pod::Pod;
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::annotations::key;
 use super::context::{Context, reason};
-use super::plan::terminal;
+use super::pod::{Pod, key_of};
 use super::provider::view;
 use super::status;
+use super::synced::Synced;
 use super::writes::{self, Guard, Written};
-use crate::admin::{Health, LoopHeartbeat, STALL_MARGIN};
 use crate::backoff::Backoff;
+use crate::health::STALL_MARGIN;
+use crate::periodic::{Beat, First, Next, Periodic, Turn};
 
 /// Periods of the side loops (tests shorten them).
 #[derive(Debug, Clone)]
@@ -51,21 +51,6 @@ impl Default for Periods {
             refresh: Duration::from_secs(15),
             stall_margin: STALL_MARGIN,
         }
-    }
-}
-
-fn heartbeat(
-    health: Option<&Arc<Health>>,
-    name: &'static str,
-    period: Duration,
-    margin: Duration,
-) -> Option<LoopHeartbeat> {
-    health.map(|h| h.register_loop(name, period + margin))
-}
-
-fn beat(hb: &Option<LoopHeartbeat>) {
-    if let Some(hb) = hb {
-        hb.beat();
     }
 }
 
@@ -99,13 +84,41 @@ impl Retries {
     }
 }
 
+/// The vanished sweep: tracked Pods that left the API are released or
+/// preserved, strays of Pods with an unknown claim outcome that left are
+/// returned; back-off of gone Pods is forgotten and, once many Pods are
+/// gone, freed memory handed back.
+struct Vanished {
+    ctx: Arc<Context>,
+    store: Store<Pod>,
+    retries: Retries,
+    trim: crate::memory::Trim,
+}
+
+impl Turn for Vanished {
+    async fn turn(&mut self, beat: &Beat) -> Next {
+        let present: HashMap<String, Option<String>> = self
+            .store
+            .state()
+            .iter()
+            .map(|p| (p.key(), p.metadata.uid.clone()))
+            .collect();
+        sweep_vanished(&self.ctx, &present, &mut self.retries, beat).await;
+        // Many Pods gone: their memory goes back to the system.
+        if self.trim.observe(present.len()) {
+            crate::memory::release();
+        }
+        Next::Period
+    }
+}
+
 /// One pass of the vanished sweep. `present` maps the key of every Pod in
 /// the watch cache to its UID.
 async fn sweep_vanished(
     ctx: &Context,
     present: &HashMap<String, Option<String>>,
     retries: &mut Retries,
-    hb: &Option<LoopHeartbeat>,
+    beat: &Beat,
 ) {
     let now = Instant::now();
     for k in ctx.provider.tracked_keys() {
@@ -127,7 +140,7 @@ async fn sweep_vanished(
                 warn!(pod = %k, error = %e, retry_in = ?wait, "release for a vanished Pod failed");
             }
         }
-        beat(hb);
+        beat.beat();
     }
     for (k, uid) in ctx.provider.unknown_outcomes() {
         let still = present
@@ -137,7 +150,7 @@ async fn sweep_vanished(
         if still || !retries.due(&item, now) {
             continue;
         }
-        match ctx.provider.settle_unknown(&k, &uid).await {
+        match ctx.provider.return_strays(&k, &uid, None).await {
             Ok(()) => retries.succeeded(&item),
             Err(e) => {
                 let wait = retries.failed(&item, now);
@@ -145,16 +158,10 @@ async fn sweep_vanished(
                       "strays of a vanished Pod whose claim outcome was unknown not returned yet");
             }
         }
-        beat(hb);
+        beat.beat();
     }
     // Forget what belongs to Pods that are gone.
-    ctx.prune_backoff(|obj| {
-        present.contains_key(&format!(
-            "{}/{}",
-            obj.namespace.as_deref().unwrap_or("default"),
-            obj.name
-        ))
-    });
+    ctx.prune_backoff(|obj| present.contains_key(&key_of(obj.namespace.as_deref(), &obj.name)));
     let tracked = ctx.provider.tracked_keys();
     let unknown = ctx.provider.unknown_outcomes();
     retries.retain(|item| {
@@ -165,10 +172,24 @@ async fn sweep_vanished(
     });
 }
 
+/// Lease expiry, then the owners of preserved claims asked again.
+struct LeaseExpiry {
+    ctx: Arc<Context>,
+    store: Store<Pod>,
+}
+
+impl Turn for LeaseExpiry {
+    async fn turn(&mut self, beat: &Beat) -> Next {
+        lease_expiry_tick(&self.ctx, &self.store, beat).await;
+        self.ctx.provider.recheck_preserved().await;
+        Next::Period
+    }
+}
+
 /// Lease expiry: settled claims past their deadline are confirmed against
 /// sandboxd (a failed list publishes nothing); one sandboxd no longer lists
 /// marks its Pod Failed, unless the key changed hands meanwhile.
-async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>, hb: &Option<LoopHeartbeat>) {
+async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>, beat: &Beat) {
     let (candidates, listing) = match ctx.provider.expiry_check(jiff::Timestamp::now()).await {
         Ok(Some(found)) => found,
         Ok(None) => return,
@@ -178,7 +199,7 @@ async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>, hb: &Option<LoopHe
         }
     };
     for (k, claim) in candidates {
-        beat(hb);
+        beat.beat();
         if let Some(row) = listing.iter().find(|r| r.id == claim.id) {
             ctx.provider.take_listed_deadline(&k, &claim, row).await;
             continue;
@@ -192,21 +213,20 @@ async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>, hb: &Option<LoopHe
         let Some(pod) = store
             .state()
             .into_iter()
-            .find(|p| key(p) == k && p.metadata.uid == tracked.metadata.uid)
+            .find(|p| p.key() == k && p.metadata.uid == tracked.metadata.uid)
         else {
             continue;
         };
-        if terminal(&pod) {
+        if pod.terminal() {
             continue;
         }
         let patch = status::expired(&pod, &view(&claim), deadline);
         // From the cached version only: on a conflict the next tick decides
         // again from the newer one.
         match writes::write_status(&ctx.client, &ctx.metrics, &pod, &patch, Guard::Fresh).await {
-            Ok(Written::Written(_)) => {
-                ctx.event(
+            Ok(Written::Stored(_)) => {
+                ctx.warning(
                     &pod,
-                    EventType::Warning,
                     reason::LEASE_EXPIRED,
                     reason::LEASE_EXPIRED,
                     format!("sandbox {} lease ended at {deadline}", claim.id),
@@ -219,136 +239,85 @@ async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>, hb: &Option<LoopHe
     }
 }
 
+/// Lists sandboxd while claims of the previous run are unverified or the
+/// last listing failed.
+struct Refresh {
+    ctx: Arc<Context>,
+}
+
+impl Turn for Refresh {
+    async fn turn(&mut self, _: &Beat) -> Next {
+        let provider = &self.ctx.provider;
+        if (provider.has_quarantined() || provider.refresh_needed())
+            && let Err(e) = provider.refresh().await
+        {
+            warn!(error = %e, "sandboxd listing failed; claims stay quarantined and strays unknown until it answers");
+        }
+        Next::Period
+    }
+}
+
 /// Starts the side loops as tasks of their own; they end when `stop` fires.
-/// They start only once the watch has synced, so an incomplete list never
-/// makes a tracked Pod look vanished.
+/// The vanished sweep and lease expiry start only once the watch has
+/// synced, so an incomplete list never makes a tracked Pod look vanished.
+/// The refresh's first look is one period in: start-up lists once itself.
 pub fn spawn(
     ctx: Arc<Context>,
     store: Store<Pod>,
-    synced: super::controller::Synced,
-    health: Option<Arc<Health>>,
+    synced: Synced,
     periods: Periods,
-    stop: tokio_util::sync::CancellationToken,
+    stop: CancellationToken,
 ) -> tokio::task::JoinSet<()> {
     let mut set = tokio::task::JoinSet::new();
     let margin = periods.stall_margin;
+    let vanished = Vanished {
+        ctx: Arc::clone(&ctx),
+        store: store.clone(),
+        retries: Retries::default(),
+        trim: crate::memory::Trim::default(),
+    };
+    let lease_expiry = LeaseExpiry {
+        ctx: Arc::clone(&ctx),
+        store,
+    };
     {
-        let (ctx, store, stop, health, synced) = (
-            Arc::clone(&ctx),
-            store.clone(),
-            stop.clone(),
-            health.clone(),
-            synced.clone(),
-        );
+        let (ctx, stop, synced) = (Arc::clone(&ctx), stop.clone(), synced.clone());
         set.spawn(async move {
-            tokio::select! {
-                _ = synced.wait() => {}
-                _ = stop.cancelled() => return,
-            }
-            let hb = heartbeat(
-                health.as_ref(),
-                "Pod vanished sweep",
-                periods.vanished,
-                margin,
-            );
-            let mut retries = Retries::default();
-            let mut trim = crate::memory::Trim::default();
-            let mut tick = tokio::time::interval(periods.vanished);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = stop.cancelled() => return,
-                }
-                beat(&hb);
-                let present: HashMap<String, Option<String>> = store
-                    .state()
-                    .iter()
-                    .map(|p| (key(p), p.metadata.uid.clone()))
-                    .collect();
-                tokio::select! {
-                    _ = sweep_vanished(&ctx, &present, &mut retries, &hb) => {}
-                    _ = stop.cancelled() => return,
-                }
-                // Many Pods gone: their memory goes back to the system.
-                if trim.observe(present.len()) {
-                    crate::memory::release();
-                }
-            }
-        });
-    }
-    {
-        let (ctx, store, stop, health, synced) = (
-            Arc::clone(&ctx),
-            store.clone(),
-            stop.clone(),
-            health.clone(),
-            synced.clone(),
-        );
-        set.spawn(async move {
-            tokio::select! {
-                _ = synced.wait() => {}
-                _ = stop.cancelled() => return,
-            }
-            let hb = heartbeat(
-                health.as_ref(),
-                "lease expiry",
-                periods.lease_expiry,
-                margin,
-            );
-            let start = tokio::time::Instant::now() + periods.lease_expiry;
-            let mut tick = tokio::time::interval_at(start, periods.lease_expiry);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = stop.cancelled() => return,
-                }
-                beat(&hb);
-                tokio::select! {
-                    _ = lease_expiry_tick(&ctx, &store, &hb) => {}
-                    _ = stop.cancelled() => return,
-                }
-                tokio::select! {
-                    _ = ctx.provider.recheck_preserved() => {}
-                    _ = stop.cancelled() => return,
-                }
+            if stop.run_until_cancelled(synced.wait()).await.is_some() {
+                Periodic::new("Pod vanished sweep", periods.vanished)
+                    .stall_margin(margin)
+                    .run(ctx.health.as_ref(), &stop, vanished)
+                    .await
             }
         });
     }
     {
         let (ctx, stop) = (Arc::clone(&ctx), stop.clone());
-        let hb = heartbeat(health.as_ref(), "sandboxd refresh", periods.refresh, margin);
         set.spawn(async move {
-            // Start-up lists once itself; this loop's first look is one
-            // period later, so start-up does not list twice.
-            let first = tokio::time::Instant::now() + periods.refresh;
-            let mut tick = tokio::time::interval_at(first, periods.refresh);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = stop.cancelled() => return,
-                }
-                beat(&hb);
-                if !ctx.provider.has_quarantined() && !ctx.provider.refresh_needed() {
-                    continue;
-                }
-                tokio::select! {
-                    r = ctx.provider.refresh() => if let Err(e) = r {
-                        warn!(error = %e, "sandboxd listing failed; claims stay quarantined and strays unknown until it answers");
-                    },
-                    _ = stop.cancelled() => return,
-                }
+            if stop.run_until_cancelled(synced.wait()).await.is_some() {
+                Periodic::new("lease expiry", periods.lease_expiry)
+                    .first(First::AfterPeriod)
+                    .stall_margin(margin)
+                    .run(ctx.health.as_ref(), &stop, lease_expiry)
+                    .await
             }
         });
     }
+    set.spawn(async move {
+        let health = ctx.health.clone();
+        Periodic::new("sandboxd refresh", periods.refresh)
+            .first(First::AfterPeriod)
+            .stall_margin(margin)
+            .run(health.as_ref(), &stop, Refresh { ctx })
+            .await
+    });
     set
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::health::Health;
 
     /// `/livez` is wired to the real loops: a sandboxd listing that hangs
     /// stalls the refresh loop, liveness names it, and it recovers once the
@@ -386,14 +355,7 @@ mod tests {
             refresh: Duration::from_millis(100),
             stall_margin: Duration::from_millis(400),
         };
-        let mut loops = spawn(
-            ctx,
-            store,
-            crate::pods::controller::Synced::ready(),
-            Some(Arc::clone(&health)),
-            periods,
-            stop.clone(),
-        );
+        let mut loops = spawn(ctx, store, Synced::ready(), periods, stop.clone());
         assert!(health.liveness().is_ok());
         // The first refresh lists (nothing has been listed yet) and hangs.
         tokio::time::sleep(Duration::from_millis(1200)).await;

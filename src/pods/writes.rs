@@ -10,8 +10,6 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::Value;
 
-use super::annotations::key;
-use super::plan::removal_pending;
 use super::status;
 use crate::identity::FIELD_MANAGER;
 use crate::metrics::Metrics;
@@ -38,7 +36,7 @@ pub enum Written {
     /// The Pod already shows the status: nothing was sent.
     Unchanged,
     /// Sent; the Pod as the apiserver stored it.
-    Written(Arc<Pod>),
+    Stored(Arc<Pod>),
     /// The Pod is gone, or another Pod now has its name.
     Gone,
     /// The Pod changed since it was read ([`Guard::Fresh`] only).
@@ -49,7 +47,7 @@ impl Written {
     fn label(&self) -> &'static str {
         match self {
             Written::Unchanged => "unchanged",
-            Written::Written(_) => "written",
+            Written::Stored(_) => "written",
             Written::Gone => "gone",
             Written::Conflict => "conflict",
         }
@@ -120,10 +118,10 @@ pub async fn write_status(
         .patch_status(name, &pp, &Patch::Merge(&body))
         .await
     {
-        Ok(stored) => Ok(Written::Written(Arc::new(stored))),
+        Ok(stored) => Ok(Written::Stored(Arc::new(stored))),
         Err(kube::Error::Api(s)) if refused_as_gone(&s) => Ok(Written::Gone),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Written::Conflict),
-        Err(e) => Err(Error::kube(format!("write status of Pod {}", key(pod)), e)),
+        Err(e) => Err(Error::kube(format!("write status of Pod {}", pod.key()), e)),
     };
     metrics.pod_status_write(result.as_ref().map_or("error", |w| w.label()));
     result
@@ -132,7 +130,7 @@ pub async fn write_status(
 /// Deletes the Pod object for good: grace 0, only this generation (UID
 /// precondition). Nothing is sent when the apiserver already removes it.
 pub async fn force_delete(client: &Client, pod: &Pod) -> Result<()> {
-    if removal_pending(pod) {
+    if pod.removal_pending() {
         return Ok(());
     }
     let name = pod.metadata.name.as_deref().unwrap_or_default();
@@ -147,7 +145,7 @@ pub async fn force_delete(client: &Client, pod: &Pod) -> Result<()> {
     match pods_api(client, pod).delete(name, &dp).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(Error::kube(format!("delete Pod {}", key(pod)), e)),
+        Err(e) => Err(Error::kube(format!("delete Pod {}", pod.key()), e)),
     }
 }
 

@@ -5,9 +5,9 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::Node;
 
-use super::CheckResult;
+use super::check::CheckResult;
 use crate::config::ListenAddr;
-use crate::node::register::adoptable;
+use crate::node::desired::adoptable;
 use crate::sandboxd::{NodeInfo, PoolInfo, SandboxdError};
 
 /// A failed apiserver request, reduced to what the checks distinguish.
@@ -25,7 +25,7 @@ impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ApiError::Status { code, message } => write!(f, "HTTP {code}: {message}"),
-            ApiError::Timeout => write!(f, "no answer within {:?}", super::CHECK_TIMEOUT),
+            ApiError::Timeout => write!(f, "no answer within {:?}", super::check::CHECK_TIMEOUT),
             ApiError::Other(e) => f.write_str(e),
         }
     }

@@ -13,9 +13,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::PostParams;
 use kube::{Api, Client};
 
+use super::check::{CHECK_TIMEOUT, CheckResult, Status};
 use super::evaluate::{self, ApiError, SandboxdProblem};
 use super::rbac::{self, Permission};
-use super::{CHECK_TIMEOUT, CheckResult};
 use crate::config::{Config, ListenAddr};
 use crate::kube_client::{self, Source};
 use crate::sandboxd::SandboxdClient;
@@ -116,7 +116,7 @@ async fn kube_checks(cfg: &Config) -> Vec<CheckResult> {
         Err(ApiError::Other("not asked".into()))
     };
     let api_line = evaluate::apiserver(&server, &source, &version, &whoami);
-    if api_line.status == super::Status::Fail {
+    if api_line.status == Status::Fail {
         return skipped(api_line);
     }
 

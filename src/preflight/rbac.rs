@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::CheckResult;
+use super::check::CheckResult;
 
 /// Where a permission is needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,15 +3,14 @@
 //! (a probe file is created and removed), and an existing state file must
 //! load exactly as the claims store would load it.
 
-use std::fs::{self, OpenOptions};
-use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
+use std::fs::OpenOptions;
+use std::path::Path;
 
 use jiff::Timestamp;
 
-use super::CheckResult;
+use super::check::CheckResult;
 use crate::claims::dir::{probe_writable as probe, state_dir};
-use crate::claims::format;
+use crate::claims::{StatePaths, read};
 
 const FLAG: &str = "--state-path (env VK_STATE_PATH)";
 
@@ -92,19 +91,19 @@ fn file(path: &Path) -> CheckResult {
     if path.is_dir() {
         return CheckResult::not_checked(name, "the state path is a directory");
     }
-    let summary = match read(path) {
-        Ok(s) => s,
+    let view = match read::read(&StatePaths::new(path), Timestamp::now()) {
+        Ok(v) => v,
         Err(problem) => {
             return CheckResult::fail(
                 name,
-                problem,
+                problem.to_string(),
                 "it holds release credentials and was left as it is: repair or restore it \
                  (never discard it while the sandboxes it names are live); vk-sandbox refuses \
                  to start until then",
             );
         }
     };
-    if !summary.snapshot_found && summary.journal_frames == 0 {
+    if !view.snapshot_found && view.loaded.frames == 0 {
         return CheckResult::ok(
             name,
             format!(
@@ -113,7 +112,7 @@ fn file(path: &Path) -> CheckResult {
             ),
         );
     }
-    if summary.snapshot_found
+    if view.snapshot_found
         && let Err(e) = OpenOptions::new().append(true).open(path)
     {
         return CheckResult::fail(
@@ -130,9 +129,9 @@ fn file(path: &Path) -> CheckResult {
         format!(
             "{} loads: {} claims{}",
             path.display(),
-            summary.rows,
-            if summary.journal_frames > 0 {
-                format!(" (journal: {} records)", summary.journal_frames)
+            view.loaded.rows.len(),
+            if view.loaded.frames > 0 {
+                format!(" (journal: {} records)", view.loaded.frames)
             } else {
                 String::new()
             }
@@ -140,71 +139,12 @@ fn file(path: &Path) -> CheckResult {
     )
 }
 
-/// What [`read`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Summary {
-    pub snapshot_found: bool,
-    pub journal_frames: usize,
-    pub rows: usize,
-}
-
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
-fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, String> {
-    match fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => Ok(None),
-        Err(e) => Err(format!("{} cannot be read: {e}", path.display())),
-    }
-}
-
-/// Load the state read-only, with the store's own decoders and the same
-/// rules as its start-up load (`claims::writer::load`): the snapshot, then
-/// `<path>.journal.old` if it continues the snapshot, then `<path>.journal`,
-/// which must continue it. Nothing is written.
-pub fn read(path: &Path) -> Result<Summary, String> {
-    let now = format::to_second(Timestamp::now());
-    let journal_path = with_suffix(path, ".journal");
-    let journal_old_path = with_suffix(path, ".journal.old");
-    let snapshot = read_optional(path)?;
-    let journal = read_optional(&journal_path)?;
-    let journal_old = read_optional(&journal_old_path)?;
-    let files = format::StateBytes {
-        snapshot: snapshot.as_deref(),
-        journal_old: journal_old.as_deref(),
-        journal: journal.as_deref(),
-    };
-    let loaded = format::load_state(files, now).map_err(|e| match e {
-        format::LoadError::Malformed(file, problem) => {
-            let at = match file {
-                format::StateFile::Snapshot => path,
-                format::StateFile::JournalOld => &journal_old_path,
-                format::StateFile::Journal => &journal_path,
-            };
-            format!("{}: {problem}", at.display())
-        }
-        format::LoadError::JournalDoesNotContinue => format!(
-            "{} does not continue {} (the snapshot was replaced since the journal started: \
-             restored, edited, or written by the Go vk-sandbox after a rollback)",
-            journal_path.display(),
-            path.display()
-        ),
-    })?;
-    Ok(Summary {
-        snapshot_found: snapshot.is_some(),
-        journal_frames: loaded.frames,
-        rows: loaded.rows.len(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::claims::format;
     use crate::preflight::Status;
+    use std::fs;
 
     fn listing(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> = fs::read_dir(dir)
@@ -278,7 +218,7 @@ mod tests {
         let path = tmp.path().join("claims.json");
         fs::write(&path, br#"{"claims":{}}"#).expect("write");
         let frame = format::encode_frame(&[], Some("0123456789abcdef"));
-        fs::write(with_suffix(&path, ".journal"), frame).expect("write journal");
+        fs::write(StatePaths::new(&path).journal, frame).expect("write journal");
         let r = check(&path);
         assert_eq!(r[1].status, Status::Fail, "{r:?}");
         assert!(r[1].detail.contains("does not continue"), "{r:?}");

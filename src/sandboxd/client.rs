@@ -11,7 +11,9 @@ use tracing::debug;
 
 use super::decode::{RawReply, body_limit, decode_claim, decode_info, decode_list, decode_release};
 use super::error::{Op, SandboxdError};
-use super::types::{Claim, ClaimBody, ClaimRequest, NodeInfo, ReleaseOutcome, SandboxRow, Secret};
+use super::types::{
+    ClaimBody, ClaimRequest, Granted, NodeInfo, ReleaseOutcome, SandboxRow, Secret,
+};
 
 /// Per-request bound, as the Go client's.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -199,7 +201,7 @@ impl SandboxdClient {
 
     /// `POST /v1/claim`. On [`SandboxdError::is_outcome_unknown`] errors a
     /// claim may exist under `claim_ref`.
-    pub async fn claim(&self, request: &ClaimRequest) -> Result<Claim, SandboxdError> {
+    pub async fn claim(&self, request: &ClaimRequest) -> Result<Granted, SandboxdError> {
         let started = Instant::now();
         let result = async {
             let body = serde_json::to_vec(&ClaimBody::from(request)).map_err(|e| {

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use super::error::{Op, SandboxdError};
-use super::types::{Claim, ClaimReply, ListReply, NodeInfo, ReleaseOutcome, SandboxRow, Secret};
+use super::types::{ClaimReply, Granted, ListReply, NodeInfo, ReleaseOutcome, SandboxRow, Token};
 
 /// Largest error body read; longer bodies are cut.
 pub const ERROR_BODY_LIMIT: usize = 64 * 1024;
@@ -94,7 +94,7 @@ fn http_error(op: Op, reply: &RawReply) -> SandboxdError {
 /// `POST /v1/claim`: `200` with an `id` is a claim; `200`
 /// without one (empty or redirect) and `429` are a capacity miss; any other
 /// status is `Http`; an undecodable `200` is `Decode`.
-pub fn decode_claim(reply: &RawReply) -> Result<Claim, SandboxdError> {
+pub fn decode_claim(reply: &RawReply) -> Result<Granted, SandboxdError> {
     match reply.status {
         200 => {
             let raw: ClaimReply = decode_json(Op::Claim, reply)?;
@@ -112,14 +112,13 @@ pub fn decode_claim(reply: &RawReply) -> Result<Claim, SandboxdError> {
                 };
                 return Err(SandboxdError::CapacityMiss { message });
             }
-            let token = raw.token.unwrap_or_default();
-            if token.is_empty() {
+            let Some(token) = Token::new(raw.token.unwrap_or_default()) else {
                 return Err(SandboxdError::Decode {
                     op: Op::Claim,
                     status: reply.status,
                     message: format!("claim reply for sandbox {id:?} carries no token"),
                 });
-            }
+            };
             let owner_addr = match raw.owner_addr {
                 Some(serde_json::Value::String(s)) => s,
                 _ => String::new(),
@@ -128,9 +127,9 @@ pub fn decode_claim(reply: &RawReply) -> Result<Claim, SandboxdError> {
                 Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s),
                 _ => None,
             };
-            Ok(Claim {
+            Ok(Granted {
                 id,
-                token: Secret::new(token),
+                token,
                 deadline: raw.deadline,
                 owner_addr,
                 from_checkpoint,
@@ -184,7 +183,7 @@ pub fn decode_info(reply: &RawReply) -> Result<NodeInfo, SandboxdError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandboxd::deadline::Deadline;
+    use crate::sandboxd::lease_deadline::Deadline;
 
     fn r(status: u16, body: &str) -> RawReply {
         RawReply::new(status, body.as_bytes())

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::deadline::{Deadline, deserialize_deadline};
+use super::lease_deadline::{Deadline, deserialize_deadline};
 use super::owner_addr::{NoUsableAddress, OwnerAddr, pod_ip_from_owner_addr};
 
 /// The longest lease sandboxd grants; the client clamps requests to it.
@@ -48,6 +48,36 @@ impl fmt::Debug for Secret {
 impl fmt::Display for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("<redacted>")
+    }
+}
+
+/// A sandbox's release credential: a [`Secret`] that is never empty. A
+/// claim reply without one is refused; a claim recovered without its
+/// credential has none (`Option<Token>`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(Secret);
+
+impl Token {
+    /// `None` for an empty string: no credential.
+    pub fn new(value: impl Into<String>) -> Option<Token> {
+        let value = value.into();
+        (!value.is_empty()).then(|| Token(Secret::new(value)))
+    }
+}
+
+/// A token is used wherever a secret is (a release request, the claims
+/// file's `expose`).
+impl std::ops::Deref for Token {
+    type Target = Secret;
+
+    fn deref(&self) -> &Secret {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
     }
 }
 
@@ -96,19 +126,20 @@ impl<'a> From<&'a ClaimRequest> for ClaimBody<'a> {
     }
 }
 
-/// A delivered claim (`200` with a non-empty `id`).
+/// A granted claim: sandboxd's reply to `POST /v1/claim` (`200` with a
+/// non-empty `id`). The stored row is [`crate::claims::Claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
+pub struct Granted {
     pub id: String,
     /// The sandbox credential; returned only in this reply.
-    pub token: Secret,
+    pub token: Token,
     pub deadline: Deadline,
-    /// The raw `owner_addr` (empty when absent). See [`Claim::owner`].
+    /// The raw `owner_addr` (empty when absent). See [`Granted::owner`].
     pub owner_addr: String,
     pub from_checkpoint: Option<String>,
 }
 
-impl Claim {
+impl Granted {
     /// `owner_addr` classified into its shapes.
     pub fn owner(&self) -> OwnerAddr {
         OwnerAddr::parse(Some(&self.owner_addr))

@@ -7,8 +7,8 @@ use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::super::Claim;
 use super::snapshot::{RowOut, decode_row, push_json};
+use crate::claims::types::Claim;
 
 /// One journal record.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,9 +3,9 @@
 use jiff::Timestamp;
 use std::collections::BTreeMap;
 
-use super::super::Claim;
 use super::journal::{Journal, JournalOp, decode_journal, replay, snapshot_base};
 use super::snapshot::decode_snapshot;
+use crate::claims::types::Claim;
 
 /// One of the state files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

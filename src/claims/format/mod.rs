@@ -46,39 +46,14 @@
 //! a complete last line whose checksum does not match — is corruption, and
 //! the state is refused.
 
-use jiff::Timestamp;
-
-use crate::sandboxd::Deadline;
-
 mod journal;
 mod load;
 mod snapshot;
 #[cfg(test)]
 mod tests;
+mod time;
 
 pub use journal::{Journal, JournalOp, decode_journal, encode_frame, replay, snapshot_base};
 pub use load::{LoadError, Loaded, StateBytes, StateFile, load_state};
 pub use snapshot::{decode_snapshot, encode_snapshot};
-
-/// Truncate to whole seconds: the precision of the state file.
-pub fn to_second(ts: Timestamp) -> Timestamp {
-    Timestamp::from_second(ts.as_second()).unwrap_or(ts)
-}
-
-/// A deadline as the file holds it: whole seconds, and Go's zero time
-/// (`0001-01-01T00:00:00Z`, which the file reads as "no expiry") is `None`.
-pub fn to_file_deadline(ts: Timestamp) -> Option<Timestamp> {
-    let ts = to_second(ts);
-    (!matches!(Deadline::parse(Some(&format_time(ts))), Deadline::Never)).then_some(ts)
-}
-
-/// A `claimedAt` at or before the Unix epoch counts as unset (Go's zero time
-/// and `Timestamp::default()` both fall there; no real claim predates 1970).
-pub fn is_unset(ts: Timestamp) -> bool {
-    ts <= Timestamp::UNIX_EPOCH
-}
-
-/// RFC 3339, second precision, UTC (`2026-01-01T00:00:00Z`).
-pub fn format_time(ts: Timestamp) -> String {
-    to_second(ts).to_string()
-}
+pub use time::{format_time, is_unset, normalised, to_file_deadline, to_second};

@@ -6,8 +6,9 @@ use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::super::Claim;
-use super::*;
+use super::time::{format_time, is_unset, to_second};
+use crate::claims::types::Claim;
+use crate::sandboxd::{Deadline, Token};
 
 /// One row as the Go original writes it.
 #[derive(Serialize)]
@@ -28,7 +29,7 @@ impl<'a> From<&'a Claim> for RowOut<'a> {
     fn from(c: &'a Claim) -> Self {
         RowOut {
             id: &c.id,
-            token: &c.token,
+            token: c.token.as_deref().map_or("", |t| t.expose()),
             address: &c.address,
             pod_uid: &c.pod_uid,
             claimed_at: (!is_unset(c.claimed_at)).then(|| format_time(c.claimed_at)),
@@ -157,7 +158,7 @@ pub(super) fn decode_row(key: &str, row: &Value, now: Timestamp) -> Result<Claim
     };
     Ok(Claim {
         id: string_field(obj, key, "id")?,
-        token: string_field(obj, key, "token")?,
+        token: Token::new(string_field(obj, key, "token")?),
         address: string_field(obj, key, "address")?,
         pod_uid: string_field(obj, key, "podUID")?,
         claimed_at: time_field(obj, key, "claimedAt")?

@@ -1,5 +1,7 @@
 use std::collections::BTreeMap;
 
+use jiff::Timestamp;
+
 use super::super::Claim;
 use super::journal::checksum;
 use super::*;
@@ -15,7 +17,7 @@ fn now() -> Timestamp {
 fn claim(id: &str) -> Claim {
     Claim {
         id: id.into(),
-        token: format!("tok-{id}"),
+        token: crate::sandboxd::Token::new(format!("tok-{id}")),
         address: "10.0.0.5:7777".into(),
         pod_uid: "uid-1".into(),
         claimed_at: ts("2026-01-01T00:00:00Z"),
@@ -85,7 +87,11 @@ fn lenient_reader() {
     .expect("decode");
     let a = &t["ns/a"];
     assert_eq!(
-        (a.id.as_str(), a.token.as_str(), a.pod_uid.as_str()),
+        (
+            a.id.as_str(),
+            a.token.as_deref().map_or("", |t| t.expose()),
+            a.pod_uid.as_str()
+        ),
         ("sb_1", "t", "u")
     );
     assert_eq!(a.deadline, None);

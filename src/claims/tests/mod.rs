@@ -18,7 +18,7 @@ fn ts(s: &str) -> Timestamp {
 fn claim(id: &str) -> Claim {
     Claim {
         id: id.into(),
-        token: format!("tok-{id}"),
+        token: crate::sandboxd::Token::new(format!("tok-{id}")),
         address: "10.0.0.5:7777".into(),
         pod_uid: format!("uid-{id}"),
         claimed_at: ts("2026-01-01T00:00:00Z"),
@@ -90,7 +90,10 @@ async fn go_fixtures_load_quarantined() {
         if n > 0 {
             let (a, state) = store.get("ns/a").expect("row");
             assert_eq!(state, ClaimState::Quarantined);
-            assert_eq!((a.id.as_str(), a.token.as_str()), ("sb_a", "ta"));
+            assert_eq!(
+                (a.id.as_str(), a.token.as_deref().map_or("", |t| t.expose())),
+                ("sb_a", "ta")
+            );
             if !text.contains("claimedAt") {
                 // Stamped now, and persisted by the start-up write so a
                 // restart keeps the same value.

@@ -29,7 +29,7 @@ async fn verification_vouches_expires_and_keeps_rows() {
     fs::rename(dir.path(), &parked).expect("park");
     fs::write(dir.path(), "").expect("block");
     let mut f = claim("sb_f");
-    f.token = "tf".into();
+    f.token = crate::sandboxd::Token::new("tf");
     store.commit("ns/f", f).await.expect_err("unwritable");
     fs::remove_file(dir.path()).expect("unblock");
     fs::rename(&parked, dir.path()).expect("restore");
@@ -60,7 +60,7 @@ async fn verification_vouches_expires_and_keeps_rows() {
         (
             Claim {
                 id: "sb_a".into(),
-                token: "ta".into(),
+                token: crate::sandboxd::Token::new("ta"),
                 address: String::new(),
                 pod_uid: "ua".into(),
                 claimed_at: ts("2026-01-01T00:00:00Z"),

@@ -233,3 +233,51 @@ fn newer_means_the_same_pod_at_a_later_version() {
     assert!(!at(Some("u"), None).is_newer_than(&v9));
     assert!(!v10.is_newer_than(&at(Some("u"), None)));
 }
+
+fn pod_of(v: Value) -> Pod {
+    serde_json::from_value(v).expect("pod")
+}
+
+#[test]
+fn grace_zero_means_the_apiserver_removes_it() {
+    let mut p = pod_of(json!({"metadata": {"name": "p", "uid": "u",
+        "deletionTimestamp": "2026-01-01T00:00:00Z"}}));
+    p.metadata.deletion_grace_period_seconds = Some(30);
+    assert!(!p.removal_pending());
+    p.metadata.deletion_grace_period_seconds = Some(0);
+    assert!(p.removal_pending());
+    // Not deleting at all: never pending, whatever the field says.
+    let mut live = pod_of(json!({"metadata": {"name": "p", "uid": "u"}}));
+    live.metadata.deletion_grace_period_seconds = Some(0);
+    assert!(!live.removal_pending());
+}
+
+#[test]
+fn key_uid_annotations_and_predicates() {
+    let p = pod_of(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u",
+            "annotations": {"a": "x", "empty": ""}},
+        "spec": {"restartPolicy": "Never"},
+        "status": {"phase": "Failed", "containerStatuses": [
+            {"name": "c", "state": {"terminated": {"exitCode": 0}}}]},
+    }));
+    assert_eq!((p.key(), p.uid()), ("ns/p".to_string(), "u"));
+    assert_eq!(
+        (p.annotation("a"), p.annotation("empty"), p.annotation("b")),
+        (Some("x"), None, None)
+    );
+    assert!(p.terminal() && p.never_restarts() && !p.has_running_container());
+    let bare = pod_of(
+        json!({"metadata": {"name": "q"}, "status": {"phase": "Succeeded",
+        "containerStatuses": [{"name": "c"}]}}),
+    );
+    assert_eq!((bare.key(), bare.uid()), ("default/q".to_string(), ""));
+    assert!(bare.terminal() && !bare.never_restarts());
+    assert!(
+        bare.has_running_container(),
+        "a status with no state counts as running"
+    );
+    let running = pod_of(json!({"status": {"phase": "Running"}}));
+    assert!(!running.terminal() && !running.has_running_container());
+    assert_eq!(key_of(None, "x"), "default/x");
+}

@@ -1,119 +1,169 @@
-//! Create: adopt a held claim or claim a new sandbox for a Pod.
+//! Create: carry out [`next_step`]'s decisions until one ends the create
+//! (adopted, resumed, claimed, or refused).
 
 use std::sync::Arc;
 
-use crate::pods::pod::Pod;
+use jiff::Timestamp;
 use tracing::warn;
 
-use jiff::Timestamp;
-
-use super::{CreateFailure, Created, Provider, uid, view};
-use crate::claims::{Claim, ClaimState};
-use crate::pods::annotations::{self, key};
+use super::create_step::{CreateStep, adoption, next_step};
+use super::{CreateFailure, Created, Provider, view};
+use crate::claims::Claim;
+use crate::pods::pod::Pod;
 use crate::pods::{claim_ref, status};
+use crate::sandboxd::ClaimRequest;
+
+/// Steps that change the row (verify, confirm, drop, return) each run at
+/// most once per create; the rest end it.
+const MAX_STEPS: usize = 6;
 
 impl Provider {
     /// Create: adopt a held claim or claim a new sandbox.
     pub async fn create(&self, pod: &Arc<Pod>) -> Result<Created, CreateFailure> {
-        let k = key(pod);
-        // 1. Runtime gate.
-        annotations::runtime_gate(pod).map_err(CreateFailure::provider)?;
-
-        // 2. A claim from a previous run must be vouched for by sandboxd.
-        if let Some((_, ClaimState::Quarantined)) = self.claims.get(&k) {
-            self.refresh().await.map_err(|e| {
-                CreateFailure::provider(format!(
-                    "a claim from a previous run is unverified and sandboxd cannot be listed; \
-                     refusing to claim over a possibly live sandbox: {e}"
-                ))
-            })?;
-        }
-
-        // 3. A settled claim past its cached deadline: sandboxd decides.
-        if let Some((claim, ClaimState::Settled)) = self.claims.get(&k)
-            && claim.deadline.is_some_and(|d| d <= Timestamp::now())
-        {
-            let listing = self.list().await.map_err(|e| {
-                CreateFailure::provider(format!(
-                    "the claim for {k} is past its cached deadline and sandboxd cannot be \
-                     listed; refusing to replace it: {e}"
-                ))
-            })?;
-            match listing.iter().find(|r| r.id == claim.id) {
-                Some(row) => self.take_listed_deadline(&k, &claim, row).await,
-                None => {
+        let k = pod.key();
+        let mut done: Vec<CreateStep> = Vec::new();
+        for _ in 0..MAX_STEPS {
+            let row = self.claims.get(&k);
+            let step = next_step(row.as_ref().map(|(c, s)| (c, *s)), pod, Timestamp::now());
+            if done.contains(&step) {
+                // The step before did not change the row (e.g. a
+                // verification that could not be persisted): try later.
+                return Err(CreateFailure::provider(format!(
+                    "the claim row for {k} is unchanged after {step:?}; retried later"
+                )));
+            }
+            let Some((claim, _)) = row else {
+                return match step {
+                    CreateStep::Recover { id, then } => {
+                        match self.recover_lost_claim(pod, &k, &id).await? {
+                            Some(recovered) => Ok(recovered),
+                            None => self.claim_new(pod, &k, *then).await,
+                        }
+                    }
+                    other => self.claim_new(pod, &k, other).await,
+                };
+            };
+            match &step {
+                CreateStep::Refuse(why) => return Err(CreateFailure::provider(why.clone())),
+                CreateStep::Verify => {
+                    self.refresh().await.map_err(|e| {
+                        CreateFailure::provider(format!(
+                            "a claim from a previous run is unverified and sandboxd cannot be \
+                             listed; refusing to claim over a possibly live sandbox: {e}"
+                        ))
+                    })?;
+                }
+                CreateStep::ConfirmDeadline => {
+                    if let Some(adopted) = self.confirm_deadline(pod, &k, &claim).await? {
+                        return Ok(adopted);
+                    }
+                }
+                CreateStep::Adopt | CreateStep::Resume => {
+                    return Ok(self.adopt(pod, &k, claim, step == CreateStep::Resume).await);
+                }
+                CreateStep::DropUnrecorded => {
                     let _ = self.claims.remove(&k, &claim.id).await;
                 }
+                CreateStep::ReturnStranded(token) => {
+                    self.undo_release(&claim.id, token).await.map_err(|e| {
+                        CreateFailure::provider(format!(
+                            "a previous sandbox {} for {k} could not be returned and its \
+                             credential is only in memory: {e}",
+                            claim.id
+                        ))
+                    })?;
+                    let _ = self.claims.remove(&k, &claim.id).await;
+                }
+                // Only without a row (above).
+                CreateStep::Recover { .. } | CreateStep::Claim(_) => {}
+            }
+            done.push(step);
+        }
+        Err(CreateFailure::provider(format!(
+            "the claim path for {k} did not settle in {MAX_STEPS} steps; retried later"
+        )))
+    }
+
+    /// A settled row past its cached deadline: sandboxd decides. Listed:
+    /// its deadline is taken (it may have been renewed, or become "none")
+    /// and the claim adopted. Not listed: the row goes.
+    async fn confirm_deadline(
+        &self,
+        pod: &Arc<Pod>,
+        k: &str,
+        claim: &Claim,
+    ) -> Result<Option<Created>, CreateFailure> {
+        let listing = self.list().await.map_err(|e| {
+            CreateFailure::provider(format!(
+                "the claim for {k} is past its cached deadline and sandboxd cannot be \
+                 listed; refusing to replace it: {e}"
+            ))
+        })?;
+        match listing.iter().find(|r| r.id == claim.id) {
+            Some(row) => {
+                self.take_listed_deadline(k, claim, row).await;
+                let resumed = adoption(claim, pod) == CreateStep::Resume;
+                Ok(Some(self.adopt(pod, k, claim.clone(), resumed).await))
+            }
+            None => {
+                let _ = self.claims.remove(k, &claim.id).await;
+                Ok(None)
             }
         }
+    }
 
-        // 4. Adopt in place: the VM outlived its previous Pod (or this
-        // process restarted under the same Pod).
-        if let Some((claim, ClaimState::Settled)) = self.claims.get(&k) {
-            let same_pod = !claim.pod_uid.is_empty() && claim.pod_uid == uid(pod);
-            if let Err(e) = self.claims.rebind(&k, &claim.id, uid(pod)).await {
-                warn!(pod = %k, error = %e, "adoption not persisted; the claim is kept in memory");
+    /// Adopt in place: the VM outlived its previous Pod (or this process
+    /// restarted under the same Pod, `resumed`).
+    async fn adopt(&self, pod: &Arc<Pod>, k: &str, claim: Claim, resumed: bool) -> Created {
+        if let Err(e) = self.claims.rebind(k, &claim.id, pod.uid()).await {
+            warn!(pod = %k, error = %e, "adoption not persisted; the claim is kept in memory");
+        }
+        self.track(pod);
+        let claim = self.claims.get(k).map(|(c, _)| c).unwrap_or(claim);
+        let (id, status) = (claim.id.clone(), status::running(pod, &view(&claim)));
+        if resumed {
+            Created::Resumed { id, status }
+        } else {
+            Created::Adopted { id, status }
+        }
+    }
+
+    /// No row: claim a new sandbox (`step` is [`CreateStep::Claim`], or
+    /// why not), after returning strays of this Pod's earlier claims whose
+    /// reply was lost. Durable before it counts: a claim whose commit fails
+    /// is returned.
+    async fn claim_new(
+        &self,
+        pod: &Arc<Pod>,
+        k: &str,
+        step: CreateStep,
+    ) -> Result<Created, CreateFailure> {
+        let request: ClaimRequest = match step {
+            CreateStep::Claim(request) => request,
+            CreateStep::Refuse(why) => return Err(CreateFailure::provider(why)),
+            other => {
+                return Err(CreateFailure::provider(format!(
+                    "internal: no claim step for {k} without a row ({other:?})"
+                )));
             }
-            self.track(pod);
-            let claim = self.claims.get(&k).map(|(c, _)| c).unwrap_or(claim);
-            let (id, status) = (claim.id.clone(), status::running(pod, &view(&claim)));
-            return Ok(if same_pod {
-                Created::Resumed { id, status }
-            } else {
-                Created::Adopted { id, status }
-            });
-        }
-
-        // 5. A stranded claim (an earlier commit and undo both failed). One
-        // without a credential is a recovered claim whose commit failed: it
-        // is the Pod's running sandbox, not ours to return; drop the row and
-        // recover it again below.
-        if let Some((claim, ClaimState::Tentative)) = self.claims.get(&k)
-            && claim.token.is_empty()
-        {
-            let _ = self.claims.remove(&k, &claim.id).await;
-        }
-        if let Some((claim, ClaimState::Tentative)) = self.claims.get(&k) {
-            self.undo_release(&claim).await.map_err(|e| {
-                CreateFailure::provider(format!(
-                    "a previous sandbox {} for {k} could not be returned and its credential \
-                     is only in memory: {e}",
-                    claim.id
-                ))
-            })?;
-            let _ = self.claims.remove(&k, &claim.id).await;
-        }
-
-        // A Pod already running on a sandbox no claim holds: the claims
-        // state was lost or replaced while its VM kept serving. Adopt it
-        // (released later with the node token) rather than return it as a
-        // stray or claim a second one.
-        if let Some(adopted) = self.recover_lost_claim(pod, &k).await? {
-            return Ok(adopted);
-        }
-
-        // 6–7. What to claim.
-        let request = annotations::claim_request(pod).map_err(CreateFailure::provider)?;
-
-        // Return strays of this Pod's earlier claims whose reply was lost.
-        if self.suspect(&k) {
-            self.return_strays(&k, uid(pod), None).await.map_err(|e| {
+        };
+        if self.suspect(k) {
+            self.return_strays(k, pod.uid(), None).await.map_err(|e| {
                 CreateFailure::provider(format!(
                     "cannot check for, or return, a sandbox an earlier claim for {k} may \
                      have left behind; refusing to claim twice: {e}"
                 ))
             })?;
         }
-
-        // 8. Claim. The sandboxd call and the commit below are timed so
-        // the provider's own share of the claim path can be told apart
-        // from the waits on sandboxd and the disk.
+        // The sandboxd call and the commit below are timed so the
+        // provider's own share of the claim path can be told apart from
+        // the waits on sandboxd and the disk.
         let waiting = std::time::Instant::now();
         let granted = match self.sandboxd.claim(&request).await {
             Ok(c) => c,
             Err(e) => {
                 if e.is_outcome_unknown() {
-                    self.note_unknown_outcome(&k, uid(pod));
+                    self.note_unknown_outcome(k, pod.uid());
                 }
                 let reason = if e.is_capacity_miss() {
                     "NoWarmCapacity"
@@ -126,25 +176,23 @@ impl Provider {
                 });
             }
         };
-
-        // 9. Durable before it counts.
         let claim = Claim {
             id: granted.id.clone(),
-            token: granted.token.expose().to_string(),
+            token: Some(granted.token.clone()),
             address: granted.owner_addr.clone(),
-            pod_uid: uid(pod).to_string(),
+            pod_uid: pod.uid().to_string(),
             claimed_at: Timestamp::now(),
             deadline: granted.deadline.expires_at(),
         };
         let claimed = waiting.elapsed();
         let committing = std::time::Instant::now();
-        let committed = self.claims.commit(&k, claim.clone()).await;
+        let committed = self.claims.commit(k, claim.clone()).await;
         let waited = claimed + committing.elapsed();
         if let Err(persist) = committed {
-            // 10. Undo: return the sandbox rather than hold an unrecorded credential.
-            return match self.undo_release(&claim).await {
+            // Return the sandbox rather than hold an unrecorded credential.
+            return match self.undo_release(&granted.id, &granted.token).await {
                 Ok(()) => {
-                    let _ = self.claims.remove(&k, &claim.id).await;
+                    let _ = self.claims.remove(k, &claim.id).await;
                     Err(CreateFailure::provider(format!(
                         "persist claim for {k}: {persist}"
                     )))
@@ -156,9 +204,9 @@ impl Provider {
             };
         }
         self.track(pod);
-        // 11. Running, from the row as stored (times at the store's
-        // precision), so a later re-publish computes the same status.
-        let claim = self.claims.get(&k).map(|(c, _)| c).unwrap_or(claim);
+        // Running, from the row as stored (times at the store's precision),
+        // so a later re-publish computes the same status.
+        let claim = self.claims.get(k).map(|(c, _)| c).unwrap_or(claim);
         Ok(Created::Claimed {
             id: claim.id.clone(),
             status: status::running(pod, &view(&claim)),
@@ -168,22 +216,14 @@ impl Provider {
 
     /// The Pod names (claim-id annotation) a sandbox sandboxd lists under
     /// this Pod's key, and no stored claim holds it: its credential is gone
-    /// but the VM is the Pod's. Recorded with an empty token, which
-    /// [`Provider::delete`] releases with the node token.
+    /// but the VM is the Pod's. Recorded without a token;
+    /// [`Provider::delete`] releases it with the node token.
     async fn recover_lost_claim(
         &self,
         pod: &Arc<Pod>,
         k: &str,
+        id: &str,
     ) -> Result<Option<Created>, CreateFailure> {
-        let Some(id) = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(annotations::CLAIM_ID))
-            .filter(|id| !id.is_empty())
-        else {
-            return Ok(None);
-        };
         if self.claims.held_ids().contains(id) {
             return Ok(None);
         }
@@ -195,7 +235,7 @@ impl Provider {
         })?;
         let Some(row) = listing
             .iter()
-            .find(|r| r.id == *id && claim_ref::names_key(&r.claim_ref, k))
+            .find(|r| r.id == id && claim_ref::names_key(&r.claim_ref, k))
         else {
             return Ok(None);
         };
@@ -205,10 +245,10 @@ impl Provider {
             .and_then(|s| s.pod_ip.clone())
             .unwrap_or_default();
         let claim = Claim {
-            id: id.clone(),
-            token: String::new(),
+            id: id.to_string(),
+            token: None,
             address,
-            pod_uid: uid(pod).to_string(),
+            pod_uid: pod.uid().to_string(),
             claimed_at: Timestamp::now(),
             deadline: row.deadline.expires_at(),
         };

@@ -13,13 +13,13 @@ use kube::Client;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::annotations::key;
 use super::authority::{self, OwnerResolver, Verdict};
 use super::status::{self, ClaimView};
 use crate::claims::{Claim, ClaimState, ClaimsStore};
 use crate::sandboxd::{
-    Op, SandboxRow, SandboxdClient, SandboxdError, Secret, pod_ip_from_owner_addr,
+    Op, SandboxRow, SandboxdClient, SandboxdError, Token, pod_ip_from_owner_addr,
 };
+use suspects::Suspects;
 
 /// Compensating releases run on their own deadline, detached from the
 /// caller: a claim whose commit or status failed is given back even if
@@ -94,7 +94,7 @@ pub struct Provider {
     /// the watch cache (the same `Arc`), not a second copy of each Pod.
     tracked: Mutex<HashMap<String, Arc<Pod>>>,
     /// Keys to check for strays before claiming for them again.
-    strays: Mutex<strays::Strays>,
+    suspects: Mutex<Suspects>,
     /// Whether the last sandboxd listing succeeded; while it has not,
     /// [`Provider::refresh_needed`] asks the side loop to list again, so
     /// strays and quarantined rows are looked at as soon as sandboxd is back.
@@ -115,10 +115,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding these locks cannot leave them inconsistent
     // (single inserts/removes), so a poisoned lock is still usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
 }
 
 /// The view a status is built from; `None` address when owner_addr has no
@@ -142,7 +138,7 @@ impl Provider {
             claims,
             owners: OwnerResolver::default(),
             tracked: Mutex::new(HashMap::new()),
-            strays: Mutex::new(strays::Strays::default()),
+            suspects: Mutex::new(Suspects::default()),
             listing_ok: std::sync::atomic::AtomicBool::new(false),
             said_not_root: std::sync::atomic::AtomicBool::new(false),
             preserved: Mutex::new(HashMap::new()),
@@ -207,7 +203,7 @@ impl Provider {
             .values()
             .map(|p| Pod::clone(p))
             .collect();
-        v.sort_by_key(key);
+        v.sort_by_key(Pod::key);
         v
     }
 
@@ -216,7 +212,7 @@ impl Provider {
     }
 
     fn track(&self, pod: &Arc<Pod>) {
-        let k = key(pod);
+        let k = pod.key();
         // A Pod of the key is here: the claim's fate is its Pod's again.
         lock(&self.preserved).remove(&k);
         lock(&self.tracked).insert(k, Arc::clone(pod));
@@ -224,9 +220,7 @@ impl Provider {
 
     fn untrack(&self, key: &str, uid: &str) {
         let mut t = lock(&self.tracked);
-        if t.get(key)
-            .is_some_and(|p| p.metadata.uid.as_deref().unwrap_or_default() == uid)
-        {
+        if t.get(key).is_some_and(|p| p.uid() == uid) {
             t.remove(key);
         }
     }
@@ -241,10 +235,10 @@ impl Provider {
     /// Pod as our own status write stored it, which the cache may not show
     /// yet.
     pub fn update_tracked(&self, pod: &Arc<Pod>) {
-        let k = key(pod);
+        let k = pod.key();
         let mut t = lock(&self.tracked);
         if t.get(&k)
-            .is_some_and(|p| uid(p) == uid(pod) && !p.is_newer_than(pod))
+            .is_some_and(|p| p.uid() == pod.uid() && !p.is_newer_than(pod))
         {
             t.insert(k, Arc::clone(pod));
         }
@@ -256,7 +250,7 @@ impl Provider {
     /// it keeps a reconcile that runs before the echo from writing the same
     /// status again.
     pub fn newest(&self, pod: &Arc<Pod>) -> Arc<Pod> {
-        match lock(&self.tracked).get(&key(pod)) {
+        match lock(&self.tracked).get(&pod.key()) {
             Some(t) if t.is_newer_than(pod) => Arc::clone(t),
             _ => Arc::clone(pod),
         }
@@ -265,7 +259,7 @@ impl Provider {
     /// The running status for a key's settled claim, if it holds one whose
     /// lease is not known to be over.
     pub fn running_status(&self, pod: &Pod) -> Option<(String, Value)> {
-        let (claim, state) = self.claims.get(&key(pod))?;
+        let (claim, state) = self.claims.get(&pod.key())?;
         if state != ClaimState::Settled {
             return None;
         }
@@ -276,22 +270,21 @@ impl Provider {
     /// recovered without one. `Ok(false)`: no credential can release it
     /// (recovered claim, no node token).
     async fn release_claim(&self, claim: &Claim) -> Result<bool, SandboxdError> {
-        if claim.token.is_empty() {
-            if !self.can_release_by_id() {
-                return Ok(false);
+        match &claim.token {
+            Some(token) => {
+                self.sandboxd.release(&claim.id, token).await?;
             }
-            self.release_by_id(&claim.id).await?;
-        } else {
-            let token = Secret::new(claim.token.clone());
-            self.sandboxd.release(&claim.id, &token).await?;
+            None if self.can_release_by_id() => self.release_by_id(&claim.id).await?,
+            None => return Ok(false),
         }
         Ok(true)
     }
 
-    async fn undo_release(&self, claim: &Claim) -> Result<(), SandboxdError> {
-        let token = Secret::new(claim.token.clone());
-        match tokio::time::timeout(UNDO_TIMEOUT, self.sandboxd.release(&claim.id, &token)).await {
-            Ok(r) => r.map(|_| ()),
+    /// Gives back a claim that must not be kept (its commit failed), with
+    /// its own credential, on a deadline of its own.
+    async fn undo_release(&self, id: &str, token: &Token) -> Result<(), SandboxdError> {
+        match tokio::time::timeout(UNDO_TIMEOUT, self.sandboxd.release(id, token)).await {
+            Ok(r) => r.map(drop),
             Err(_) => Err(SandboxdError::Timeout {
                 op: Op::Release,
                 after: UNDO_TIMEOUT,
@@ -363,21 +356,21 @@ impl Provider {
     /// Provider Delete: preserve unless the owner is
     /// confirmed gone or tearing down; release with the claim's own token.
     pub async fn delete(&self, pod: &Pod) -> Result<Deleted, SandboxdError> {
-        let k = key(pod);
+        let k = pod.key();
         if let Some(t) = self.tracked(&k)
-            && uid(&t) != uid(pod)
+            && t.uid() != pod.uid()
         {
             return Ok(Deleted::Stale);
         }
         let Some((claim, _state)) = self.claims.get(&k) else {
-            self.untrack(&k, uid(pod));
+            self.untrack(&k, pod.uid());
             return Ok(Deleted::NothingHeld);
         };
         let owner = authority::controller_ref(pod);
         let lookup = self.owners.lookup(&self.client, pod).await;
         // A newer Pod may have taken the key while the owner was asked.
         if let Some(t) = self.tracked(&k)
-            && uid(&t) != uid(pod)
+            && t.uid() != pod.uid()
         {
             return Ok(Deleted::Stale);
         }
@@ -386,7 +379,7 @@ impl Provider {
                 info!(pod = %k, sandbox = %claim.id, %reason,
                       "preserving sandbox: pod deletion is not VM authority");
                 lock(&self.preserved).insert(k.clone(), (claim.id.clone(), pod.clone()));
-                self.untrack(&k, uid(pod));
+                self.untrack(&k, pod.uid());
                 Ok(Deleted::Preserved {
                     id: claim.id,
                     reason,
@@ -398,7 +391,7 @@ impl Provider {
                 if let Err(e) = self.claims.remove(&k, &claim.id).await {
                     warn!(pod = %k, error = %e, "release done but its record could not be removed");
                 }
-                self.untrack(&k, uid(pod));
+                self.untrack(&k, pod.uid());
                 if released {
                     info!(pod = %k, sandbox = %claim.id, %reason, "released sandbox");
                     Ok(Deleted::Released {
@@ -448,6 +441,8 @@ impl Provider {
 }
 
 mod create;
+pub mod create_step;
 mod strays;
+mod suspects;
 #[cfg(test)]
 mod tests;

@@ -3,29 +3,15 @@
 //! carries this node's tag for the Pod in question are ever returned
 //! (docs/reliability.md, "Lost claim replies among neighbours").
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use crate::pods::pod::Pod;
 use tracing::{info, warn};
 
-use super::{Provider, lock, uid};
-use crate::pods::annotations::{self, key};
+use super::{Provider, lock};
+use crate::pods::annotations;
 use crate::pods::claim_ref;
 use crate::sandboxd::{ReleaseOutcome, SandboxRow, SandboxdError};
-
-/// What is known about sandboxes this node may have claimed without
-/// learning their credential (lost claim replies; decisions in
-/// docs/reliability.md, "Lost claim replies among neighbours").
-#[derive(Debug, Default)]
-pub(super) struct Strays {
-    /// Pods (key → UID) whose last claim had an unknown outcome in this
-    /// process: sandboxd may hold a sandbox tagged with that UID.
-    pub(super) unknown: HashMap<String, String>,
-    /// Keys under which the last successful listing showed rows tagged as
-    /// ours that no stored claim holds (after a restart, the only trace of a
-    /// lost reply). Replaced by every successful listing.
-    pub(super) listed: HashSet<String>,
-}
 
 impl Provider {
     /// Recomputes the keys under which `listing` shows rows tagged as this
@@ -47,29 +33,22 @@ impl Provider {
         } else {
             HashSet::new()
         };
-        lock(&self.strays).listed = keys;
+        lock(&self.suspects).set_listed(keys);
     }
 
     /// Whether a stray of ours may exist under `key`.
     pub fn suspect(&self, key: &str) -> bool {
-        let s = lock(&self.strays);
-        s.unknown.contains_key(key) || s.listed.contains(key)
+        lock(&self.suspects).suspect(key)
     }
 
     /// The Pods whose last claim had an unknown outcome, as (key, UID).
     pub fn unknown_outcomes(&self) -> Vec<(String, String)> {
-        lock(&self.strays)
-            .unknown
-            .iter()
-            .map(|(k, u)| (k.clone(), u.clone()))
-            .collect()
+        lock(&self.suspects).unknown()
     }
 
     pub(super) fn note_unknown_outcome(&self, k: &str, uid: &str) {
         if self.can_release_by_id() {
-            lock(&self.strays)
-                .unknown
-                .insert(k.to_string(), uid.to_string());
+            lock(&self.suspects).note_unknown(k, uid);
         } else {
             warn!(
                 pod = %k,
@@ -103,14 +82,14 @@ impl Provider {
     /// known to run on none of them: right before claiming for it, or when
     /// it goes away without having run. Rows of other clients (no tag) and
     /// of other Pods are never touched.
-    pub(super) async fn return_strays(
+    pub async fn return_strays(
         &self,
         k: &str,
         uid: &str,
         running_on: Option<&str>,
     ) -> Result<(), SandboxdError> {
         if !self.can_release_by_id() {
-            lock(&self.strays).unknown.remove(k);
+            lock(&self.suspects).forget(k);
             return Ok(());
         }
         let mut listing = self.list().await?;
@@ -131,35 +110,20 @@ impl Provider {
         // The listing as it stands now: the returned rows are gone.
         listing.retain(|r| !strays.contains(&r.id));
         self.note_listing(&listing);
-        let mut strays = lock(&self.strays);
-        if strays.unknown.get(k).is_some_and(|u| u == uid) {
-            strays.unknown.remove(k);
-        }
+        lock(&self.suspects).settled(k, uid);
         Ok(())
     }
 
     /// A Pod that goes away without ever having run (deleted while
     /// Pending, or vanished untracked): return what its lost claim replies
     /// left behind, if it had any. Best effort: on failure the strays stay
-    /// listed and are retried by [`Provider::settle_unknown`].
+    /// listed and are retried by the vanished sweep.
     pub async fn forget_never_ran(&self, pod: &Pod) -> Result<(), SandboxdError> {
-        let k = key(pod);
+        let k = pod.key();
         if !self.suspect(&k) {
             return Ok(());
         }
-        let running_on = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(annotations::CLAIM_ID))
-            .map(String::as_str);
-        self.return_strays(&k, uid(pod), running_on).await
-    }
-
-    /// A Pod whose claim had an unknown outcome is no longer in the API
-    /// (it never ran: had it, it would be tracked): return its strays, which
-    /// also forgets the outcome, so the unknown-outcome map does not grow.
-    pub async fn settle_unknown(&self, k: &str, uid: &str) -> Result<(), SandboxdError> {
-        self.return_strays(k, uid, None).await
+        let running_on = pod.annotation(annotations::CLAIM_ID);
+        self.return_strays(&k, pod.uid(), running_on).await
     }
 }

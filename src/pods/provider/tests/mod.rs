@@ -197,7 +197,10 @@ async fn lost_credential_is_recovered_not_released() {
     );
     let (stored, _) = claims.get("ns/p").expect("stored");
     assert_eq!(
-        (stored.id.as_str(), stored.token.as_str()),
+        (
+            stored.id.as_str(),
+            stored.token.as_deref().map_or("", |t| t.expose())
+        ),
         (first.id.as_str(), "")
     );
     assert_eq!(sim.sim().claims().len(), 1);
@@ -315,7 +318,7 @@ async fn a_claim_past_its_cached_deadline_is_settled_by_the_listing() {
     provider.claims.remove("ns/p", &live).await.expect("remove");
     let dead = Claim {
         id: "sb_gone".into(),
-        token: "t".into(),
+        token: crate::sandboxd::Token::new("t"),
         address: "10.0.0.9:7777".into(),
         pod_uid: "u1".into(),
         claimed_at: past,
@@ -399,7 +402,7 @@ async fn tracked_pods_and_keys_are_the_pods_claimed_for() {
     let uids: Vec<String> = provider
         .tracked_pods()
         .iter()
-        .map(|p| uid(p).to_string())
+        .map(|p| p.uid().to_string())
         .collect();
     assert_eq!(uids, ["ua", "ub"], "sorted by key");
     let mut keys = provider.tracked_keys();
@@ -461,7 +464,7 @@ async fn the_tracked_copy_is_the_newest_version_of_the_same_pod() {
     ));
     // Another Pod under the key never does.
     provider.update_tracked(&at("ub", "99", "other"));
-    assert_eq!(uid(&provider.tracked("ns/a").expect("tracked")), "ua");
+    assert_eq!(provider.tracked("ns/a").expect("tracked").uid(), "ua");
 
     // newest: the tracked copy when it is later, else the Pod asked about.
     let older = at("ua", "8", "eight");

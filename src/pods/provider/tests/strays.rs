@@ -89,7 +89,10 @@ async fn a_pod_that_never_ran_returns_its_strays_when_it_goes() {
         provider.unknown_outcomes(),
         vec![("ns/p".into(), "u1".into())]
     );
-    provider.settle_unknown("ns/p", "u1").await.expect("settle");
+    provider
+        .return_strays("ns/p", "u1", None)
+        .await
+        .expect("settle");
     assert!(provider.unknown_outcomes().is_empty());
     let released = released(&sim);
     assert_eq!(released.len(), 1, "{released:?}");

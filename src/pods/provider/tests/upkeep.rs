@@ -67,7 +67,8 @@ async fn a_recovered_claim_is_released_by_id_with_the_node_token() {
     );
     assert_eq!(
         provider.claims.get("ns/p").map(|(c, _)| c.token),
-        Some(String::new())
+        Some(None),
+        "recovered without its credential"
     );
     let deleted = provider.delete(&deleting(running)).await.expect("delete");
     assert!(

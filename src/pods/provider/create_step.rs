@@ -1,0 +1,257 @@
+//! What a provider create does next for a Pod, decided from the claim row
+//! its key holds (if any), the Pod and the time. Pure; `create.rs` carries
+//! each step out and asks again, until a step ends the create.
+
+use jiff::Timestamp;
+
+use crate::claims::{Claim, ClaimState};
+use crate::pods::annotations;
+use crate::pods::pod::Pod;
+use crate::sandboxd::{ClaimRequest, Token};
+
+/// One step of a create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateStep {
+    /// The Pod cannot be claimed for (another runtime, or annotations that
+    /// make no claim request): why.
+    Refuse(String),
+    /// The row is from the previous run and sandboxd has not vouched for
+    /// it yet: list sandboxd, which lifts or drops it.
+    Verify,
+    /// A settled row past its cached deadline: sandboxd decides whether the
+    /// sandbox lives (then it is adopted with the listed deadline) or not
+    /// (then the row goes).
+    ConfirmDeadline,
+    /// A settled row: the sandbox outlived its previous Pod, adopt it.
+    Adopt,
+    /// A settled row made or adopted for this same Pod (a restart): resume
+    /// it, nothing changed hands.
+    Resume,
+    /// A tentative row without a credential: a recovered claim whose commit
+    /// failed. The sandbox is the Pod's, not ours to return: drop the row
+    /// and recover it again.
+    DropUnrecorded,
+    /// A tentative row with a credential: an earlier commit and its undo
+    /// both failed. Return the sandbox with it, then drop the row.
+    ReturnStranded(Token),
+    /// No row, and the Pod says it runs on sandbox `id` (its claim-id
+    /// annotation): the claims state was lost or replaced while its VM kept
+    /// serving. Adopt it if sandboxd lists it under this Pod's key, else
+    /// claim (`then`).
+    Recover { id: String, then: Box<CreateStep> },
+    /// No row: claim a new sandbox.
+    Claim(ClaimRequest),
+}
+
+/// The next step for `pod`, whose key holds `row`, at `now`.
+pub fn next_step(row: Option<(&Claim, ClaimState)>, pod: &Pod, now: Timestamp) -> CreateStep {
+    if let Err(why) = annotations::runtime_gate(pod) {
+        return CreateStep::Refuse(why);
+    }
+    let Some((claim, state)) = row else {
+        let claim_new = match annotations::claim_request(pod) {
+            Ok(request) => CreateStep::Claim(request),
+            Err(why) => CreateStep::Refuse(why),
+        };
+        return match pod.annotation(annotations::CLAIM_ID) {
+            Some(id) => CreateStep::Recover {
+                id: id.to_string(),
+                then: Box::new(claim_new),
+            },
+            None => claim_new,
+        };
+    };
+    match state {
+        ClaimState::Quarantined => CreateStep::Verify,
+        ClaimState::Settled if claim.deadline.is_some_and(|d| d <= now) => {
+            CreateStep::ConfirmDeadline
+        }
+        ClaimState::Settled => adoption(claim, pod),
+        ClaimState::Tentative => match &claim.token {
+            Some(token) => CreateStep::ReturnStranded(token.clone()),
+            None => CreateStep::DropUnrecorded,
+        },
+    }
+}
+
+/// Adopting a settled row: [`CreateStep::Resume`] when it was made or last
+/// adopted for this very Pod, else [`CreateStep::Adopt`].
+pub fn adoption(claim: &Claim, pod: &Pod) -> CreateStep {
+    if !claim.pod_uid.is_empty() && claim.pod_uid == pod.uid() {
+        CreateStep::Resume
+    } else {
+        CreateStep::Adopt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pods::annotations::{CLAIM_ID, RUNTIME, TEMPLATE};
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().expect("ts")
+    }
+
+    fn claim(pod_uid: &str, token: Option<&str>, deadline: Option<&str>) -> Claim {
+        Claim {
+            id: "sb_1".into(),
+            token: token.and_then(Token::new),
+            address: String::new(),
+            pod_uid: pod_uid.into(),
+            claimed_at: ts("2026-01-01T00:00:00Z"),
+            deadline: deadline.map(ts),
+        }
+    }
+
+    fn pod(uid: &str, annotations: &[(&str, &str)]) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.name = Some("p".into());
+        p.metadata.uid = Some(uid.into());
+        p.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        p
+    }
+
+    fn request(uid: &str) -> ClaimRequest {
+        ClaimRequest {
+            template: "base".into(),
+            ttl_seconds: annotations::DEFAULT_TTL_SECONDS,
+            claim_ref: format!("ns/p#vk-sandbox:{uid}"),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn next_step_table() {
+        use ClaimState::{Quarantined, Settled, Tentative};
+        use CreateStep::{
+            Adopt, ConfirmDeadline, DropUnrecorded, Recover, Refuse, Resume, ReturnStranded, Verify,
+        };
+        let claim_new = |uid: &str| CreateStep::Claim(request(uid));
+        let now = ts("2026-06-01T00:00:00Z");
+        let plain = pod("u", &[(TEMPLATE, "base")]);
+        let running = pod("u", &[(TEMPLATE, "base"), (CLAIM_ID, "sb_9")]);
+        let no_template = pod("u", &[]);
+        let other_runtime = pod("u", &[(TEMPLATE, "base"), (RUNTIME, "vk-cocoon")]);
+        let mine = claim("u", Some("t"), None);
+        let earlier_pod = claim("u0", Some("t"), None);
+        let unknown_pod = claim("", Some("t"), None);
+        let past = claim("u", Some("t"), Some("2026-05-31T23:59:59Z"));
+        let at_now = claim("u", Some("t"), Some("2026-06-01T00:00:00Z"));
+        let future = claim("u0", Some("t"), Some("2026-06-01T00:00:01Z"));
+        let recovered = claim("u", None, None);
+        let refused_runtime =
+            Refuse("pod ns/p requests runtime \"vk-cocoon\"; this node serves \"sandboxd\"".into());
+        type Case<'a> = (
+            &'a str,
+            Option<(&'a Claim, ClaimState)>,
+            &'a Pod,
+            CreateStep,
+        );
+        let cases: Vec<Case> = vec![
+            ("no row: claim", None, &plain, claim_new("u")),
+            (
+                "no row, no template: refuse",
+                None,
+                &no_template,
+                Refuse(format!("missing {TEMPLATE} annotation")),
+            ),
+            (
+                "no row, runs on a sandbox: recover, else claim",
+                None,
+                &running,
+                Recover {
+                    id: "sb_9".into(),
+                    then: Box::new(claim_new("u")),
+                },
+            ),
+            (
+                "another runtime: refuse first",
+                None,
+                &other_runtime,
+                refused_runtime.clone(),
+            ),
+            (
+                "another runtime, even with a row",
+                Some((&mine, Settled)),
+                &other_runtime,
+                refused_runtime,
+            ),
+            (
+                "quarantined: verify",
+                Some((&mine, Quarantined)),
+                &plain,
+                Verify,
+            ),
+            (
+                "quarantined past deadline: verify first",
+                Some((&past, Quarantined)),
+                &plain,
+                Verify,
+            ),
+            (
+                "settled, this Pod: resume",
+                Some((&mine, Settled)),
+                &plain,
+                Resume,
+            ),
+            (
+                "settled, an earlier Pod: adopt",
+                Some((&earlier_pod, Settled)),
+                &plain,
+                Adopt,
+            ),
+            (
+                "settled, no recorded Pod: adopt",
+                Some((&unknown_pod, Settled)),
+                &plain,
+                Adopt,
+            ),
+            (
+                "settled, deadline passed: confirm",
+                Some((&past, Settled)),
+                &plain,
+                ConfirmDeadline,
+            ),
+            (
+                "settled, deadline now: confirm",
+                Some((&at_now, Settled)),
+                &plain,
+                ConfirmDeadline,
+            ),
+            (
+                "settled, deadline ahead: adopt",
+                Some((&future, Settled)),
+                &plain,
+                Adopt,
+            ),
+            (
+                "tentative with a token: return it",
+                Some((&mine, Tentative)),
+                &plain,
+                ReturnStranded(Token::new("t").expect("token")),
+            ),
+            (
+                "tentative without a token: drop, recover again",
+                Some((&recovered, Tentative)),
+                &running,
+                DropUnrecorded,
+            ),
+            (
+                "settled without a token: resume",
+                Some((&recovered, Settled)),
+                &plain,
+                Resume,
+            ),
+        ];
+        for (name, row, pod, want) in cases {
+            assert_eq!(next_step(row, pod, now), want, "{name}");
+        }
+    }
+}
