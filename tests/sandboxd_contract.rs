@@ -696,6 +696,7 @@ async fn claim_reply_quirks_deadline_shapes() {
                 deadline_offset_minutes: offset,
                 extra_fields: true,
                 engine_in_key: true,
+                ..Quirks::default()
             }),
             ..ConfigPatch::default()
         });

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::config::{ConfigPatch, PoolConfig};
+use crate::config::{ConfigPatch, PoolConfig, PortMapping};
 use crate::faults::Fault;
 use crate::sim::{ClaimPatch, ClockPatch, Sim};
 
@@ -34,7 +34,9 @@ pub fn router(sim: Arc<Sim>) -> Router {
         .route("/clock", get(clock).post(patch_clock))
         .route("/reap", post(reap))
         .route("/claims", get(claims))
-        .route("/claims/{id}", post(patch_claim))
+        .route("/claims/{id}", get(claim_state).post(patch_claim))
+        .route("/ports", get(ports).post(map_port).delete(clear_ports))
+        .route("/sweep", post(sweep))
         .route("/restart", post(restart))
         .route("/listener", get(listener).post(set_listener))
         .with_state(sim)
@@ -160,6 +162,52 @@ async fn patch_claim(State(sim): State<Arc<Sim>>, Path(id): Path<String>, body: 
         }
         Err(e) => bad_request(e),
     }
+}
+
+async fn claim_state(State(sim): State<Arc<Sim>>, Path(id): Path<String>) -> Response {
+    match sim.claim_state(&id) {
+        Some(v) => axum::Json(v).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({ "error": format!("unknown sandbox {id:?}") })),
+        )
+            .into_response(),
+    }
+}
+
+async fn ports(State(sim): State<Arc<Sim>>) -> Response {
+    axum::Json(sim.port_map()).into_response()
+}
+
+/// A port mapping, or `"remove": true` to drop the one with the same
+/// sandbox or template and guest port.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PortRequest {
+    #[serde(flatten)]
+    mapping: PortMapping,
+    #[serde(default)]
+    remove: bool,
+}
+
+async fn map_port(State(sim): State<Arc<Sim>>, body: Bytes) -> Response {
+    let req: PortRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(format!("invalid port mapping: {e}")),
+    };
+    match sim.map_port(req.mapping, req.remove) {
+        Ok(()) => axum::Json(sim.port_map()).into_response(),
+        Err(e) => bad_request(e),
+    }
+}
+
+async fn clear_ports(State(sim): State<Arc<Sim>>) -> StatusCode {
+    sim.clear_ports();
+    StatusCode::NO_CONTENT
+}
+
+async fn sweep(State(sim): State<Arc<Sim>>) -> Response {
+    axum::Json(json!({ "changed": sim.sweep() })).into_response()
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -55,7 +55,98 @@ pub struct SimConfig {
     pub clock_start: Option<jiff::Timestamp>,
     /// Freeze the simulated clock (it then moves only by admin calls).
     pub clock_frozen: bool,
+    /// How long a hibernate takes (memory snapshot and VM stop; sandboxd
+    /// measures 0.17–0.27 s for a 512 MiB VM). 0 for fast tests.
+    pub hibernate_delay_ms: u64,
+    /// How long a wake takes (memory restore; ~55 ms median). Also the
+    /// implicit wake of a relay call. 0 for fast tests.
+    pub wake_delay_ms: u64,
+    /// Idle hibernation: a claim with no data-plane activity (and no open
+    /// relay) for this long on the simulated clock is hibernated by the
+    /// sweep. 0 (the default) turns it off, as sandboxd's default.
+    pub idle_hibernate_seconds: u64,
+    /// Archive tier: a hibernated claim idle this long is archived (VM
+    /// dropped, deadline becomes the retention window). 0 = off.
+    pub archive_after_seconds: u64,
+    /// Retention of a claim archived by the archive tier; 0 keeps it for
+    /// ever (zero deadline).
+    pub archive_delete_after_seconds: u64,
+    /// VMs that can run at once (warm, refilling and running claims;
+    /// hibernated and archived ones use no slot). 0 = unlimited. At the
+    /// limit refills park (`at_capacity` in info), warm misses and wakes
+    /// fail with 500.
+    pub max_running: u32,
+    /// Where each VM's scratch directory is made (the agent runs commands
+    /// there). Default: a fresh directory in the system's temp directory,
+    /// removed when the simulator stops.
+    pub scratch_dir: Option<PathBuf>,
+    /// The guest shell `pty_open` starts; empty = `/bin/bash` if present,
+    /// else `/bin/sh`.
+    pub agent_shell: String,
+    /// Where guest ports lead: `(sandbox or template, guest port) →
+    /// 127.0.0.1:PORT`. A relay to an unmapped port gets 502.
+    pub port_map: Vec<PortMapping>,
+    /// Late builds: the root token on `/ports` opens a passive relay (no
+    /// wake, 409 for a paused sandbox). Off: root gets 404 like a wrong
+    /// token (mid builds).
+    pub passive_root_ports: bool,
     pub quirks: Quirks,
+}
+
+/// One guest port's destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortMapping {
+    /// This sandbox only (takes precedence over a template mapping).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
+    /// Every sandbox of this template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    pub guest_port: u16,
+    /// A loopback address.
+    pub target: SocketAddr,
+}
+
+impl PortMapping {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sandbox.is_some() == self.template.is_some() {
+            return Err("a port mapping names exactly one of sandbox and template".into());
+        }
+        if self.guest_port == 0 {
+            return Err("guest_port must be 1-65535".into());
+        }
+        if !self.target.ip().is_loopback() {
+            return Err(format!(
+                "target {} is not a loopback address (the simulator relays to 127.0.0.0/8 and ::1 only)",
+                self.target
+            ));
+        }
+        Ok(())
+    }
+
+    /// Parse `SANDBOX_OR_TEMPLATE:GUEST_PORT=HOST:PORT`; a first part that
+    /// starts with `sb_` is a sandbox id, anything else a template.
+    pub fn parse_spec(spec: &str) -> Result<PortMapping, String> {
+        let want = || format!("port {spec:?}: want SANDBOX_OR_TEMPLATE:GUEST_PORT=127.0.0.1:PORT");
+        let (left, target) = spec.rsplit_once('=').ok_or_else(want)?;
+        let (scope, port) = left.rsplit_once(':').ok_or_else(want)?;
+        let guest_port = port.parse::<u16>().map_err(|_| want())?;
+        let target = target.parse::<SocketAddr>().map_err(|_| want())?;
+        let (sandbox, template) = if scope.starts_with("sb_") {
+            (Some(scope.to_string()), None)
+        } else {
+            (None, Some(scope.to_string()))
+        };
+        let m = PortMapping {
+            sandbox,
+            template,
+            guest_port,
+            target,
+        };
+        m.validate().map_err(|e| format!("port {spec:?}: {e}"))?;
+        Ok(m)
+    }
 }
 
 impl Default for SimConfig {
@@ -82,6 +173,16 @@ impl Default for SimConfig {
             provision_survives_disconnect: true,
             clock_start: None,
             clock_frozen: false,
+            hibernate_delay_ms: 250,
+            wake_delay_ms: 55,
+            idle_hibernate_seconds: 0,
+            archive_after_seconds: 0,
+            archive_delete_after_seconds: 0,
+            max_running: 0,
+            scratch_dir: None,
+            agent_shell: String::new(),
+            port_map: Vec::new(),
+            passive_root_ports: true,
             quirks: Quirks::default(),
         }
     }
@@ -214,6 +315,9 @@ pub struct Quirks {
     pub extra_fields: bool,
     /// Add `"engine":"ch"` to every pool key, as intermediate builds did.
     pub engine_in_key: bool,
+    /// Leave `token` out of `GET /v1/sandboxes/{id}` (mid builds; late
+    /// builds hand it to the root token).
+    pub no_token_in_get: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -244,6 +348,14 @@ pub struct ConfigPatch {
     pub claim_delay_us: Option<u64>,
     pub refill_delay_ms: Option<u64>,
     pub provision_survives_disconnect: Option<bool>,
+    pub hibernate_delay_ms: Option<u64>,
+    pub wake_delay_ms: Option<u64>,
+    pub idle_hibernate_seconds: Option<u64>,
+    pub archive_after_seconds: Option<u64>,
+    pub archive_delete_after_seconds: Option<u64>,
+    pub max_running: Option<u32>,
+    pub agent_shell: Option<String>,
+    pub passive_root_ports: Option<bool>,
     pub quirks: Option<Quirks>,
 }
 
@@ -267,6 +379,14 @@ impl ConfigPatch {
             claim_delay_us,
             refill_delay_ms,
             provision_survives_disconnect,
+            hibernate_delay_ms,
+            wake_delay_ms,
+            idle_hibernate_seconds,
+            archive_after_seconds,
+            archive_delete_after_seconds,
+            max_running,
+            agent_shell,
+            passive_root_ports,
             quirks
         );
     }
@@ -319,6 +439,31 @@ mod tests {
             cfg.claim_delay_us, 250,
             "an absent field leaves it unchanged"
         );
+    }
+
+    #[test]
+    fn port_mappings() {
+        let m = PortMapping::parse_spec("base:24.04:8080=127.0.0.1:18080").expect("template");
+        assert_eq!(m.template.as_deref(), Some("base:24.04"));
+        assert_eq!((m.guest_port, m.target.port()), (8080, 18080));
+        let m = PortMapping::parse_spec("sb_0123456789abcdef:22=127.0.0.2:2222").expect("sandbox");
+        assert_eq!(m.sandbox.as_deref(), Some("sb_0123456789abcdef"));
+        for bad in [
+            "base:8080",
+            "base:0=127.0.0.1:1",
+            "base:x=127.0.0.1:1",
+            "base:80=10.0.0.1:80",
+            "base:80=localhost:80",
+        ] {
+            assert!(PortMapping::parse_spec(bad).is_err(), "{bad}");
+        }
+        let both = PortMapping {
+            sandbox: Some("sb_1".into()),
+            template: Some("t".into()),
+            guest_port: 1,
+            target: "127.0.0.1:1".parse().expect("addr"),
+        };
+        assert!(both.validate().is_err());
     }
 
     #[test]

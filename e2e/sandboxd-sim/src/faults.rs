@@ -9,6 +9,30 @@ pub enum Endpoint {
     Release,
     List,
     Info,
+    Hibernate,
+    /// Explicit wakes, and the implicit wake of a relay call (`fail` and
+    /// `persist_late` only).
+    Wake,
+    Renew,
+    /// `GET /v1/sandboxes/{id}`.
+    Get,
+    Stats,
+    Owner,
+    Exec,
+    Agent,
+    Ports,
+}
+
+impl Endpoint {
+    /// The transitions that run to completion on a task of their own.
+    fn is_transition(self) -> bool {
+        matches!(self, Endpoint::Hibernate | Endpoint::Wake | Endpoint::Renew)
+    }
+
+    /// The upgrades: only faults that act before the `101` make sense.
+    fn is_upgrade(self) -> bool {
+        matches!(self, Endpoint::Agent | Endpoint::Ports)
+    }
 }
 
 /// What a fault does to the next matching request.
@@ -41,14 +65,23 @@ pub enum FaultKind {
     /// Process normally (side effect applied), then wait `ms` before
     /// replying: a reply slower than the client's timeout.
     Slow { ms: u64 },
-    /// Claim only: nothing happens for `ms`; then the claim is processed as
-    /// usual (created and persisted) whether or not its client is still
+    /// Claim, hibernate, wake, renew: nothing happens for `ms`; then the
+    /// request is processed as usual (claim created and persisted, VM
+    /// hibernated or woken, lease moved) whether or not its client is still
     /// connected, and the reply goes to whatever is left of the connection.
     /// sandboxd's handler goes on after its client has gone, so with `ms`
     /// past the client's timeout the reply times out and the claim appears
     /// later: the row is listed under its `claim_ref` and nobody holds its
-    /// token. (`slow` applies the effect first and cannot model this.)
+    /// token. (`slow` applies the effect first and cannot model this.) On
+    /// wake it is a slow wake (also of a relay's implicit wake), on
+    /// hibernate a slow hibernate.
     PersistLate { ms: u64 },
+    /// Hibernate, wake, renew: the operation fails in sandboxd after its
+    /// usual time — `500 hibernate failed` (the VM keeps running), `500
+    /// wake failed` (it stays paused; a relay's implicit wake answers `500
+    /// sandbox lookup failed`), `500 renew failed` (the lease is
+    /// unchanged).
+    Fail,
     /// Process normally (side effect applied and persisted), then close the
     /// TCP connection without a reply: the lost-reply scenario.
     DropAfter,
@@ -113,6 +146,21 @@ impl Fault {
         Fault::new(Endpoint::Claim, FaultKind::PersistLate { ms })
     }
 
+    /// A wake (explicit or a relay's) that takes `ms` longer.
+    pub fn slow_wake(ms: u64) -> Fault {
+        Fault::new(Endpoint::Wake, FaultKind::PersistLate { ms })
+    }
+
+    /// A hibernate that takes `ms` longer.
+    pub fn slow_hibernate(ms: u64) -> Fault {
+        Fault::new(Endpoint::Hibernate, FaultKind::PersistLate { ms })
+    }
+
+    /// Hibernate, wake or renew fails with its `500`.
+    pub fn fail(endpoint: Endpoint) -> Fault {
+        Fault::new(endpoint, FaultKind::Fail)
+    }
+
     /// Effect applied, then the connection closes without a reply.
     pub fn drop_after(endpoint: Endpoint) -> Fault {
         Fault::new(endpoint, FaultKind::DropAfter)
@@ -133,8 +181,20 @@ impl Fault {
             {
                 Err("release_fail_* faults apply to release only".into())
             }
-            (FaultKind::PersistLate { .. }, e) if e != Endpoint::Claim => {
-                Err("persist_late faults apply to claim only".into())
+            (FaultKind::PersistLate { .. }, e) if e != Endpoint::Claim && !e.is_transition() => {
+                Err("persist_late faults apply to claim, hibernate, wake and renew only".into())
+            }
+            (FaultKind::Fail, e) if !e.is_transition() => {
+                Err("fail faults apply to hibernate, wake and renew only".into())
+            }
+            (
+                FaultKind::Slow { .. }
+                | FaultKind::Truncate
+                | FaultKind::DropAfter
+                | FaultKind::Garbage,
+                e,
+            ) if e.is_upgrade() => {
+                Err("agent and ports take only status and drop_before faults".into())
             }
             (FaultKind::Status { status, .. }, _) if !(100..=999).contains(status) => {
                 Err(format!("status {status} is not an HTTP status"))
@@ -174,10 +234,20 @@ impl Faults {
 
     /// The first armed fault for this endpoint, consuming one use.
     pub fn take(&mut self, endpoint: Endpoint) -> Option<FaultKind> {
+        self.take_if(endpoint, |_| true)
+    }
+
+    /// The first armed fault for this endpoint whose kind passes `want`,
+    /// consuming one use.
+    pub fn take_if(
+        &mut self,
+        endpoint: Endpoint,
+        want: impl Fn(&FaultKind) -> bool,
+    ) -> Option<FaultKind> {
         let i = self
             .armed
             .iter()
-            .position(|a| a.fault.endpoint == endpoint)?;
+            .position(|a| a.fault.endpoint == endpoint && want(&a.fault.kind))?;
         let kind = self.armed[i].fault.kind.clone();
         if let Some(n) = &mut self.armed[i].remaining {
             *n = n.saturating_sub(1);
@@ -244,7 +314,12 @@ mod tests {
         let on_list: Fault =
             serde_json::from_str(r#"{"endpoint":"list","kind":"persist_late","ms":1}"#)
                 .expect("parse");
-        assert!(on_list.validate().is_err(), "claim only");
+        assert!(on_list.validate().is_err(), "not on list");
+        assert!(Fault::slow_wake(55).validate().is_ok());
+        assert!(Fault::fail(Endpoint::Renew).validate().is_ok());
+        assert!(Fault::fail(Endpoint::Claim).validate().is_err());
+        assert!(Fault::slow(Endpoint::Agent, 5).validate().is_err());
+        assert!(Fault::status(Endpoint::Ports, 502).validate().is_ok());
         assert_eq!(
             Fault::slow(Endpoint::List, 40),
             Fault {
@@ -255,13 +330,5 @@ mod tests {
         );
         assert!(Fault::status(Endpoint::Info, 503).validate().is_ok());
         assert!(Fault::status(Endpoint::Info, 7).validate().is_err());
-        assert_eq!(
-            Fault::drop_after(Endpoint::Release).kind,
-            FaultKind::DropAfter
-        );
-        assert_eq!(
-            Fault::drop_before(Endpoint::Release).kind,
-            FaultKind::DropBefore
-        );
     }
 }

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod config;
 pub mod ctl;
 pub mod faults;
+pub mod guest;
 pub mod model;
 pub mod server;
 pub mod sim;
@@ -21,8 +22,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use config::{
-    ConfigPatch, DeadlineQuirk, OwnerAddrMode, PoolConfig, Quirks, SimConfig, TenantConfig,
-    TenantList,
+    ConfigPatch, DeadlineQuirk, OwnerAddrMode, PoolConfig, PortMapping, Quirks, SimConfig,
+    TenantConfig, TenantList,
 };
 pub use faults::{Endpoint, Fault, FaultKind};
 pub use model::{ClaimRecord, PoolKey};
@@ -131,6 +132,7 @@ pub async fn start(cfg: SimConfig) -> Result<SimHandle, SimError> {
                 match weak.upgrade() {
                     Some(sim) => {
                         sim.reap();
+                        sim.sweep();
                     }
                     None => return,
                 }

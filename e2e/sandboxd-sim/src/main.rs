@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use http::Method;
-use sandboxd_sim::{PoolConfig, SimConfig, TenantConfig, ctl};
+use sandboxd_sim::{PoolConfig, PortMapping, SimConfig, TenantConfig, ctl};
 use serde_json::json;
 
 const ADMIN_HELP: &str = "\
@@ -16,12 +16,17 @@ ADMIN API (under /_sim on the API port, and on --admin-listen if given):
   GET    /_sim/requests[?path=P&method=M]   request log: method, path, authorization, body, status, note
   DELETE /_sim/requests              clear the request log
   GET    /_sim/faults                armed faults
-  POST   /_sim/faults  {\"endpoint\":\"claim|release|list|info\",\"kind\":K,...,\"times\":N}
+  POST   /_sim/faults  {\"endpoint\":E,\"kind\":K,...,\"times\":N}
+         E = claim | release | list | info | hibernate | wake | renew | get | stats
+           | owner | exec | agent | ports
          K = status {status,error?,body?,content_type?} | redirect {peers?} | garbage
            | truncate | slow {ms} | drop_after | drop_before
-           | persist_late {ms}  (claim: no effect for ms, then the claim is made and
-                                 persisted even after the client gave up)
+           | persist_late {ms}  (claim, hibernate, wake, renew: no effect for ms, then
+                                 the effect lands even after the client gave up:
+                                 a claim persisted late, a slow hibernate or wake)
+           | fail               (hibernate, wake, renew: their 500 after the usual time)
            | release_fail_keep | release_fail_drop       (times absent = always)
+         agent and ports take only status and drop_before
   DELETE /_sim/faults                disarm all faults
   GET|PATCH /_sim/config             change api_token (rotation), tenants, tenant_list, max_claims,
                                      draining, peers, egress, advertise_addr, owner_addr_mode
@@ -32,7 +37,12 @@ ADMIN API (under /_sim on the API port, and on --admin-listen if given):
   GET|POST /_sim/clock {\"advance_seconds\":N | \"advance_ms\":N | \"set\":RFC3339 | \"frozen\":B}
   POST   /_sim/reap                  run the reaper now
   GET    /_sim/claims[?claim_ref=R]  live claims with tokens
-  POST   /_sim/claims/{id}  {\"hibernated\":B,\"archived\":B,\"deadline\":RFC3339|\"zero\",\"deadline_in_seconds\":N}
+  GET    /_sim/claims/{id}           one claim and its guest side (processes, relays, scratch dir)
+  POST   /_sim/claims/{id}  {\"hibernated\":B,\"archived\":B,\"deadline\":RFC3339|\"zero\",\"deadline_in_seconds\":N,
+                             \"failed\":\"reason\"|\"\",\"volumes\":[..],\"mem_used_bytes\":N,\"idle_seconds\":N}
+  GET|POST|DELETE /_sim/ports {\"sandbox\"|\"template\":S,\"guest_port\":N,\"target\":\"127.0.0.1:P\",\"remove\":B}
+                                     where a guest port leads (loopback only)
+  POST   /_sim/sweep                 run the idle-hibernation and archive sweep now
   POST   /_sim/restart {\"drop_ids\":[..],\"drop_connections\":B}   reload from the persisted claims
   GET|POST /_sim/listener {\"accepting\":false,\"resume_after_ms\":N}  refuse API connections";
 
@@ -113,6 +123,34 @@ struct ServeArgs {
     /// Freeze the simulated clock (it then moves only via /_sim/clock).
     #[arg(long)]
     frozen_clock: bool,
+    /// How long a hibernate takes [default: 250].
+    #[arg(long, value_name = "MS")]
+    hibernate_delay_ms: Option<u64>,
+    /// How long a wake takes [default: 55].
+    #[arg(long, value_name = "MS")]
+    wake_delay_ms: Option<u64>,
+    /// Hibernate claims idle this long (simulated clock), 0 = off [default: 0].
+    #[arg(long, value_name = "SECONDS")]
+    idle_hibernate_seconds: Option<u64>,
+    /// Archive hibernated claims idle this long, 0 = off [default: 0].
+    #[arg(long, value_name = "SECONDS")]
+    archive_after_seconds: Option<u64>,
+    /// Retention of archived claims, 0 = for ever [default: 0].
+    #[arg(long, value_name = "SECONDS")]
+    archive_delete_after_seconds: Option<u64>,
+    /// Running slots (hibernated VMs use none), 0 = unlimited [default: 0].
+    #[arg(long, value_name = "N")]
+    max_running: Option<u32>,
+    /// Where a guest port leads, repeatable: TEMPLATE or sb_ID, guest port,
+    /// loopback target, e.g. base:24.04:8080=127.0.0.1:18080.
+    #[arg(long = "port", value_name = "SCOPE:GUEST_PORT=127.0.0.1:PORT")]
+    ports: Vec<String>,
+    /// Where VMs' scratch directories go [default: a fresh temp directory].
+    #[arg(long, value_name = "DIR")]
+    scratch_dir: Option<PathBuf>,
+    /// The shell pty_open starts [default: /bin/bash, else /bin/sh].
+    #[arg(long, value_name = "PATH")]
+    agent_shell: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -175,8 +213,14 @@ enum CtlCmd {
         #[arg(long)]
         claim_ref: Option<String>,
     },
-    /// Change one claim, e.g. '{"hibernated":true}' or '{"archived":true,"deadline":"zero"}'.
-    Sandbox { id: String, json: String },
+    /// Show one claim and its guest side, or change it, e.g.
+    /// '{"hibernated":true}' or '{"archived":true,"deadline":"zero"}'.
+    Sandbox { id: String, json: Option<String> },
+    /// List the guest port mappings, or add one, e.g.
+    /// '{"template":"base:24.04","guest_port":8080,"target":"127.0.0.1:18080"}'.
+    Port { json: Option<String> },
+    /// Run the idle-hibernation and archive sweep now.
+    Sweep,
     /// Simulate a restart from the persisted claims.
     Restart {
         /// Lose this claim silently, repeatable.
@@ -295,6 +339,24 @@ fn build_config(args: ServeArgs) -> Result<SimConfig, String> {
         cfg.state_file = Some(v);
     }
     cfg.clock_frozen |= args.frozen_clock;
+    macro_rules! take {
+        ($($f:ident),*) => {$(if let Some(v) = args.$f { cfg.$f = v; })*};
+    }
+    take!(
+        hibernate_delay_ms,
+        wake_delay_ms,
+        idle_hibernate_seconds,
+        archive_after_seconds,
+        archive_delete_after_seconds,
+        max_running,
+        agent_shell
+    );
+    for spec in &args.ports {
+        cfg.port_map.push(PortMapping::parse_spec(spec)?);
+    }
+    if let Some(dir) = args.scratch_dir {
+        cfg.scratch_dir = Some(dir);
+    }
     Ok(cfg)
 }
 
@@ -395,11 +457,19 @@ async fn run_ctl(args: CtlArgs) -> Result<(), String> {
             },
             None,
         ),
+        CtlCmd::Sandbox { id, json: None } => (
+            Method::GET,
+            format!("/_sim/claims/{}", query_escape(&id)),
+            None,
+        ),
         CtlCmd::Sandbox { id, json } => (
             Method::POST,
             format!("/_sim/claims/{}", query_escape(&id)),
-            Some(json),
+            json,
         ),
+        CtlCmd::Port { json: None } => (Method::GET, "/_sim/ports".into(), None),
+        CtlCmd::Port { json } => (Method::POST, "/_sim/ports".into(), json),
+        CtlCmd::Sweep => (Method::POST, "/_sim/sweep".into(), None),
         CtlCmd::Restart {
             drop_ids,
             drop_connections,
@@ -481,9 +551,18 @@ mod tests {
             "host-less",
             "--peer",
             "10.0.0.6:7777",
+            "--wake-delay-ms",
+            "0",
+            "--idle-hibernate-seconds",
+            "60",
+            "--port",
+            "base:24.04:8080=127.0.0.1:18080",
         ])
         .expect("parse");
         let cfg = build_config(cli.serve).expect("config");
+        assert_eq!((cfg.wake_delay_ms, cfg.hibernate_delay_ms), (0, 250));
+        assert_eq!(cfg.idle_hibernate_seconds, 60);
+        assert_eq!(cfg.port_map[0].guest_port, 8080);
         assert_eq!(cfg.pools.len(), 1);
         assert_eq!(cfg.tenants[0].max_claims, 5);
         assert_eq!(cfg.owner_addr_mode, sandboxd_sim::OwnerAddrMode::HostLess);

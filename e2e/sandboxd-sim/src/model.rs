@@ -76,6 +76,72 @@ pub struct ClaimRecord {
     pub tenant: Option<String>,
     pub ttl_seconds: i64,
     pub claimed_at: Timestamp,
+    /// Late builds: the VMM died and was not restarted (the reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+    /// Volumes attached (set through the admin API): such a claim cannot
+    /// hibernate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
+    /// `"archive"` (set by a renew) archives the claim at its deadline.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub on_expire: String,
+    /// Last data-plane activity on the simulated clock (claim, wake, renew,
+    /// relay): the idle-hibernation and archive clocks run from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity: Option<Timestamp>,
+    /// What `/stats` reports as the VMM's resident memory; absent = a
+    /// quarter of the size tier's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_used_bytes: Option<u64>,
+}
+
+impl ClaimRecord {
+    /// Running: neither hibernated, archived nor failed.
+    pub fn is_running(&self) -> bool {
+        !self.hibernated && !self.archived && self.failed.is_none()
+    }
+
+    /// An egress-lane claim or one with volumes cannot hibernate (nor be
+    /// archived).
+    pub fn cannot_hibernate(&self) -> Option<&'static str> {
+        if self.key.net == "egress" {
+            Some("sandbox on the egress lane cannot hibernate")
+        } else if !self.volumes.is_empty() {
+            Some("sandbox with volumes attached cannot hibernate")
+        } else {
+            None
+        }
+    }
+
+    /// Archive: checkpointed to the store, the local VM dropped; the
+    /// deadline becomes the retention window (`0` = kept for ever, the zero
+    /// deadline).
+    pub fn archive(&mut self, now: Timestamp, retention_seconds: u64) {
+        self.hibernated = false;
+        self.archived = true;
+        self.deadline = i64::try_from(retention_seconds)
+            .ok()
+            .filter(|r| *r > 0)
+            .and_then(|r| now.checked_add(jiff::SignedDuration::from_secs(r)).ok());
+    }
+
+    /// Idle since (the claim time when nothing happened since).
+    pub fn idle_since(&self) -> Timestamp {
+        self.last_activity.unwrap_or(self.claimed_at)
+    }
+}
+
+/// A size tier's allocation: vCPUs and memory in bytes.
+pub fn size_tier(size: &str) -> (u64, u64) {
+    const MIB: u64 = 1024 * 1024;
+    match size {
+        "medium" => (2, 1024 * MIB),
+        "large" => (4, 4096 * MIB),
+        "xlarge" => (4, 8192 * MIB),
+        "2xlarge" => (8, 16384 * MIB),
+        _ => (1, 512 * MIB),
+    }
 }
 
 /// The fields of a claim request sandboxd reads.
@@ -121,6 +187,40 @@ pub fn decode_claim_body(bytes: &[u8]) -> Result<ClaimBody, InvalidBody> {
             "claim_ref" => body.claim_ref = string(&value)?,
             "ttl_seconds" => body.ttl_seconds = value.as_i64().ok_or(InvalidBody)?,
             "no_redirect" => body.no_redirect = value.as_bool().ok_or(InvalidBody)?,
+            _ => {}
+        }
+    }
+    Ok(body)
+}
+
+/// The fields of a renew request sandboxd reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RenewBody {
+    pub ttl_seconds: i64,
+    /// `destroy`, `archive`, or `None` to keep the claim's expiry action.
+    pub on_expire: Option<String>,
+}
+
+/// Decode a renew body: like the claim decoder (first value, names in any
+/// case, unknown fields ignored), except that an empty body is refused, as
+/// the server code read does (the late doc says it means `ttl_seconds: 0`).
+pub fn decode_renew_body(bytes: &[u8]) -> Result<RenewBody, InvalidBody> {
+    if bytes.len() > MAX_BODY || bytes.trim_ascii().is_empty() {
+        return Err(InvalidBody);
+    }
+    let mut values = serde_json::Deserializer::from_slice(bytes).into_iter::<Value>();
+    let map = match values.next() {
+        Some(Ok(Value::Object(map))) => map,
+        _ => return Err(InvalidBody),
+    };
+    let mut body = RenewBody::default();
+    for (name, value) in map {
+        if value.is_null() {
+            continue;
+        }
+        match name.to_lowercase().as_str() {
+            "ttl_seconds" => body.ttl_seconds = value.as_i64().ok_or(InvalidBody)?,
+            "on_expire" => body.on_expire = Some(value.as_str().ok_or(InvalidBody)?.to_string()),
             _ => {}
         }
     }
@@ -215,6 +315,41 @@ mod tests {
         ] {
             assert!(
                 decode_claim_body(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn renew_body_needs_a_value() {
+        assert_eq!(
+            decode_renew_body(br#"{"TTL_Seconds":60,"x":1}"#).expect("body"),
+            RenewBody {
+                ttl_seconds: 60,
+                on_expire: None
+            }
+        );
+        assert_eq!(
+            decode_renew_body(br#"{"on_expire":"archive"}"#)
+                .expect("body")
+                .on_expire
+                .as_deref(),
+            Some("archive")
+        );
+        assert_eq!(
+            decode_renew_body(b"{}").expect("empty object").ttl_seconds,
+            0
+        );
+        for bad in [
+            &b""[..],
+            b"  \n",
+            b"null",
+            b"[]",
+            br#"{"ttl_seconds":"60"}"#,
+        ] {
+            assert!(
+                decode_renew_body(bad).is_err(),
                 "{}",
                 String::from_utf8_lossy(bad)
             );

@@ -22,6 +22,8 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
+mod verbs;
+
 use crate::model::MAX_BODY;
 use crate::sim::{After, Body, Outcome, Reply, Sim};
 
@@ -50,6 +52,15 @@ pub fn router(sim: Arc<Sim>) -> Router {
         .route("/v1/claim", any(claim))
         .route("/v1/sandboxes", any(list))
         .route("/v1/sandboxes/{id}/release", any(release))
+        .route("/v1/sandboxes/{id}", any(verbs::get_sandbox))
+        .route("/v1/sandboxes/{id}/hibernate", any(verbs::hibernate))
+        .route("/v1/sandboxes/{id}/wake", any(verbs::wake))
+        .route("/v1/sandboxes/{id}/renew", any(verbs::renew))
+        .route("/v1/sandboxes/{id}/stats", any(verbs::stats))
+        .route("/v1/sandboxes/{id}/owner", any(verbs::owner))
+        .route("/v1/sandboxes/{id}/exec", any(verbs::exec))
+        .route("/v1/sandboxes/{id}/agent", any(verbs::agent_relay))
+        .route("/v1/sandboxes/{id}/ports/{port}", any(verbs::port_relay))
         .route("/v1/info", any(info))
         .route("/healthz", any(healthz))
         .fallback(not_found)
@@ -301,9 +312,12 @@ fn spawn_connection(stream: TcpStream, app: Router, sim: &Arc<Sim>) {
             req
         });
         let svc = TowerToHyperService::new(svc);
+        // Upgrades (agent, ports) leave this future when the 101 is sent;
+        // their relays watch the kill switch themselves.
         let conn = hyper::server::conn::http1::Builder::new()
             .keep_alive(true)
-            .serve_connection(TokioIo::new(stream), svc);
+            .serve_connection(TokioIo::new(stream), svc)
+            .with_upgrades();
         tokio::select! {
             res = conn => {
                 if let Err(e) = res {

@@ -1,10 +1,17 @@
-//! The simulated sandboxd: state, the behaviour of the four endpoints
-//! vk-sandbox uses, the reaper, persistence, and the admin operations.
+//! The simulated sandboxd: state, the behaviour of the claim, release, list
+//! and info endpoints, the reaper, persistence, and the admin operations.
+//! The lifecycle verbs are in [`lifecycle`], the data-plane relays in
+//! [`data_plane`].
 //!
 //! Endpoint methods return an [`Outcome`]: the reply plus what the
 //! connection layer should do with it (send now, later, half, or never).
 
-use std::collections::BTreeMap;
+mod data_plane;
+mod lifecycle;
+
+pub use data_plane::RelayGrant;
+
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -20,6 +27,7 @@ use crate::config::{
     ConfigPatch, DeadlineQuirk, OwnerAddrMode, PoolConfig, Quirks, SimConfig, TenantList,
 };
 use crate::faults::{ArmedFault, Endpoint, Fault, FaultKind, Faults};
+use crate::guest::Guests;
 use crate::model::{
     ClaimBody, ClaimRecord, PoolKey, ZERO_TIME, bearer, clamp_ttl, ct_eq, decode_claim_body,
     format_deadline, new_id, new_token,
@@ -149,6 +157,15 @@ pub struct ClaimPatch {
     pub deadline: Option<String>,
     /// Deadline as seconds from the simulated now (may be negative).
     pub deadline_in_seconds: Option<i64>,
+    /// Mark the VM failed with this reason (late builds); `""` clears it.
+    pub failed: Option<String>,
+    /// Attach these volumes (such a claim cannot hibernate); `[]` detaches.
+    pub volumes: Option<Vec<String>>,
+    /// What `/stats` reports as the VMM's resident memory.
+    pub mem_used_bytes: Option<u64>,
+    /// Last activity this many seconds before the simulated now (for the
+    /// idle-hibernation and archive clocks).
+    pub idle_seconds: Option<i64>,
 }
 
 /// Clock changes.
@@ -188,6 +205,10 @@ pub struct Sim {
     log: Mutex<RequestLog>,
     clock: Clock,
     state_file: Option<PathBuf>,
+    /// Each VM's guest side (scratch directory, processes).
+    guests: Guests,
+    /// Hibernate and wake of one sandbox are serialized.
+    transitions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) accepting: watch::Sender<bool>,
     pub(crate) kill: watch::Sender<u64>,
 }
@@ -276,7 +297,11 @@ impl Sim {
             Some(path) => read_state_file(path)?,
             None => Vec::new(),
         };
+        for m in &cfg.port_map {
+            m.validate().map_err(SimError::Config)?;
+        }
         let clock = Clock::new(cfg.clock_start, cfg.clock_frozen);
+        let guests = Guests::new(cfg.scratch_dir.clone());
         let sim = Arc::new(Sim {
             state: Mutex::new(State {
                 cfg,
@@ -288,6 +313,8 @@ impl Sim {
             log: Mutex::new(RequestLog::default()),
             clock,
             state_file,
+            guests,
+            transitions: Mutex::new(HashMap::new()),
             accepting: watch::Sender::new(true),
             kill: watch::Sender::new(0),
         });
@@ -308,6 +335,23 @@ impl Sim {
 
     fn log_lock(&self) -> MutexGuard<'_, RequestLog> {
         self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The guest shell `pty_open` starts.
+    pub fn agent_shell(&self) -> String {
+        let configured = self.lock().cfg.agent_shell.clone();
+        if !configured.is_empty() {
+            configured
+        } else if Path::new("/bin/bash").exists() {
+            "/bin/bash".to_string()
+        } else {
+            "/bin/sh".to_string()
+        }
+    }
+
+    /// Each VM's guest side.
+    pub fn guests(&self) -> &Guests {
+        &self.guests
     }
 
     pub fn clock(&self) -> &Clock {
@@ -527,6 +571,10 @@ impl Sim {
             if redirect_ok {
                 return Reply::json(200, json!({ "redirect": st.cfg.peers }));
             }
+            if !Self::has_free_slot(&st) {
+                // No room to boot another VM (max_running).
+                return Reply::error(500, "provisioning failed");
+            }
             let provision = (
                 Duration::from_millis(st.cfg.provision_delay_ms),
                 st.cfg.provision_survives_disconnect,
@@ -594,6 +642,11 @@ impl Sim {
             tenant,
             ttl_seconds: ttl,
             claimed_at: now,
+            failed: None,
+            volumes: Vec::new(),
+            on_expire: String::new(),
+            last_activity: Some(now),
+            mem_used_bytes: None,
         };
         let reply = Self::claim_reply(&st.cfg, &record);
         info!(id = %record.id, claim_ref = %record.claim_ref, "sandboxd-sim: claimed");
@@ -648,17 +701,42 @@ impl Sim {
         }
     }
 
-    /// Schedule refills until warm + refilling reaches the target.
+    /// VMs using a running slot: warm, refilling, and claims that are
+    /// neither hibernated, archived nor failed.
+    fn running_vms(st: &State) -> usize {
+        let pooled: u32 = st.pools.values().map(|p| p.warm + p.refilling).sum();
+        pooled as usize + st.claims.values().filter(|c| c.is_running()).count()
+    }
+
+    /// Whether another VM can start (`max_running`).
+    fn has_free_slot(st: &State) -> bool {
+        st.cfg.max_running == 0 || Self::running_vms(st) < st.cfg.max_running as usize
+    }
+
+    /// Refill every pool (a slot may have come free).
+    fn refill_all(self: &Arc<Self>, st: &mut State) {
+        let keys: Vec<PoolKey> = st.pools.keys().cloned().collect();
+        for key in keys {
+            self.top_up(st, &key);
+        }
+    }
+
+    /// Schedule refills until warm + refilling reaches the target (or the
+    /// node has no running slot left: the refill parks).
     fn top_up(self: &Arc<Self>, st: &mut State, key: &PoolKey) {
         let delay = Duration::from_millis(st.cfg.refill_delay_ms);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             warn!("sandboxd-sim: no async runtime, pools will not refill");
             return;
         };
-        let Some(pool) = st.pools.get_mut(key) else {
-            return;
-        };
-        while pool.warm + pool.refilling < pool.target {
+        loop {
+            let free = Self::has_free_slot(st);
+            let Some(pool) = st.pools.get_mut(key) else {
+                return;
+            };
+            if pool.warm + pool.refilling >= pool.target || !free {
+                return;
+            }
             pool.refilling += 1;
             let weak: Weak<Sim> = Arc::downgrade(self);
             let key = key.clone();
@@ -679,7 +757,7 @@ impl Sim {
 
     // ----- POST /v1/sandboxes/{id}/release --------------------------------
 
-    pub fn release(&self, auth: Option<&str>, id: &str) -> Outcome {
+    pub fn release(self: &Arc<Self>, auth: Option<&str>, id: &str) -> Outcome {
         let fault = self.take_fault(Endpoint::Release);
         if let Some(outcome) = self.pre_fault(&fault) {
             return outcome;
@@ -702,6 +780,9 @@ impl Sim {
         }
         st.claims.remove(id);
         self.persist(&mut st);
+        self.guests.destroy(id);
+        self.forget_transition(id);
+        self.refill_all(&mut st);
         info!(id, "sandboxd-sim: released");
         if matches!(fault, Some(FaultKind::ReleaseFailDrop)) {
             // Dropped and persisted, but the VM survived removal.
@@ -760,6 +841,15 @@ impl Sim {
         if !c.claim_ref.is_empty() {
             v["claim_ref"] = Value::from(c.claim_ref.clone());
         }
+        if let Some(reason) = &c.failed {
+            v["failed"] = Value::from(reason.clone());
+        }
+        if !c.volumes.is_empty() {
+            v["volumes"] = json!(c.volumes);
+        }
+        if !c.on_expire.is_empty() {
+            v["on_expire"] = Value::from(c.on_expire.clone());
+        }
         if q.extra_fields {
             v["claimed_at"] = Value::from(c.claimed_at.to_string());
             v["restarts"] = Value::from(0);
@@ -799,12 +889,24 @@ impl Sim {
         let claimed = st.claims.len();
         let hibernated = st.claims.values().filter(|c| c.hibernated).count();
         let archived = st.claims.values().filter(|c| c.archived).count();
+        let failed = st.claims.values().filter(|c| c.failed.is_some()).count();
         let mut v = json!({
             "pools": pools, "claimed": claimed,
             "hibernated": hibernated, "archived": archived,
         });
+        if failed > 0 {
+            v["failed"] = Value::from(failed);
+        }
         if st.cfg.draining {
             v["draining"] = Value::from(true);
+        }
+        let parked = st.pools.values().any(|p| p.warm + p.refilling < p.target);
+        if parked && !Self::has_free_slot(&st) {
+            v["at_capacity"] = Value::from(true);
+            v["at_capacity_reason"] = Value::from(format!(
+                "node at max_running ({} VMs running)",
+                Self::running_vms(&st)
+            ));
         }
         if !st.cfg.peers.is_empty() {
             v["peers"] = json!(st.cfg.peers);
@@ -818,9 +920,11 @@ impl Sim {
 
     // ----- reaper: drops claims past their deadline -----------------------
 
-    /// Drop claims whose deadline has strictly passed; hibernated claims of
-    /// an archiving pool are archived instead. Returns the ids affected.
-    pub fn reap(&self) -> Vec<String> {
+    /// Drop claims whose deadline has strictly passed (destroying their VM,
+    /// hibernated or not); hibernated claims of an archiving pool, and
+    /// claims renewed with `on_expire: archive`, are archived instead.
+    /// Returns the ids affected.
+    pub fn reap(self: &Arc<Self>) -> Vec<String> {
         let now = self.clock.now();
         let mut st = self.lock();
         let mut touched = Vec::new();
@@ -834,32 +938,36 @@ impl Sim {
             let Some(claim) = st.claims.get(&id) else {
                 continue;
             };
-            let archive_policy = st
-                .pools
-                .get(&claim.key)
-                .filter(|p| p.archive_on_expire && claim.hibernated && !claim.archived)
-                .map(|p| p.archive_retention_seconds);
+            let pool = st.pools.get(&claim.key);
+            let archive_policy = if claim.archived {
+                None
+            } else if claim.on_expire == "archive" && claim.cannot_hibernate().is_none() {
+                Some(pool.map_or(st.cfg.archive_delete_after_seconds, |p| {
+                    p.archive_retention_seconds
+                }))
+            } else {
+                pool.filter(|p| p.archive_on_expire && claim.hibernated)
+                    .map(|p| p.archive_retention_seconds)
+            };
             match archive_policy {
                 Some(retention) => {
                     if let Some(c) = st.claims.get_mut(&id) {
-                        c.hibernated = false;
-                        c.archived = true;
-                        c.deadline = (retention > 0)
-                            .then(|| {
-                                now.checked_add(SignedDuration::from_secs(retention as i64))
-                                    .ok()
-                            })
-                            .flatten();
+                        c.archive(now, retention);
                     }
                 }
                 None => {
                     st.claims.remove(&id);
+                    self.guests.destroy(&id);
+                    self.forget_transition(&id);
                 }
             }
+            // Archived or destroyed, the VM no longer runs.
+            self.guests.freeze(&id, true);
             touched.push(id);
         }
         if !touched.is_empty() {
             self.persist(&mut st);
+            self.refill_all(&mut st);
             info!(?touched, "sandboxd-sim: reaped");
         }
         touched
@@ -955,8 +1063,22 @@ impl Sim {
         if let Some(secs) = patch.deadline_in_seconds {
             claim.deadline = now.checked_add(SignedDuration::from_secs(secs)).ok();
         }
+        if let Some(reason) = patch.failed {
+            claim.failed = (!reason.is_empty()).then_some(reason);
+        }
+        if let Some(volumes) = patch.volumes {
+            claim.volumes = volumes;
+        }
+        if let Some(bytes) = patch.mem_used_bytes {
+            claim.mem_used_bytes = Some(bytes);
+        }
+        if let Some(secs) = patch.idle_seconds {
+            claim.last_activity = now.checked_sub(SignedDuration::from_secs(secs)).ok();
+        }
         let claim = claim.clone();
         self.persist(&mut st);
+        // A paused or failed VM's processes do not run.
+        self.guests.freeze(id, !claim.is_running());
         Ok(claim)
     }
 
@@ -991,6 +1113,9 @@ impl Sim {
             .filter(|c| !drop_ids.contains(&c.id))
             .map(|c| (c.id.clone(), c))
             .collect();
+        for id in drop_ids {
+            self.guests.destroy(id);
+        }
         st.pools = pools_from(&st.cfg).map_err(SimError::Config)?;
         self.persist(&mut st);
         let keys: Vec<PoolKey> = st.pools.keys().cloned().collect();
