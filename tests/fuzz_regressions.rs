@@ -53,6 +53,11 @@ fn sandboxd_reply() {
 }
 
 #[test]
+fn sandboxd_verbs() {
+    replay("sandboxd_verbs", checks::check_sandboxd_verbs);
+}
+
+#[test]
 fn claims_load() {
     replay("claims_load", checks::check_claims_load);
 }

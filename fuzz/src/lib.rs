@@ -29,6 +29,12 @@
 //! - [`check_kubelet_query`]: `/containerLogs` query validation against an
 //!   oracle of behaviour.md §7, and the kubelet router on arbitrary paths,
 //!   queries and methods (status set, bodies, redirects).
+//! - [`check_sandboxd_verbs`]: the lifecycle and data-plane replies
+//!   (hibernate, wake, renew, get, stats, owner, exec, the upgrades): only
+//!   each call's success status succeeds; every failure is a refusal whose
+//!   kind follows its status and body (a JSON 404 is "unknown sandbox", the
+//!   router's plain-text one "unsupported"); a renew's deadline is the one
+//!   sent; an unmeasured memory is never a figure.
 
 #![allow(clippy::missing_panics_doc)]
 
@@ -46,7 +52,8 @@ use vk_sandbox::sandboxd::decode::{
 };
 use vk_sandbox::sandboxd::types::ClaimBody;
 use vk_sandbox::sandboxd::{
-    Deadline, OwnerAddr, RawReply, ReleaseOutcome, SandboxdError, pod_ip_from_owner_addr,
+    Deadline, Op, OwnerAddr, OwnerProbe, RawReply, Refusal, ReleaseOutcome, SandboxdError,
+    pod_ip_from_owner_addr, verbs_decode,
 };
 
 // ---------------------------------------------------------------------------
@@ -1282,5 +1289,216 @@ pub fn check_kubelet_query(data: &[u8]) {
             status == 400 || body.contains("not implemented") && body.contains("sandbox SDK"),
             "{target}: {body}"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// sandboxd's lifecycle and data-plane replies
+
+const VERB_STATUSES: [u16; 20] = [
+    200, 200, 200, 204, 204, 101, 101, 404, 404, 400, 401, 403, 409, 413, 426, 500, 502, 503, 504,
+    405,
+];
+
+/// The refusal a failure reply must become: status, kind and message as
+/// sandboxd's body says.
+fn assert_refused(err: &SandboxdError, op: Op, reply: &RawReply) {
+    match err {
+        SandboxdError::Refused {
+            op: o,
+            status,
+            reason,
+            message,
+        } => {
+            assert_eq!(*o, op);
+            assert_eq!(*status, reply.status);
+            assert_eq!(*reason, Refusal::classify(reply.status, &reply.body));
+            assert_eq!(*message, error_message(&reply.body));
+            // Only sandboxd's own JSON error makes a 404 "unknown sandbox".
+            let sandboxd_json = decode::json_error_message(&reply.body).is_some();
+            if reply.status == 404 {
+                assert_eq!(*reason == Refusal::UnknownSandbox, sandboxd_json);
+                assert_eq!(*reason == Refusal::Unsupported, !sandboxd_json);
+            }
+            assert!(
+                !err.to_string().is_empty() && err.to_string().contains(reason.describe()),
+                "{err}"
+            );
+        }
+        other => panic!("{op} status {}: want Refused, got {other:?}", reply.status),
+    }
+}
+
+/// Input: op byte (hibernate/wake, renew, get, stats, owner, exec, the two
+/// upgrades), status byte (as [`check_sandboxd_reply`]), flags (bit 0: body
+/// cut at the limit; bits 1-2: the `Upgrade` header of a 101), then the
+/// body.
+pub fn check_sandboxd_verbs(data: &[u8]) {
+    let mut input = Input::new(data);
+    let op = input.byte() % 8;
+    let sel = input.byte();
+    let status = if sel & 0x80 != 0 {
+        u16::from(input.byte()) << 8 | u16::from(input.byte())
+    } else {
+        VERB_STATUSES[usize::from(sel) % VERB_STATUSES.len()]
+    };
+    let flags = input.byte();
+    let body = input.rest();
+    let reply = RawReply {
+        status,
+        body: body.to_vec(),
+        over_limit: flags & 1 == 1,
+    };
+    let json: Option<Value> = serde_json::from_slice(body)
+        .or_else(|_| serde_json::from_str(&String::from_utf8_lossy(body)))
+        .ok();
+    let object = json.as_ref().and_then(Value::as_object);
+    match op {
+        0 => {
+            let op = if flags & 2 == 0 {
+                Op::Hibernate
+            } else {
+                Op::Wake
+            };
+            match verbs_decode::decode_no_content(op, &reply) {
+                Ok(()) => assert_eq!(status, 204),
+                Err(e) => {
+                    assert_ne!(status, 204);
+                    assert_refused(&e, op, &reply);
+                }
+            }
+        }
+        1 => match verbs_decode::decode_renew(&reply) {
+            Ok(d) => {
+                assert_eq!(status, 200);
+                assert!(!reply.over_limit);
+                let raw = object
+                    .and_then(|o| o.get("deadline"))
+                    .expect("a deadline field");
+                assert_eq!(
+                    d,
+                    Deadline::parse(Some(raw.as_str().expect("a string deadline")))
+                );
+                assert!(!matches!(d, Deadline::Unparseable(_)));
+            }
+            Err(e) if status == 200 => {
+                assert!(
+                    matches!(e, SandboxdError::Decode { op: Op::Renew, .. }),
+                    "{e:?}"
+                );
+                assert!(
+                    e.is_outcome_unknown(),
+                    "a lost renew reply may have moved the lease"
+                );
+            }
+            Err(e) => assert_refused(&e, Op::Renew, &reply),
+        },
+        2 => match verbs_decode::decode_get(&reply) {
+            Ok(info) => {
+                assert_eq!(status, 200);
+                let o = object.expect("a JSON object");
+                assert_eq!(Some(info.id.as_str()), o.get("id").and_then(Value::as_str));
+                assert!(!info.id.is_empty());
+                assert_eq!(info.deadline, expected_deadline(o));
+                if let Some(t) = &info.token {
+                    assert!(!t.is_empty());
+                    assert!(!format!("{info:?}").contains(t.expose()) || t.expose().len() < 4);
+                }
+            }
+            Err(e) if status == 200 => {
+                assert!(
+                    matches!(e, SandboxdError::Decode { op: Op::Get, .. }),
+                    "{e:?}"
+                );
+            }
+            Err(e) => assert_refused(&e, Op::Get, &reply),
+        },
+        3 => match verbs_decode::decode_stats(&reply) {
+            Ok(s) => {
+                assert_eq!(status, 200);
+                let o = object.expect("a JSON object");
+                let measured = o.get("mem_used_measured") == Some(&Value::Bool(true));
+                assert_eq!(
+                    s.mem_used_bytes.is_some(),
+                    measured,
+                    "unmeasured is never a figure"
+                );
+            }
+            Err(e) if status == 200 => {
+                assert!(
+                    matches!(e, SandboxdError::Decode { op: Op::Stats, .. }),
+                    "{e:?}"
+                );
+            }
+            Err(e) => assert_refused(&e, Op::Stats, &reply),
+        },
+        4 => match verbs_decode::decode_owner(&reply) {
+            Ok(OwnerProbe::Owned { owner_addr }) => {
+                assert_eq!(status, 200);
+                let want = object
+                    .and_then(|o| o.get("owner_addr"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                assert_eq!(owner_addr, want);
+            }
+            Ok(OwnerProbe::NotOwnedHere) => {
+                assert_eq!(status, 404);
+                assert!(decode::json_error_message(body).is_some());
+            }
+            Err(e) if status == 200 => {
+                assert!(
+                    matches!(e, SandboxdError::Decode { op: Op::Owner, .. }),
+                    "{e:?}"
+                );
+            }
+            Err(e) => {
+                assert_refused(&e, Op::Owner, &reply);
+                assert_ne!(e.refusal(), Some(Refusal::UnknownSandbox));
+            }
+        },
+        5 => match verbs_decode::decode_exec(&reply) {
+            Ok(out) => {
+                assert_eq!(status, 200);
+                let o = object.expect("a JSON object");
+                assert_eq!(
+                    Some(i64::from(out.exit_code)),
+                    o.get("exit_code").and_then(Value::as_i64)
+                );
+            }
+            Err(e) if status == 200 => {
+                assert!(
+                    matches!(e, SandboxdError::Decode { op: Op::Exec, .. }),
+                    "{e:?}"
+                );
+            }
+            Err(e) => assert_refused(&e, Op::Exec, &reply),
+        },
+        _ => {
+            let (op, proto) = if op == 6 {
+                (Op::Agent, "silkd")
+            } else {
+                (Op::Port, "tcp")
+            };
+            let header = match (flags >> 1) & 3 {
+                0 => None,
+                1 => Some(proto.to_ascii_uppercase()),
+                2 => Some(format!(" {proto} ")),
+                _ => Some(String::from_utf8_lossy(body).into_owned()),
+            };
+            match verbs_decode::decode_upgrade(op, &reply, header.as_deref(), proto) {
+                Ok(()) => {
+                    assert_eq!(status, 101);
+                    assert!(
+                        header
+                            .as_deref()
+                            .is_some_and(|h| h.trim().eq_ignore_ascii_case(proto))
+                    );
+                }
+                Err(e) if status == 101 => {
+                    assert!(matches!(e, SandboxdError::Decode { .. }), "{e:?}");
+                }
+                Err(e) => assert_refused(&e, op, &reply),
+            }
+        }
     }
 }

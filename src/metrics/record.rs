@@ -138,7 +138,9 @@ impl Metrics {
 fn sandboxd_status(outcome: Result<(), &SandboxdError>) -> String {
     match outcome {
         Ok(()) => "ok".to_string(),
-        Err(SandboxdError::Http { status, .. }) => status.to_string(),
+        Err(SandboxdError::Http { status, .. } | SandboxdError::Refused { status, .. }) => {
+            status.to_string()
+        }
         Err(SandboxdError::CapacityMiss { .. }) => "capacity_miss".to_string(),
         Err(SandboxdError::Transport { timeout: true, .. }) => "timeout".to_string(),
         Err(SandboxdError::Transport { .. }) => "transport".to_string(),

@@ -27,7 +27,7 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Everything but RFC 3986 unreserved characters is escaped in a path
 /// segment.
-const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+pub(super) const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'.')
     .remove(b'_')
@@ -119,6 +119,21 @@ impl ClientBuilder {
         let http = http
             .build()
             .map_err(|e| SandboxdError::Config(format!("build HTTP client: {e}")))?;
+        // The upgrades (`/agent`, `/ports`) are HTTP/1.1 only: a client of
+        // their own never negotiates HTTP/2 over TLS, and its idle pool stays
+        // empty (an upgraded connection never returns to it).
+        let mut relay_http = reqwest::Client::builder()
+            .timeout(self.timeout)
+            .http1_only()
+            .pool_max_idle_per_host(0)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("vk-sandbox/", env!("CARGO_PKG_VERSION")));
+        if url::Url::parse(&base).is_ok_and(|u| u.scheme() == "http") {
+            relay_http = relay_http.tls_certs_only([]);
+        }
+        let relay_http = relay_http
+            .build()
+            .map_err(|e| SandboxdError::Config(format!("build HTTP client: {e}")))?;
         let token = match self.token {
             None => None,
             Some(t) => Some(bearer(&t).ok_or_else(|| {
@@ -130,6 +145,8 @@ impl ClientBuilder {
         Ok(SandboxdClient {
             inner: Arc::new(Inner {
                 http,
+                relay_http,
+                timeout: self.timeout,
                 base,
                 token,
                 observer: self.observer,
@@ -156,7 +173,7 @@ pub fn normalise_base_url(raw: &str) -> Result<String, SandboxdError> {
     Ok(trimmed.to_string())
 }
 
-fn bearer(token: &str) -> Option<HeaderValue> {
+pub(super) fn bearer(token: &str) -> Option<HeaderValue> {
     let mut value = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
     value.set_sensitive(true);
     Some(value)
@@ -165,13 +182,17 @@ fn bearer(token: &str) -> Option<HeaderValue> {
 /// The sandboxd client. Cheap to clone; all clones share one connection pool.
 #[derive(Clone)]
 pub struct SandboxdClient {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
-struct Inner {
-    http: reqwest::Client,
-    base: String,
-    token: Option<HeaderValue>,
+pub(super) struct Inner {
+    pub(super) http: reqwest::Client,
+    /// HTTP/1.1 only, for the upgrades.
+    pub(super) relay_http: reqwest::Client,
+    /// The per-request timeout the clients were built with.
+    pub(super) timeout: Duration,
+    pub(super) base: String,
+    pub(super) token: Option<HeaderValue>,
     observer: Option<Arc<dyn Observer>>,
 }
 
@@ -317,7 +338,7 @@ impl SandboxdClient {
         result
     }
 
-    async fn send(
+    pub(super) async fn send(
         &self,
         op: Op,
         req: reqwest::RequestBuilder,
@@ -331,7 +352,7 @@ impl SandboxdClient {
         read_reply(op, response).await
     }
 
-    fn finish<T>(&self, op: Op, started: Instant, result: &Result<T, SandboxdError>) {
+    pub(super) fn finish<T>(&self, op: Op, started: Instant, result: &Result<T, SandboxdError>) {
         let elapsed = started.elapsed();
         match result {
             Ok(_) => debug!(op = op.as_str(), ?elapsed, "sandboxd call succeeded"),
@@ -343,7 +364,7 @@ impl SandboxdClient {
     }
 }
 
-fn transport(op: Op, source: reqwest::Error) -> SandboxdError {
+pub(super) fn transport(op: Op, source: reqwest::Error) -> SandboxdError {
     SandboxdError::Transport {
         op,
         timeout: source.is_timeout(),
@@ -354,7 +375,10 @@ fn transport(op: Op, source: reqwest::Error) -> SandboxdError {
 /// Read at most the status's body limit. A success body that breaks off is a
 /// transport error (the outcome of a claim is then unknown); an error body
 /// that breaks off is used as far as it got.
-async fn read_reply(op: Op, mut response: reqwest::Response) -> Result<RawReply, SandboxdError> {
+pub(super) async fn read_reply(
+    op: Op,
+    mut response: reqwest::Response,
+) -> Result<RawReply, SandboxdError> {
     let status = response.status().as_u16();
     let limit = body_limit(status);
     let mut body = Vec::new();

@@ -41,17 +41,7 @@ pub fn body_limit(status: u16) -> usize {
     }
 }
 
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: String,
-}
-
-/// The `error` field of sandboxd's `{"error":"…"}` body, if the body is one.
-pub fn json_error_message(body: &[u8]) -> Option<String> {
-    serde_json::from_slice::<ErrorBody>(body)
-        .ok()
-        .map(|b| b.error)
-}
+pub use super::refusal::json_error_message;
 
 /// The message for an `Http` error: the decoded `error` field, or empty.
 pub fn error_message(body: &[u8]) -> String {

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use super::refusal::Refusal;
+
 /// Which sandboxd call an error or an observation belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -12,17 +14,46 @@ pub enum Op {
     Release,
     List,
     Info,
+    /// `POST /v1/sandboxes/{id}/hibernate`.
+    Hibernate,
+    /// `POST /v1/sandboxes/{id}/wake`.
+    Wake,
+    /// `POST /v1/sandboxes/{id}/renew`.
+    Renew,
+    /// `GET /v1/sandboxes/{id}` (root).
+    Get,
+    /// `GET /v1/sandboxes/{id}/stats` (root).
+    Stats,
+    /// `GET /v1/sandboxes/{id}/owner`.
+    Owner,
+    /// `POST /v1/sandboxes/{id}/exec` (buffered).
+    Exec,
+    /// `GET /v1/sandboxes/{id}/agent` (upgrade; observed until the `101`).
+    Agent,
+    /// `GET /v1/sandboxes/{id}/ports/{port}` (upgrade; observed until the
+    /// `101`).
+    Port,
 }
 
 impl Op {
-    /// A short, stable name (`claim`, `release`, `list`, `info`), usable as a
-    /// metric label.
+    /// A short, stable name (`claim`, `release`, `list`, `info`,
+    /// `hibernate`, `wake`, `renew`, `get`, `stats`, `owner`, `exec`,
+    /// `agent`, `port`), usable as a metric label.
     pub fn as_str(self) -> &'static str {
         match self {
             Op::Claim => "claim",
             Op::Release => "release",
             Op::List => "list",
             Op::Info => "info",
+            Op::Hibernate => "hibernate",
+            Op::Wake => "wake",
+            Op::Renew => "renew",
+            Op::Get => "get",
+            Op::Stats => "stats",
+            Op::Owner => "owner",
+            Op::Exec => "exec",
+            Op::Agent => "agent",
+            Op::Port => "port",
         }
     }
 }
@@ -48,6 +79,20 @@ pub enum SandboxdError {
     Http {
         op: Op,
         status: u16,
+        message: String,
+    },
+
+    /// A lifecycle or data-plane call (hibernate, wake, renew, get, stats,
+    /// owner, exec, agent, port) refused with a failure status; `reason`
+    /// tells the statuses apart (a JSON `404` "unknown sandbox" from the
+    /// router's plain-text `404` of a build without the route, a `409`
+    /// state conflict, a `502` unreachable guest …). `message` is
+    /// sandboxd's `error` field, or empty.
+    #[error("sandboxd {op}: {reason} (status {status}){}", suffix(message))]
+    Refused {
+        op: Op,
+        status: u16,
+        reason: Refusal,
         message: String,
     },
 
@@ -153,6 +198,7 @@ impl SandboxdError {
         match self {
             SandboxdError::CapacityMiss { .. } => "sandboxd_capacity_miss",
             SandboxdError::Http { .. } => "sandboxd_http",
+            SandboxdError::Refused { .. } => "sandboxd_refused",
             SandboxdError::Transport { timeout: true, .. } => "sandboxd_timeout",
             SandboxdError::Transport { .. } => "sandboxd_transport",
             SandboxdError::Decode { .. } => "sandboxd_decode",
@@ -169,6 +215,7 @@ impl SandboxdError {
         match self {
             SandboxdError::CapacityMiss { .. } => Some(Op::Claim),
             SandboxdError::Http { op, .. }
+            | SandboxdError::Refused { op, .. }
             | SandboxdError::Transport { op, .. }
             | SandboxdError::Decode { op, .. }
             | SandboxdError::InvalidRequest { op, .. }
@@ -184,16 +231,24 @@ impl SandboxdError {
     /// caller must look for a stray row under its `claim_ref` rather than
     /// assume nothing happened (sandboxd persists a claim before replying).
     ///
+    /// The same holds for hibernate, wake and renew: sandboxd finishes a
+    /// started transition even when its client hangs up, so a transport
+    /// error or timeout there may have paused, woken or renewed the sandbox
+    /// (all three are safe to retry; renew moves the deadline again).
+    ///
     /// A connection that could not be established (refused, unreachable)
     /// carried no request, so its outcome is known: nothing was created.
     pub fn is_outcome_unknown(&self) -> bool {
         match self {
             SandboxdError::Transport {
-                op: Op::Claim,
+                op: Op::Claim | Op::Hibernate | Op::Wake | Op::Renew,
                 source,
                 ..
             } => !source.is_connect(),
-            SandboxdError::Decode { op: Op::Claim, .. } => true,
+            SandboxdError::Decode {
+                op: Op::Claim | Op::Renew,
+                ..
+            } => true,
             _ => false,
         }
     }
@@ -203,14 +258,29 @@ impl SandboxdError {
         matches!(self, SandboxdError::CapacityMiss { .. })
     }
 
-    /// The HTTP status of an [`SandboxdError::Http`] or
-    /// [`SandboxdError::Decode`] error.
+    /// The HTTP status of an [`SandboxdError::Http`],
+    /// [`SandboxdError::Refused`] or [`SandboxdError::Decode`] error.
     pub fn status(&self) -> Option<u16> {
         match self {
-            SandboxdError::Http { status, .. } | SandboxdError::Decode { status, .. } => {
-                Some(*status)
-            }
+            SandboxdError::Http { status, .. }
+            | SandboxdError::Refused { status, .. }
+            | SandboxdError::Decode { status, .. } => Some(*status),
             _ => None,
         }
+    }
+
+    /// The kind of a [`SandboxdError::Refused`] error.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            SandboxdError::Refused { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+
+    /// True when the sandbox is gone for this token: sandboxd's JSON `404`
+    /// on a lifecycle or data-plane call (never the router's plain-text
+    /// `404`, which means the build lacks the route).
+    pub fn is_unknown_sandbox(&self) -> bool {
+        self.refusal() == Some(Refusal::UnknownSandbox)
     }
 }
