@@ -30,9 +30,13 @@ ADMIN API (under /_sim on the API port, and on --admin-listen if given):
   DELETE /_sim/faults                disarm all faults
   GET|PATCH /_sim/config             change api_token (rotation), tenants, tenant_list, max_claims,
                                      draining, peers, egress, advertise_addr, owner_addr_mode
-                                     (host_port|host_less|omit|origin), origin, delays, quirks
+                                     (host_port|host_less|omit|origin), origin, delays
+                                     (provision, claim, refill, hibernate, wake), idle_hibernate_seconds,
+                                     archive_after_seconds, archive_delete_after_seconds, max_running,
+                                     agent_shell, passive_root_ports, quirks
                                      {deadline: normal|missing|zero|unparseable,
-                                      deadline_offset_minutes, extra_fields, engine_in_key}
+                                      deadline_offset_minutes, extra_fields, engine_in_key,
+                                      no_token_in_get}
   POST   /_sim/pools   {\"template\":T,\"net\":N,\"size\":S,\"warm\":W,\"target\":T,\"golden\":B,...}
   GET|POST /_sim/clock {\"advance_seconds\":N | \"advance_ms\":N | \"set\":RFC3339 | \"frozen\":B}
   POST   /_sim/reap                  run the reaper now
