@@ -1,42 +1,52 @@
+# syntax=docker/dockerfile:1
 # vk-sandbox container image: `docker build -t vk-sandbox:dev .`
+# Both architectures as one manifest list (the release path, `make
+# image-multiarch`): docker buildx build --platform linux/amd64,linux/arm64 ...
 #
-# Stage 1 builds a static musl binary for the build platform's architecture
-# (x86_64 or aarch64; for the other one build with --platform on a builder
-# that can run it). Stage 2 puts it on distroless static, user nonroot
-# (UID/GID 65532), with the binary as the entrypoint and no shell.
+# Stage `build` compiles the static musl binary on the builder's own
+# platform for the target's architecture (e2e/musl-build.sh cross-compiles
+# arm64 with Debian's aarch64 gcc: no emulation). Stage `rootfs` assembles
+# a distroless-static style base from Debian packages (e2e/image/rootfs.sh:
+# passwd/group with nonroot 65532, CA certificates, tzdata, os-release; no
+# shell, no libc). The final stage is FROM scratch plus COPYs of what those
+# two scripts made, so it is rebuilt without a container engine by
+# e2e/image/build.sh (what the tests run on the real node, `make
+# image-archive`): keep it to COPY --from, ENV, USER, EXPOSE, ENTRYPOINT.
 #
-# The state directory (VK_STATE_PATH, default /var/lib/vk-sandbox/claims.json)
-# must be writable by UID 65532 — e.g. a hostPath chowned by an init container
-# as in manifests/daemonset.yaml — or the binary refuses to start.
+# The image runs as UID/GID 65532 with the binary as its entrypoint. The
+# state directory (VK_STATE_PATH, default /var/lib/vk-sandbox/claims.json)
+# must be writable by UID 65532 — e.g. a hostPath chowned by an init
+# container as in manifests/daemonset.yaml — or the binary refuses to start.
 #
 # Version stamp (the build context has no .git):
 #   docker build --build-arg VK_VERSION=$(git describe --tags --always --dirty) \
 #                --build-arg VK_REVISION=$(git rev-parse --short=12 HEAD) -t vk-sandbox:dev .
 
-FROM rust:1.95-bookworm AS build
-RUN apt-get update \
- && apt-get install -y --no-install-recommends musl-tools \
- && rm -rf /var/lib/apt/lists/*
-WORKDIR /src
-COPY . .
+FROM --platform=$BUILDPLATFORM rust:1.95-bookworm AS build
+ARG TARGETARCH
 ARG VK_VERSION=dev
 ARG VK_REVISION=unknown
 ARG VK_BUILT_AT=unknown
+WORKDIR /src
+COPY . .
 RUN set -eux; \
-    target="$(uname -m)-unknown-linux-musl"; \
-    rustup target add "$target"; \
-    export "CC_$(echo "$target" | tr - _)=musl-gcc"; \
-    VK_VERSION="$VK_VERSION" VK_REVISION="$VK_REVISION" VK_BUILT_AT="$VK_BUILT_AT" \
-    RUSTFLAGS="-C target-feature=+crt-static" \
-      cargo build --release --locked --target "$target" --bin vk-sandbox; \
-    install -D -m 0755 "target/$target/release/vk-sandbox" /out/vk-sandbox; \
-    /out/vk-sandbox --version; \
-    if file /out/vk-sandbox 2>/dev/null | grep -q 'dynamically linked'; then \
-      echo "vk-sandbox is dynamically linked" >&2; exit 1; \
-    fi
+    case "${TARGETARCH:-$(dpkg --print-architecture)}" in \
+      amd64) target=x86_64-unknown-linux-musl ;; \
+      arm64) target=aarch64-unknown-linux-musl ;; \
+      *) echo "unsupported architecture ${TARGETARCH}" >&2; exit 1 ;; \
+    esac; \
+    apt-get update; \
+    VK_VERSION="$VK_VERSION" VK_REVISION="$VK_REVISION" VK_BUILT_AT="$VK_BUILT_AT" VK_MUSL_LOCKED=1 \
+      e2e/musl-build.sh "$target" /out/vk-sandbox
 
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM --platform=$BUILDPLATFORM debian:bookworm-slim AS rootfs
+COPY e2e/image/rootfs.sh /usr/local/bin/rootfs.sh
+RUN apt-get update && /usr/local/bin/rootfs.sh /rootfs && rm -rf /var/lib/apt/lists/*
+
+FROM scratch
+COPY --from=rootfs /rootfs/ /
 COPY --from=build /out/vk-sandbox /usr/local/bin/vk-sandbox
+ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 USER 65532:65532
 # Kubelet API (HTTPS) and admin (/metrics, /livez, /readyz).
 EXPOSE 10260 10261

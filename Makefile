@@ -69,6 +69,18 @@ dist: ## Release archives dist/vk-sandbox_Linux_{x86_64,arm64}.tar.gz (static bi
 image: ## Container image (docker build -t $(IMAGE) .)
 	docker build --build-arg VK_VERSION=$(VK_VERSION) --build-arg VK_REVISION=$(VK_REVISION) --build-arg VK_BUILT_AT=$(VK_BUILT_AT) -t $(IMAGE) .
 
+# The release image: one manifest list for both architectures, built by
+# buildx on the builder's own platform (the arm64 binary is cross-compiled,
+# no emulation) and pushed (IMAGE=<registry>/vk-sandbox:<tag>).
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+.PHONY: image-multiarch
+image-multiarch: ## Release image for $(IMAGE_PLATFORMS) as one manifest list, pushed to $(IMAGE) (docker buildx)
+	docker buildx build --platform $(IMAGE_PLATFORMS) --build-arg VK_VERSION=$(VK_VERSION) --build-arg VK_REVISION=$(VK_REVISION) --build-arg VK_BUILT_AT=$(VK_BUILT_AT) -t $(IMAGE) --push .
+
+.PHONY: image-archive
+image-archive: ## The Dockerfile's image without a container engine (GOARCH=amd64|arm64): dist/vk-sandbox-image-<arch>.tar, docker-archive for `docker load` / `ctr images import`; needs root
+	VK_IMAGE_ARCH=$(or $(GOARCH),amd64) ./e2e/image/build.sh product dist/vk-sandbox-image-$(or $(GOARCH),amd64).tar $(IMAGE) org.opencontainers.image.version=$(VK_VERSION) org.opencontainers.image.revision=$(VK_REVISION)
+
 .PHONY: check-packaging
 check-packaging: ## Manifests (server-side dry-run), systemd unit, static binary as UID 65532, shell scripts
 	VK_TEST_KUBECONFIG="$${VK_TEST_KUBECONFIG:-$$(./e2e/cluster.sh up)}" ./e2e/check-packaging.sh

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what vk-sandbox's build, demo and tests need on a fresh Debian
-# machine with Rust and Go: Rust components, a few Debian packages, the
-# Go-built local control plane and the upstream agent-sandbox controller
-# (both cached in .cache/, stamp-checked). Every step is skipped when
+# machine with Rust and Go: Rust components, a few Debian packages (among
+# them containerd, runc and the CNI plugins of the tests' real node), the
+# Go-built local control plane, the real node's kubelet and the upstream
+# agent-sandbox controller (cached in .cache/, stamp-checked). Every step is skipped when
 # already done, so a warm machine passes in seconds; `make test` and
 # `make demo` run it first.
 #
@@ -22,8 +23,8 @@ esac
 
 die() { echo "deps: error: $*" >&2; exit 1; }
 
-progress_start deps 4
-done_rust="" done_debian="" done_plane="" done_agent=""
+if [[ "$profile" == demo ]]; then progress_start deps 4; else progress_start deps 5; fi
+done_rust="" done_debian="" done_plane="" done_agent="" done_kubelet=""
 
 progress_step "Rust toolchain and components"
 command -v cargo >/dev/null 2>&1 ||
@@ -67,12 +68,21 @@ if [[ "$profile" != demo ]]; then
     [file]=file
     [musl-gcc]=musl-tools
     [jq]=jq
+    # The real node of the tests (e2e/real-node.sh): its container runtime.
+    [containerd]=containerd
+    [runc]=runc
   )
 fi
 missing=()
 for cmd in "${!pkgs[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkgs[$cmd]}")
 done
+if [[ "$profile" != demo ]]; then
+  [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
+  # Static: the init container's image holds nothing else.
+  [[ -x /bin/busybox ]] && LC_ALL=C file -b /bin/busybox 2>/dev/null | grep -q 'statically linked' ||
+    missing+=(busybox-static)
+fi
 if ((${#missing[@]})); then
   mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
   progress_note "installing Debian packages: ${missing[*]}"
@@ -91,6 +101,8 @@ if ((${#missing[@]})); then
     command -v "$cmd" >/dev/null 2>&1 ||
       die "$cmd is still not on PATH after installing ${pkgs[$cmd]} (PATH=$PATH)"
   done
+  # Debian's containerd package starts its service where systemd runs; the
+  # tests' node runs its own containerd (own socket and folders) beside it.
   done_debian="installed ${missing[*]}; "
 else
   done_debian="Debian packages present; "
@@ -106,6 +118,18 @@ else
   done_plane="control plane built; "
 fi
 
+if [[ "$profile" != demo ]]; then
+  progress_step "the real node's kubelet"
+  kubelet_stamp="$(cd "$here/.." && pwd)/.cache/kubelet-$(tr -d '[:space:]' < "$here/k8s-version")/.built"
+  before=$(stat -c %Y "$kubelet_stamp" 2>/dev/null || true)
+  kubelet=$("$here/node/build.sh")
+  if [[ -n "$before" && "$(stat -c %Y "$kubelet_stamp" 2>/dev/null || true)" == "$before" ]]; then
+    done_kubelet="kubelet cached; "
+  else
+    done_kubelet="kubelet built ($kubelet); "
+  fi
+fi
+
 progress_step "upstream agent-sandbox controller"
 # The Sandbox controller of the tests and the demo. Its source is not in
 # this repository (see e2e/agent-sandbox.sh); where it is absent the tests
@@ -117,4 +141,4 @@ case $agent_status in
   3) done_agent="note: $agent"; progress_note "$agent" ;;
   *) die "building the upstream agent-sandbox controller failed" ;;
 esac
-progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}${done_agent}"
+progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}${done_kubelet}${done_agent}"

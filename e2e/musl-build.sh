@@ -57,6 +57,8 @@ esac
 # VK_MUSL_FEATURES=mimalloc: that allocator instead of musl's (benchmarks).
 features=()
 [[ -n "${VK_MUSL_FEATURES:-}" ]] && features=(--features "$VK_MUSL_FEATURES")
+# VK_MUSL_LOCKED=1: Cargo.lock as committed (the Dockerfile's build).
+[[ -n "${VK_MUSL_LOCKED:-}" ]] && features+=(--locked)
 RUSTFLAGS="$rustflags" cargo build --profile "$profile" --target "$target" --bin vk-sandbox "${features[@]}"
 mkdir -p "$(dirname "$out")"
 cp "${CARGO_TARGET_DIR:-target}/$target/$outdir/vk-sandbox" "$out"

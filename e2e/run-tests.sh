@@ -26,7 +26,7 @@ if $reliability; then
 elif $e2e_only; then
   name=e2e steps=2
 else
-  name=tests steps=3
+  name=tests steps=4
 fi
 progress_start "$name" "$steps"
 
@@ -64,6 +64,7 @@ esac
 
 status=0
 failed=()
+real_node_test=daemonset_on_a_real_node
 if $reliability; then
   progress_step "reliability suite (${VK_RELIABILITY:-full}; its scenarios and runs below)"
   VK_RELIABILITY="${VK_RELIABILITY:-full}" cargo test --test reliability || { status=$?; failed+=("reliability suite"); }
@@ -86,7 +87,18 @@ else
     [[ -f "$audit_log" ]] && audit_from=$(stat -c %s "$audit_log")
   fi
   progress_step "unit, integration and end-to-end tests (cargo test --workspace)"
-  cargo test --workspace --no-fail-fast || { status=$?; failed+=("cargo test"); }
+  cargo test --workspace --no-fail-fast -- --skip "$real_node_test" || { status=$?; failed+=("cargo test"); }
+  # The installation on a real node (e2e/real-node.sh), alone and with its
+  # progress shown: which node ran it, each step, the teardown's report.
+  progress_step "the DaemonSet on a real node (tests/e2e_real_node.rs)"
+  # Its image's binary: the static one the packaging check uses too.
+  static_bin=${VK_STATIC_BIN:-$root/target/check-packaging/vk-sandbox-static}
+  if VK_MUSL_PROFILE=dev "$here/musl-build.sh" x86_64-unknown-linux-musl "$static_bin" >/dev/null; then
+    VK_STATIC_BIN=$static_bin cargo test --test e2e_real_node -- --nocapture --test-threads 1 ||
+      { status=$?; failed+=("real node"); }
+  else
+    status=1; failed+=("real node (static build)")
+  fi
   if [[ -n "$audit_log" && -f "$audit_log" ]]; then
     echo "tests: RBAC usage check against $audit_log (from byte $audit_from)"
     VK_RBAC_AUDIT_LOG="$audit_log" VK_RBAC_AUDIT_FROM="$audit_from" \

@@ -176,5 +176,6 @@ pub mod process;
 pub mod progress;
 pub mod prometheus;
 pub mod rbac;
+pub mod real_node;
 pub mod sim;
 pub mod vk;
