@@ -34,6 +34,7 @@
 pub mod dir;
 pub mod format;
 pub mod gauge;
+pub mod lifecycle;
 mod load;
 pub mod paths;
 pub mod read;

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use super::owner::{Intent, intent as owner_intent};
 use super::pod::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
@@ -22,8 +23,13 @@ pub enum OwnerLookup {
     NotFound { details_name: Option<String> },
     /// Row 6: any other failure (403, 5xx, timeout, refused).
     Failed(String),
-    /// Rows 7–9: the owner exists.
-    Found { deleting: bool, uid: String },
+    /// Rows 7–9: the owner exists; `intent` is what it asks of its VM
+    /// (suspended, expiry), which only the lifecycle reads.
+    Found {
+        deleting: bool,
+        uid: String,
+        intent: Intent,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +124,7 @@ impl OwnerResolver {
         match api.get(&owner.name).await {
             Ok(obj) => OwnerLookup::Found {
                 deleting: obj.metadata.deletion_timestamp.is_some(),
+                intent: owner_intent(group, &owner.kind, &obj.data),
                 uid: obj.metadata.uid.unwrap_or_default(),
             },
             Err(kube::Error::Api(status)) if status.code == 404 => OwnerLookup::NotFound {
@@ -179,21 +186,24 @@ mod tests {
             Some(&o),
             &OwnerLookup::Found {
                 deleting: true,
-                uid: "u1".into()
+                uid: "u1".into(),
+                intent: Intent::default(),
             }
         )));
         assert!(released(&decide(
             Some(&o),
             &OwnerLookup::Found {
                 deleting: false,
-                uid: "u2".into()
+                uid: "u2".into(),
+                intent: Intent::default(),
             }
         )));
         assert!(!released(&decide(
             Some(&o),
             &OwnerLookup::Found {
                 deleting: false,
-                uid: "u1".into()
+                uid: "u1".into(),
+                intent: Intent::default(),
             }
         )));
         let no_uid = owner("");
@@ -201,7 +211,8 @@ mod tests {
             Some(&no_uid),
             &OwnerLookup::Found {
                 deleting: false,
-                uid: "u9".into()
+                uid: "u9".into(),
+                intent: Intent::default(),
             }
         )));
     }
@@ -372,7 +383,8 @@ mod tests {
             lookup,
             OwnerLookup::Found {
                 deleting: false,
-                uid: "o1".into()
+                uid: "o1".into(),
+                intent: Intent::default(),
             }
         );
     }
@@ -395,7 +407,8 @@ mod tests {
                 lookup,
                 OwnerLookup::Found {
                     deleting: false,
-                    uid: "o1".into()
+                    uid: "o1".into(),
+                    intent: Intent::default(),
                 }
             );
         }

@@ -10,6 +10,8 @@
 //! - [`context`]: what reconciles share (Events, back-off, the start gate);
 //! - [`writes`]: every write to a Pod, each conditional on that Pod;
 //! - [`sweeps`]: the side loops (vanished Pods, lease expiry, refresh);
+//! - [`owner`]: what a Pod's owner asks of its VM, read at a served version;
+//! - [`lifecycle`]: suspend, resume, renewal, expiry and moves of a claim's VM;
 //! - [`provider`]: claims and releases against sandboxd and the claims store;
 //! - [`source`]: the Pods the kubelet API reports;
 //! - [`gauges`]: the Pod gauges, read from the watch cache at each scrape.
@@ -20,6 +22,8 @@ pub mod claim_ref;
 pub mod context;
 pub mod controller;
 pub mod gauges;
+pub mod lifecycle;
+pub mod owner;
 pub mod plan;
 pub mod pod;
 pub mod provider;

@@ -1,0 +1,187 @@
+//! What the owner's state does to a claim's VM (docs/pod-contract.md, "What
+//! happens to the VM"). Pure and table-tested, beside
+//! [`authority::decide`](crate::pods::authority::decide), which keeps the
+//! first word: its releases and its doubts are unchanged, and the lifecycle
+//! only refines "the owner lives".
+
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use super::schedule::{self, Lease};
+use crate::claims::lifecycle::VmState;
+use crate::pods::authority::{self, OwnerLookup, Verdict};
+use crate::pods::owner::Intent;
+
+/// The owner as the lifecycle decides from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerState {
+    /// No controller owner: a bare Pod, its own owner.
+    None,
+    /// Confirmed gone: deleted, being deleted, or replaced by a new object
+    /// of that name.
+    Gone(String),
+    /// The very object the Pod referenced, alive.
+    Alive(Intent),
+    /// Cannot be decided (403, 5xx, timeout, an unusable reference, a 404
+    /// that does not name it, a kind no served version has).
+    Doubt(String),
+}
+
+/// The owner's state from its lookup, through delete authorization's table.
+pub fn owner_state(reference: Option<&OwnerReference>, lookup: &OwnerLookup) -> OwnerState {
+    match (authority::decide(reference, lookup), lookup) {
+        (Verdict::Release(_), OwnerLookup::NoControllerRef) => OwnerState::None,
+        (Verdict::Release(why), _) => OwnerState::Gone(why),
+        (Verdict::Preserve(_), OwnerLookup::Found { intent, .. }) => {
+            OwnerState::Alive(intent.clone())
+        }
+        (Verdict::Preserve(why), _) => OwnerState::Doubt(why),
+    }
+}
+
+/// What a Pod's deletion does to its claim's VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnDelete {
+    Release(String),
+    /// The owner is suspended: keep the claim, hibernate the VM.
+    Hibernate(String),
+    /// Keep the claim and the VM running for the key's next Pod.
+    Preserve(String),
+}
+
+/// The decision when a Pod holding a claim is deleted (or vanished).
+pub fn on_delete(owner: &OwnerState, now: Timestamp, hibernate_on_suspend: bool) -> OnDelete {
+    match owner {
+        OwnerState::None => OnDelete::Release("the Pod has no controller owner".into()),
+        OwnerState::Gone(why) => OnDelete::Release(why.clone()),
+        OwnerState::Doubt(why) => OnDelete::Preserve(why.clone()),
+        OwnerState::Alive(intent) => {
+            if let Some(why) = intent.expired(now) {
+                OnDelete::Release(why)
+            } else if intent.suspended && hibernate_on_suspend {
+                OnDelete::Hibernate("the owner is suspended".into())
+            } else if intent.suspended {
+                OnDelete::Preserve(
+                    "the owner is suspended; --hibernate-on-suspend=false keeps its VM running"
+                        .into(),
+                )
+            } else {
+                OnDelete::Preserve("the owner is alive".into())
+            }
+        }
+    }
+}
+
+/// Where the key's Pod runs, for a claim with no Pod here whose owner
+/// lives and runs (it may have moved to another node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Whereabouts {
+    /// Not asked yet.
+    Unknown,
+    /// No Pod of the key elsewhere (none, unscheduled, or another owner's).
+    NotElsewhere,
+    /// Bound to this other node, under the same owner.
+    Elsewhere(String),
+}
+
+/// The lifecycle settings (flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    pub hibernate_on_suspend: bool,
+    /// `--lease-renew-margin`; zero renews nothing.
+    pub renew_margin: Duration,
+}
+
+/// One claim, when its upkeep turn comes.
+#[derive(Debug, Clone)]
+pub struct Turn<'a> {
+    /// A Pod of the claim's key is here and not being deleted.
+    pub pod_here: bool,
+    pub owner: &'a OwnerState,
+    pub vm: &'a VmState,
+    pub hibernate_refused: bool,
+    pub lease: Lease<'a>,
+    pub whereabouts: Whereabouts,
+    pub now: Timestamp,
+    pub settings: Settings,
+}
+
+/// What a claim's upkeep turn does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upkeep {
+    /// Renew the lease, asking this TTL.
+    Renew(NonZeroU64),
+    /// Hibernate the VM (a pending hibernate, or one never done).
+    Hibernate(String),
+    /// Release the VM and forget the claim.
+    Release(String),
+    /// The owner is gone but its Pod stays here (the garbage collector
+    /// cannot delete it): release the VM and mark the Pod Failed.
+    ReleaseOwnerGone(String),
+    /// Find out where the key's Pod runs, then decide again.
+    AskWhereabouts,
+    /// Nothing now.
+    Wait(String),
+}
+
+/// The lease is renewed when its time has come and renewing moves it later.
+fn renew_if_due(t: &Turn<'_>, shutdown: Option<Timestamp>) -> Upkeep {
+    if matches!(t.vm, VmState::Archived { .. }) {
+        return Upkeep::Wait("archived by sandboxd: not renewable until woken".into());
+    }
+    let due = schedule::renew_at(&t.lease, t.settings.renew_margin).is_some_and(|at| at <= t.now);
+    if !due {
+        return Upkeep::Wait("the lease is not due".into());
+    }
+    match schedule::renew_ttl(&t.lease, shutdown, t.now) {
+        Some(ttl) => Upkeep::Renew(ttl),
+        None => Upkeep::Wait("the lease already reaches the owner's shutdownTime".into()),
+    }
+}
+
+/// The decision for one claim's upkeep turn; first matching row wins.
+pub fn upkeep(t: &Turn<'_>) -> Upkeep {
+    match (t.pod_here, t.owner) {
+        // The Pod runs: proof of life, whatever the owner lookup said.
+        (true, OwnerState::None | OwnerState::Doubt(_)) => renew_if_due(t, None),
+        // The garbage collector would have deleted the Pod by now, unless it
+        // cannot resolve the reference (a version no longer served).
+        (true, OwnerState::Gone(why)) => Upkeep::ReleaseOwnerGone(why.clone()),
+        (true, OwnerState::Alive(intent)) => match intent.expired(t.now) {
+            // The owner's controller deletes the Pod; the release follows.
+            Some(why) => Upkeep::Wait(why),
+            None => renew_if_due(t, intent.shutdown_time),
+        },
+        // No Pod here: the stored owner decides alone.
+        (false, OwnerState::None) => Upkeep::Wait("no owner is known for this claim".into()),
+        (false, OwnerState::Doubt(why)) => Upkeep::Wait(format!("the owner is in doubt: {why}")),
+        (false, OwnerState::Gone(why)) => Upkeep::Release(why.clone()),
+        (false, OwnerState::Alive(intent)) => {
+            if let Some(why) = intent.expired(t.now) {
+                return Upkeep::Release(why);
+            }
+            if intent.suspended {
+                let hibernate = t.settings.hibernate_on_suspend
+                    && !t.hibernate_refused
+                    && matches!(t.vm, VmState::Running | VmState::Hibernating { .. });
+                if hibernate {
+                    return Upkeep::Hibernate("the owner is suspended".into());
+                }
+                return renew_if_due(t, intent.shutdown_time);
+            }
+            match &t.whereabouts {
+                Whereabouts::Unknown => Upkeep::AskWhereabouts,
+                Whereabouts::Elsewhere(node) => Upkeep::Release(format!(
+                    "the owner's Pod now runs on node {node}: the Sandbox moved"
+                )),
+                Whereabouts::NotElsewhere => renew_if_due(t, intent.shutdown_time),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

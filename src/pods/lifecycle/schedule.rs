@@ -1,0 +1,250 @@
+//! When a claim's lease is renewed and for how long (docs/pod-contract.md,
+//! "Leases"). Pure.
+
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+
+/// sandboxd's longest lease: it clamps every request to this.
+pub const MAX_LEASE_SECONDS: u64 = 86_400;
+/// sandboxd's default lease, what it grants for a TTL of 0.
+pub const DEFAULT_LEASE_SECONDS: u64 = 300;
+/// A lease capped by the owner's `shutdownTime` reaches this far past it,
+/// so the owner's teardown (and the release it brings) comes first and
+/// sandboxd's reaper is only the fallback.
+pub const SHUTDOWN_SLACK: Duration = Duration::from_secs(120);
+/// The shortest window considered (a lease of a few seconds is renewed
+/// half-way, but never later than this before its end).
+const MIN_WINDOW: Duration = Duration::from_secs(1);
+
+/// A claim's lease, as the claims store knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease<'a> {
+    /// The sandbox id (spreads renewals of leases that end together).
+    pub id: &'a str,
+    /// The lease's end; `None`: it never expires.
+    pub deadline: Option<Timestamp>,
+    /// What to ask at each renewal (the Pod's `ttl-seconds`); `None` or 0:
+    /// sandboxd's default is what the claim got, so ask for that length.
+    pub ttl_seconds: Option<u64>,
+    /// What sandboxd granted last; `None`: assume what was asked.
+    pub granted_seconds: Option<u64>,
+}
+
+impl Lease<'_> {
+    /// The length to ask for: explicit, never 0 (0 would cut the lease to
+    /// sandboxd's 5-minute default), at most sandboxd's cap.
+    fn asked(&self) -> u64 {
+        match self.ttl_seconds {
+            None => MAX_LEASE_SECONDS,
+            Some(0) => DEFAULT_LEASE_SECONDS,
+            Some(n) => n.min(MAX_LEASE_SECONDS),
+        }
+    }
+
+    /// The length sandboxd actually grants this claim.
+    fn length(&self) -> u64 {
+        self.granted_seconds
+            .filter(|g| *g > 0)
+            .unwrap_or_else(|| self.asked())
+    }
+}
+
+/// FNV-1a of the id: a stable, evenly spread offset per claim.
+fn spread_of(id: &str) -> u64 {
+    id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// When the lease is due for renewal: `margin` before its end (at most half
+/// the lease, so short leases are renewed half-way), moved earlier by up to
+/// a quarter of that, by claim, so leases that end together are not
+/// renewed in one burst. `None`: never (no deadline, or renewal off with a
+/// zero margin).
+pub fn renew_at(lease: &Lease<'_>, margin: Duration) -> Option<Timestamp> {
+    let deadline = lease.deadline?;
+    if margin.is_zero() {
+        return None;
+    }
+    let half = Duration::from_secs(lease.length()) / 2;
+    let window = margin.min(half).max(MIN_WINDOW);
+    let quarter = window.as_millis() as u64 / 4;
+    let spread = Duration::from_millis(spread_of(lease.id) % quarter.max(1));
+    let before = SignedDuration::try_from(window + spread).ok()?;
+    deadline.checked_sub(before).ok()
+}
+
+/// The TTL to renew with at `now`, or `None` when renewing would not move
+/// the deadline later: the lease already reaches the owner's `shutdownTime`
+/// (plus [`SHUTDOWN_SLACK`]), or that time has passed.
+pub fn renew_ttl(
+    lease: &Lease<'_>,
+    shutdown: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<NonZeroU64> {
+    let mut ttl = lease.asked();
+    if let Some(shutdown) = shutdown {
+        if shutdown <= now {
+            return None;
+        }
+        let until = shutdown
+            .checked_add(SignedDuration::try_from(SHUTDOWN_SLACK).ok()?)
+            .ok()?
+            .duration_since(now)
+            .as_secs();
+        let until = u64::try_from(until).ok()?;
+        ttl = ttl.min(until);
+    }
+    let ttl = NonZeroU64::new(ttl)?;
+    let new_end = now
+        .checked_add(SignedDuration::from_secs(ttl.get() as i64))
+        .ok()?;
+    match lease.deadline {
+        Some(deadline) if new_end <= deadline => None,
+        _ => Some(ttl),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().expect("ts")
+    }
+
+    fn lease<'a>(id: &'a str, deadline: &str, ttl: Option<u64>, granted: Option<u64>) -> Lease<'a> {
+        Lease {
+            id,
+            deadline: Some(ts(deadline)),
+            ttl_seconds: ttl,
+            granted_seconds: granted,
+        }
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn a_day_lease_is_renewed_when_the_margin_is_left_spread_by_a_quarter() {
+        let l = lease("sb_1", "2026-12-03T00:00:00Z", Some(86_400), Some(86_400));
+        let at = renew_at(&l, 12 * HOUR).expect("due some time");
+        let latest = ts("2026-12-02T12:00:00Z");
+        let earliest = ts("2026-12-02T09:00:00Z");
+        assert!(at <= latest && at > earliest, "{at}");
+        // Stable per claim; another claim lands elsewhere in the quarter.
+        assert_eq!(renew_at(&l, 12 * HOUR), Some(at));
+        let spread: std::collections::BTreeSet<Timestamp> = (0..50)
+            .map(|i| format!("sb_{i}"))
+            .filter_map(|id| {
+                renew_at(
+                    &Lease {
+                        id: &id,
+                        ..l.clone()
+                    },
+                    12 * HOUR,
+                )
+            })
+            .collect();
+        assert!(spread.len() > 40, "renewals spread: {}", spread.len());
+        assert!(spread.iter().all(|t| *t <= latest && *t > earliest));
+    }
+
+    #[test]
+    fn a_short_lease_is_renewed_half_way() {
+        // The test simulator's 20 s maximum lease: asked a day, granted 20 s.
+        let l = lease("sb_1", "2026-12-02T00:00:20Z", Some(86_400), Some(20));
+        let at = renew_at(&l, 12 * HOUR).expect("due");
+        assert!(
+            at <= ts("2026-12-02T00:00:10Z") && at > ts("2026-12-02T00:00:07.5Z"),
+            "{at}"
+        );
+        // A small margin wins over half the lease.
+        let l = lease("sb_1", "2026-12-03T00:00:00Z", Some(86_400), Some(86_400));
+        let at = renew_at(&l, HOUR).expect("due");
+        assert!(
+            at <= ts("2026-12-02T23:00:00Z") && at > ts("2026-12-02T22:45:00Z"),
+            "{at}"
+        );
+        // Unknown granted length: what was asked.
+        let l = lease("sb_1", "2026-12-03T00:00:00Z", Some(3600), None);
+        let at = renew_at(&l, 12 * HOUR).expect("due");
+        assert!(
+            at <= ts("2026-12-02T23:30:00Z") && at > ts("2026-12-02T23:22:30Z"),
+            "{at}"
+        );
+    }
+
+    #[test]
+    fn never_when_nothing_ends_or_renewal_is_off() {
+        let forever = Lease {
+            id: "sb_1",
+            deadline: None,
+            ttl_seconds: Some(86_400),
+            granted_seconds: None,
+        };
+        assert_eq!(renew_at(&forever, 12 * HOUR), None);
+        let l = lease("sb_1", "2026-12-03T00:00:00Z", None, None);
+        assert_eq!(renew_at(&l, Duration::ZERO), None);
+    }
+
+    #[test]
+    fn the_ttl_is_explicit_never_zero_and_never_shortens() {
+        let now = ts("2026-12-02T12:00:00Z");
+        let ttl = |l: &Lease<'_>, shutdown: Option<&str>| {
+            renew_ttl(l, shutdown.map(ts), now).map(NonZeroU64::get)
+        };
+        let day = lease("sb_1", "2026-12-02T20:00:00Z", None, None);
+        assert_eq!(ttl(&day, None), Some(86_400), "absent annotation: a day");
+        let hour = lease("sb_1", "2026-12-02T12:20:00Z", Some(3600), None);
+        assert_eq!(ttl(&hour, None), Some(3600));
+        // ttl-seconds 0 got sandboxd's default: ask for that, explicitly.
+        let dflt = lease("sb_1", "2026-12-02T12:02:00Z", Some(0), None);
+        assert_eq!(ttl(&dflt, None), Some(300));
+        // More than sandboxd grants is asked as its cap.
+        let big = lease("sb_1", "2026-12-02T20:00:00Z", Some(1_000_000), None);
+        assert_eq!(ttl(&big, None), Some(86_400));
+        // A renewal that would not move the end later is not made.
+        assert_eq!(ttl(&hour, None).map(|_| ()), Some(()));
+        let long = lease("sb_1", "2026-12-02T14:00:00Z", Some(3600), None);
+        assert_eq!(ttl(&long, None), None, "an hour from now is before 14:00");
+        let exact = lease("sb_1", "2026-12-02T13:00:00Z", Some(3600), None);
+        assert_eq!(ttl(&exact, None), None, "the same end is no renewal");
+        // A deadline already past (vk-sandbox was down): renewed.
+        let past = lease("sb_1", "2026-12-02T11:00:00Z", Some(3600), None);
+        assert_eq!(ttl(&past, None), Some(3600));
+    }
+
+    #[test]
+    fn shutdown_time_caps_the_lease() {
+        let now = ts("2026-12-02T12:00:00Z");
+        let l = lease("sb_1", "2026-12-02T12:30:00Z", None, None);
+        let capped = renew_ttl(&l, Some(ts("2026-12-02T14:00:00Z")), now).map(NonZeroU64::get);
+        assert_eq!(
+            capped,
+            Some(2 * 3600 + 120),
+            "to shutdownTime plus the slack"
+        );
+        // Already reaching it: nothing to renew.
+        let reaching = lease("sb_1", "2026-12-02T14:02:00Z", None, None);
+        assert_eq!(
+            renew_ttl(&reaching, Some(ts("2026-12-02T14:00:00Z")), now),
+            None
+        );
+        // Past: nothing.
+        assert_eq!(renew_ttl(&l, Some(ts("2026-12-02T11:00:00Z")), now), None);
+        assert_eq!(
+            renew_ttl(&l, Some(now), now),
+            None,
+            "at shutdownTime the owner has expired"
+        );
+        // Close to it: a last short renewal, to the slack past it.
+        let ending = lease("sb_1", "2026-12-02T12:01:00Z", None, None);
+        let last = renew_ttl(&ending, Some(ts("2026-12-02T12:00:30Z")), now).map(NonZeroU64::get);
+        assert_eq!(last, Some(150));
+        // A far shutdownTime does not lengthen past sandboxd's cap.
+        let far = renew_ttl(&l, Some(ts("2026-12-09T00:00:00Z")), now).map(NonZeroU64::get);
+        assert_eq!(far, Some(86_400));
+    }
+}
