@@ -52,6 +52,7 @@ fn claim(n: u64) -> Claim {
         pod_uid: format!("6c1f5a2e-0b7d-4d0e-9a51-{n:012x}"),
         claimed_at: Timestamp::from_second(1_780_000_000).expect("ts"),
         deadline: Some(Timestamp::from_second(1_780_086_400).expect("ts")),
+        lifecycle: Default::default(),
     }
 }
 

@@ -229,6 +229,7 @@ mod tests {
                 pod_uid: String::new(),
                 claimed_at: jiff::Timestamp::UNIX_EPOCH,
                 deadline: None,
+                lifecycle: Default::default(),
             },
         )
     }

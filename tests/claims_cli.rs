@@ -223,6 +223,7 @@ fn claim(id: &str, uid: &str) -> Claim {
         pod_uid: uid.into(),
         claimed_at: "2026-03-01T10:00:00Z".parse().expect("ts"),
         deadline: None,
+        lifecycle: Default::default(),
     }
 }
 

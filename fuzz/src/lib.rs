@@ -508,6 +508,7 @@ fn claim_with_deadline(deadline: Option<Timestamp>) -> claims::Claim {
         pod_uid: String::new(),
         claimed_at: Timestamp::from_second(1_700_000_000).expect("ts"),
         deadline,
+        lifecycle: Default::default(),
     }
 }
 
@@ -845,6 +846,7 @@ fn arbitrary_claim(input: &mut Input) -> claims::Claim {
             Timestamp::UNIX_EPOCH
         },
         deadline: (flags & 2 != 0).then(|| timestamp(input)),
+        lifecycle: Default::default(),
     }
 }
 

@@ -65,10 +65,10 @@ impl Lifecycle {
     }
 }
 
-/// The `lifecycle` object as the file holds it.
+/// The `lifecycle` object as the file holds it (fields in this order).
 #[derive(Serialize, Deserialize, Default)]
 #[serde(default)]
-struct Wire {
+pub struct Wire {
     #[serde(skip_serializing_if = "Option::is_none")]
     owner: Option<OwnerRef>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -101,8 +101,8 @@ fn format_time(ts: Timestamp) -> String {
 }
 
 impl Lifecycle {
-    /// The row's `lifecycle` value; `None` when there is nothing to record.
-    pub fn to_json(&self) -> Option<serde_json::Value> {
+    /// The row's `lifecycle` object; `None` when there is nothing to record.
+    pub fn to_wire(&self) -> Option<Wire> {
         if self.is_empty() {
             return None;
         }
@@ -116,7 +116,7 @@ impl Lifecycle {
             }
             VmState::Archived { since } => (Some(ARCHIVED), None, Some(*since)),
         };
-        let wire = Wire {
+        Some(Wire {
             owner: self.owner.clone(),
             vm: vm.map(str::to_string),
             why,
@@ -124,8 +124,12 @@ impl Lifecycle {
             hibernate_refused: self.hibernate_refused,
             ttl_seconds: self.ttl_seconds,
             granted_seconds: self.granted_seconds,
-        };
-        serde_json::to_value(wire).ok()
+        })
+    }
+
+    /// The row's `lifecycle` value as JSON (tests, tools).
+    pub fn to_json(&self) -> Option<serde_json::Value> {
+        self.to_wire().and_then(|w| serde_json::to_value(w).ok())
     }
 
     /// Reads a row's `lifecycle` value (`null` or absent: empty). The error

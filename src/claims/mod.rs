@@ -53,6 +53,7 @@ use tracing::{debug, info};
 
 use crate::error::{Error, Result};
 use crate::sandboxd::SandboxRow;
+pub use lifecycle::{Lifecycle, OwnerRef, VmState};
 pub use paths::StatePaths;
 pub use types::{Claim, ClaimCounts, ClaimState, StoreOptions, StoreStats, VerifyReport};
 use writer::{Counters, Entry, Request, Table, Writer, lock};
@@ -374,6 +375,30 @@ impl ClaimsStore {
                 ((), Some((vec![key.to_string()], None)))
             }
             _ => ((), None),
+        })
+        .await
+    }
+
+    /// Changes the lifecycle part and the deadline of `key`'s row through
+    /// `change`, if the row still holds claim `id`; writes (one journal put)
+    /// only when something changed. `Ok(false)`: the row no longer holds
+    /// `id` (released or replaced meanwhile), nothing changed. The change
+    /// stands in memory even on `Err`.
+    pub async fn update_lifecycle(
+        &self,
+        key: &str,
+        id: &str,
+        change: impl FnOnce(&mut Lifecycle, &mut Option<Timestamp>),
+    ) -> Result<bool> {
+        self.persist(|table| match table.rows.get_mut(key) {
+            Some(e) if e.claim.id == id => {
+                let (before, deadline) = (e.claim.lifecycle.clone(), e.claim.deadline);
+                change(&mut e.claim.lifecycle, &mut e.claim.deadline);
+                e.claim.deadline = e.claim.deadline.and_then(format::to_file_deadline);
+                let changed = e.claim.lifecycle != before || e.claim.deadline != deadline;
+                (true, changed.then(|| (vec![key.to_string()], None)))
+            }
+            _ => (false, None),
         })
         .await
     }

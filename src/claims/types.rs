@@ -2,6 +2,7 @@
 
 use jiff::Timestamp;
 
+use super::lifecycle::Lifecycle;
 use crate::sandboxd::Token;
 
 /// One claim: the sandbox a Pod key holds and the credential to release it.
@@ -19,8 +20,12 @@ pub struct Claim {
     pub pod_uid: String,
     /// When the claim was made (or first seen without a time).
     pub claimed_at: Timestamp,
-    /// The lease deadline; `None` = no expiry.
+    /// The lease deadline; `None` = no expiry. Renewals move it.
     pub deadline: Option<Timestamp>,
+    /// The owner it serves, what was done to its VM, its lease length
+    /// (empty for a row the Go build wrote). Boxed: most rows have none,
+    /// and a claim is moved around a lot.
+    pub lifecycle: Box<Lifecycle>,
 }
 
 /// Where a row stands: settled, tentative (claimed, not yet durable) or

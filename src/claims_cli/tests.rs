@@ -15,6 +15,7 @@ fn claim(id: &str, deadline: Option<&str>) -> Claim {
         pod_uid: format!("uid-{id}"),
         claimed_at: "2026-01-01T00:00:00Z".parse().expect("ts"),
         deadline: deadline.map(|d| d.parse().expect("ts")),
+        lifecycle: Default::default(),
     }
 }
 

@@ -144,6 +144,7 @@ mod tests {
             pod_uid: "uid".into(),
             claimed_at: jiff::Timestamp::UNIX_EPOCH,
             deadline: None,
+            lifecycle: Default::default(),
         }
     }
 

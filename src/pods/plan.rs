@@ -107,6 +107,7 @@ mod tests {
             pod_uid: "u".into(),
             claimed_at: "2026-01-01T00:00:00Z".parse().expect("ts"),
             deadline: deadline.map(|d| d.parse().expect("ts")),
+            lifecycle: Default::default(),
         }
     }
 

@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::time::{format_time, is_unset, to_second};
+use crate::claims::lifecycle::{Lifecycle, Wire};
 use crate::claims::types::Claim;
 use crate::sandboxd::{Deadline, Token};
 
@@ -23,6 +24,10 @@ pub(super) struct RowOut<'a> {
     claimed_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     deadline: Option<String>,
+    /// vk-sandbox's own, ignored by the Go build; absent when empty, so a
+    /// row without lifecycle state is the Go build's byte for byte.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lifecycle: Option<Box<Wire>>,
 }
 
 impl<'a> From<&'a Claim> for RowOut<'a> {
@@ -34,6 +39,7 @@ impl<'a> From<&'a Claim> for RowOut<'a> {
             pod_uid: &c.pod_uid,
             claimed_at: (!is_unset(c.claimed_at)).then(|| format_time(c.claimed_at)),
             deadline: c.deadline.map(format_time),
+            lifecycle: c.lifecycle.to_wire().map(Box::new),
         }
     }
 }
@@ -165,5 +171,9 @@ pub(super) fn decode_row(key: &str, row: &Value, now: Timestamp) -> Result<Claim
             .filter(|ts| !is_unset(*ts))
             .unwrap_or(now),
         deadline: time_field(obj, key, "deadline")?,
+        lifecycle: Box::new(
+            Lifecycle::from_json(field(obj, "lifecycle"))
+                .map_err(|e| format!("row {key:?}: {e}"))?,
+        ),
     })
 }

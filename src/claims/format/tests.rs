@@ -22,6 +22,7 @@ fn claim(id: &str) -> Claim {
         pod_uid: "uid-1".into(),
         claimed_at: ts("2026-01-01T00:00:00Z"),
         deadline: Some(ts("2026-01-02T00:00:00Z")),
+        lifecycle: Default::default(),
     }
 }
 
@@ -207,4 +208,70 @@ fn damaged_middle_or_complete_last_line_is_refused() {
     odd.extend_from_slice(payload);
     odd.push(b'\n');
     assert!(decode_journal(&odd, now()).is_err());
+}
+
+fn with_lifecycle(id: &str) -> Claim {
+    use crate::claims::lifecycle::{Lifecycle, OwnerRef, VmState};
+    Claim {
+        lifecycle: Box::new(Lifecycle {
+            owner: Some(OwnerRef {
+                api_version: "agents.x-k8s.io/v1beta1".into(),
+                kind: "Sandbox".into(),
+                name: "a".into(),
+                uid: "o1".into(),
+            }),
+            vm: VmState::Hibernated {
+                why: "suspended".into(),
+                since: ts("2026-01-01T12:00:00Z"),
+            },
+            hibernate_refused: false,
+            ttl_seconds: Some(86_400),
+            granted_seconds: Some(20),
+        }),
+        ..claim(id)
+    }
+}
+
+/// The lifecycle object is vk-sandbox's own: written after the Go fields
+/// (which the Go build reads as before), read back through the snapshot
+/// and the journal alike.
+#[test]
+fn lifecycle_rides_after_the_go_fields() {
+    let c = with_lifecycle("sb_1");
+    let table = BTreeMap::from([("ns/a".to_string(), c.clone())]);
+    let text = String::from_utf8(encode_snapshot(&table)).expect("utf8");
+    assert_eq!(
+        text,
+        r#"{"claims":{"ns/a":{"id":"sb_1","token":"tok-sb_1","address":"10.0.0.5:7777","podUID":"uid-1","claimedAt":"2026-01-01T00:00:00Z","deadline":"2026-01-02T00:00:00Z","lifecycle":{"owner":{"apiVersion":"agents.x-k8s.io/v1beta1","kind":"Sandbox","name":"a","uid":"o1"},"vm":"hibernated","why":"suspended","since":"2026-01-01T12:00:00Z","ttlSeconds":86400,"grantedSeconds":20}}}}"#
+    );
+    assert_eq!(
+        decode_snapshot(text.as_bytes(), now()).expect("decode"),
+        table
+    );
+    let j = decode_journal(
+        &frame(&[JournalOp::Put {
+            key: "ns/a".into(),
+            claim: c.clone(),
+        }]),
+        now(),
+    )
+    .expect("journal");
+    let mut replayed = BTreeMap::new();
+    replay(&mut replayed, j.ops);
+    assert_eq!(replayed, table);
+    // Without lifecycle state, the row is the Go build's.
+    let plain = BTreeMap::from([("ns/a".to_string(), claim("sb_1"))]);
+    let text = String::from_utf8(encode_snapshot(&plain)).expect("utf8");
+    assert!(!text.contains("lifecycle"), "{text}");
+}
+
+#[test]
+fn a_malformed_lifecycle_is_refused_naming_the_row() {
+    let bad = r#"{"claims":{"ns/a":{"id":"sb_1","token":"t","podUID":"u","lifecycle":{"vm":"asleep","since":"2026-01-01T00:00:00Z"}}}}"#;
+    let e = decode_snapshot(bad.as_bytes(), now()).expect_err("refused");
+    assert!(e.contains("ns/a") && e.contains("\"vm\""), "{e}");
+    // A lifecycle of null is an empty one (as Go writes nothing there).
+    let null = r#"{"claims":{"ns/a":{"id":"sb_1","token":"t","podUID":"u","lifecycle":null}}}"#;
+    let t = decode_snapshot(null.as_bytes(), now()).expect("null");
+    assert!(t["ns/a"].lifecycle.is_empty());
 }

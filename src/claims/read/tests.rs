@@ -12,6 +12,7 @@ fn claim(id: &str) -> Claim {
         pod_uid: "u".into(),
         claimed_at: "2026-01-01T00:00:00Z".parse().expect("ts"),
         deadline: None,
+        lifecycle: Default::default(),
     }
 }
 

@@ -23,6 +23,7 @@ fn claim(id: &str) -> Claim {
         pod_uid: format!("uid-{id}"),
         claimed_at: ts("2026-01-01T00:00:00Z"),
         deadline: Some(ts("2026-01-02T00:00:00Z")),
+        lifecycle: Default::default(),
     }
 }
 
@@ -375,6 +376,74 @@ async fn rebind_and_set_deadline_are_id_guarded_and_durable() {
     assert!(fresh.get("ns/a").is_none());
     let (b, _) = fresh.get("ns/b").expect("row");
     assert_eq!((b.pod_uid.as_str(), b.deadline), ("uid-b", None));
+}
+
+#[tokio::test]
+async fn lifecycle_updates_are_id_guarded_and_durable() {
+    use crate::claims::{OwnerRef, VmState};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.json");
+    let store = ClaimsStore::open(&path).await.expect("open");
+    store.commit("ns/a", claim("sb_1")).await.expect("commit");
+    let since = ts("2026-03-01T00:00:00Z");
+    let renewed = ts("2026-03-02T00:00:00.7Z");
+    let changed = store
+        .update_lifecycle("ns/a", "sb_1", |l, deadline| {
+            l.owner = Some(OwnerRef {
+                api_version: "agents.x-k8s.io/v1beta1".into(),
+                kind: "Sandbox".into(),
+                name: "a".into(),
+                uid: "o1".into(),
+            });
+            l.vm = VmState::Hibernated {
+                why: "suspended".into(),
+                since,
+            };
+            *deadline = Some(renewed);
+        })
+        .await
+        .expect("update");
+    assert!(changed);
+    // Another id: nothing changes, nothing is written.
+    let appends = store.stats().journal_appends;
+    let other = store
+        .update_lifecycle("ns/a", "sb_x", |l, _| l.hibernate_refused = true)
+        .await
+        .expect("update");
+    assert!(!other);
+    // The same values again: nothing written.
+    store
+        .update_lifecycle("ns/a", "sb_1", |l, deadline| {
+            l.vm = VmState::Hibernated {
+                why: "suspended".into(),
+                since,
+            };
+            *deadline = Some(renewed);
+        })
+        .await
+        .expect("update");
+    assert_eq!(store.stats().journal_appends, appends);
+    assert!(
+        !store
+            .update_lifecycle("ns/gone", "sb_1", |l, _| l.hibernate_refused = true)
+            .await
+            .expect("update"),
+        "never creates a row"
+    );
+    assert!(store.get("ns/gone").is_none());
+    // Durable, and the deadline at the file's precision.
+    let fresh = ClaimsStore::open(&path).await.expect("reopen");
+    let (a, _) = fresh.get("ns/a").expect("row");
+    assert_eq!(a.deadline, Some(ts("2026-03-02T00:00:00Z")));
+    assert_eq!(
+        a.lifecycle.vm,
+        VmState::Hibernated {
+            why: "suspended".into(),
+            since
+        }
+    );
+    assert!(!a.lifecycle.hibernate_refused);
+    assert_eq!(a.lifecycle.owner.map(|o| o.uid), Some("o1".to_string()));
 }
 
 #[test]

@@ -65,6 +65,7 @@ async fn verification_vouches_expires_and_keeps_rows() {
                 pod_uid: "ua".into(),
                 claimed_at: ts("2026-01-01T00:00:00Z"),
                 deadline: Some(ts("2026-02-01T00:00:00Z")),
+                lifecycle: Default::default(),
             },
             ClaimState::Settled
         )

@@ -183,6 +183,7 @@ impl Provider {
             pod_uid: pod.uid().to_string(),
             claimed_at: Timestamp::now(),
             deadline: granted.deadline.expires_at(),
+            lifecycle: Default::default(),
         };
         let claimed = waiting.elapsed();
         let committing = std::time::Instant::now();
@@ -251,6 +252,7 @@ impl Provider {
             pod_uid: pod.uid().to_string(),
             claimed_at: Timestamp::now(),
             deadline: row.deadline.expires_at(),
+            lifecycle: Default::default(),
         };
         if let Err(e) = self.claims.commit(k, claim.clone()).await {
             // Nothing to undo (the sandbox is the Pod's, and there is no

@@ -101,6 +101,7 @@ mod tests {
             pod_uid: pod_uid.into(),
             claimed_at: ts("2026-01-01T00:00:00Z"),
             deadline: deadline.map(ts),
+            lifecycle: Default::default(),
         }
     }
 

@@ -323,6 +323,7 @@ async fn a_claim_past_its_cached_deadline_is_settled_by_the_listing() {
         pod_uid: "u1".into(),
         claimed_at: past,
         deadline: Some(past),
+        lifecycle: Default::default(),
     };
     provider.claims.commit("ns/p", dead).await.expect("commit");
     let got = provider.create(&Arc::new(pod("u1"))).await.expect("create");
