@@ -24,6 +24,7 @@ pub mod pods;
 pub mod preflight;
 pub mod runtime;
 pub mod sandboxd;
+pub mod spdy;
 pub mod telemetry;
 
 pub use error::{Error, Result};

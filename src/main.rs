@@ -254,7 +254,7 @@ async fn run(cfg: Config) -> Result<()> {
     );
     let (listed, kubelet) = tokio::join!(
         provider.refresh(),
-        KubeletApi::prepare(&kubelet_settings, &client, pods, metrics.clone()),
+        KubeletApi::prepare(&kubelet_settings, &client, pods, metrics.clone(), None),
     );
     let start_listing = listed
         .inspect_err(

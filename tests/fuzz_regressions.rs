@@ -71,3 +71,8 @@ fn claims_roundtrip() {
 fn kubelet_query() {
     replay("kubelet_query", checks::check_kubelet_query);
 }
+
+#[test]
+fn spdy() {
+    replay("spdy", checks::check_spdy);
+}

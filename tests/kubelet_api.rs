@@ -26,7 +26,7 @@ use vk_sandbox::kubelet::{KubeletAuth, KubeletState, UserInfo, router, serve};
 use vk_sandbox::metrics::Metrics;
 use vk_sandbox::pods::pod::Pod;
 
-const NOT_IMPL_LOGS: &str = "error getting container logs?): vk-sandbox: not implemented; use the sandbox SDK for interactive access";
+use vk_sandbox::kubelet::routes::NO_CONTAINER_LOG;
 
 fn pod(ns: &str, name: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
@@ -126,6 +126,7 @@ async fn start(
         pods,
         auth,
         metrics: metrics.clone(),
+        streaming: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -176,7 +177,7 @@ async fn get(
     text(c.get(server.url(path)).send().await.expect("request")).await
 }
 
-// Auth off: container logs answer "not implemented"; stats summary,
+// Auth off: container logs answer that sandboxes keep none; stats summary,
 // resource metrics, healthz, pods and running pods answer in a kubelet's
 // shape (empty where vk-sandbox has nothing); redirects, 404 and 405.
 #[tokio::test]
@@ -189,8 +190,8 @@ async fn routes_without_auth() {
     let c = client();
 
     let (code, _, body) = get(&server, &c, "/containerLogs/ns/p/c").await;
-    assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(body, NOT_IMPL_LOGS);
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(body, NO_CONTAINER_LOG);
     let (code, _, body) = get(&server, &c, "/containerLogs/ns/p/c?tailLines=-1").await;
     assert_eq!(code, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.contains("tailLines"), "{body}");
@@ -212,7 +213,7 @@ async fn routes_without_auth() {
         "/containerLogs/ns/p/c?tailLines=10&follow=true&sinceTime=2026-01-01T00:00:00Z",
     )
     .await;
-    assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(code, StatusCode::BAD_REQUEST);
 
     let (code, ct, body) = get(&server, &c, "/stats/summary").await;
     assert_eq!(code, StatusCode::OK);
@@ -227,7 +228,12 @@ async fn routes_without_auth() {
         let (code, ct, body) = get(&server, &c, path).await;
         assert_eq!(code, StatusCode::OK);
         assert_eq!(ct.as_deref(), Some("text/plain; version=0.0.4"));
-        assert_eq!(body, "");
+        assert!(body.ends_with("scrape_error 0\n"), "{body}");
+        assert!(
+            body.lines()
+                .all(|l| l.starts_with('#') || l.starts_with("scrape_error")),
+            "no samples without sandboxes: {body}"
+        );
     }
 
     let (code, _, body) = get(&server, &c, "/healthz").await;
@@ -294,19 +300,22 @@ async fn routes_without_auth() {
     assert_eq!(requests("/pods", "200"), Some(2.0));
     assert_eq!(
         requests("/containerLogs/{ns}/{pod}/{container}", "400"),
-        Some(8.0)
+        Some(10.0)
     );
     assert_eq!(requests("unmatched", "404"), Some(4.0));
 
     server.stop().await;
 }
 
-// exec, attach and port-forward are refused before any protocol upgrade:
-// nothing is executed.
+// exec, attach and port-forward check their options and the upgrade before
+// anything else; without streaming configured (no sandboxd data plane) they
+// answer 503 after that, and nothing is executed. The streaming itself:
+// tests/kubelet_streaming.rs and tests/e2e_streaming.rs.
 #[tokio::test]
-async fn exec_attach_port_forward_refuse_before_upgrade() {
+async fn exec_attach_port_forward_checks_before_upgrade() {
     let server = start(&self_signed_tls(), None, None, Arc::default()).await;
     let c = client();
+    let h1 = client_builder().http1_only().build().unwrap();
     for route in ["exec", "attach"] {
         for uid_seg in ["", "uid-1/"] {
             let base = format!("/{route}/ns/p/{uid_seg}c");
@@ -315,9 +324,12 @@ async fn exec_attach_port_forward_refuse_before_upgrade() {
             assert!(body.contains("at least 1 of stdin"), "{body}");
             let (code, _, _) = get(&server, &c, &format!("{base}?tty=1&error=1")).await;
             assert_eq!(code, StatusCode::BAD_REQUEST, "{base}: tty + stderr");
+            let (code, _, body) = get(&server, &c, &format!("{base}?command=sh&output=1")).await;
+            assert_eq!(code, StatusCode::BAD_REQUEST, "{base}: not an upgrade");
+            assert!(body.contains("missing upgrade headers"), "{body}");
 
             let query = "?command=sh&input=1&output=1&tty=1";
-            let resp = c
+            let resp = h1
                 .post(server.url(&format!("{base}{query}")))
                 .header("Connection", "Upgrade")
                 .header("Upgrade", "SPDY/3.1")
@@ -326,14 +338,11 @@ async fn exec_attach_port_forward_refuse_before_upgrade() {
                 .await
                 .unwrap();
             let (code, _, body) = text(resp).await;
-            assert_eq!(code, StatusCode::NOT_IMPLEMENTED, "{base}");
-            assert!(body.contains("not implemented"), "{body}");
-            assert!(body.contains("use the sandbox SDK"), "{body}");
-            let (code, _, _) = get(&server, &c, &format!("{base}?output=1")).await;
-            assert_eq!(code, StatusCode::NOT_IMPLEMENTED);
+            assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{base}");
+            assert!(body.contains("streaming is not configured"), "{body}");
         }
     }
-    // Form body options count for POST.
+    // exec needs a command; form body options count for POST.
     let resp = c
         .post(server.url("/exec/ns/p/c"))
         .header("Content-Type", "application/x-www-form-urlencoded")
@@ -341,14 +350,23 @@ async fn exec_attach_port_forward_refuse_before_upgrade() {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), StatusCode::NOT_IMPLEMENTED);
+    let (code, _, body) = text(resp).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(body.contains("no command"), "{body}");
 
     for path in ["/portForward/ns/p", "/portForward/ns/p/uid-1"] {
         let (code, _, body) = get(&server, &c, path).await;
-        assert_eq!(code, StatusCode::NOT_IMPLEMENTED);
-        assert!(body.contains("not implemented") && body.contains("sandbox SDK"));
-        let resp = c.post(server.url(path)).send().await.unwrap();
-        assert_eq!(resp.status(), StatusCode::NOT_IMPLEMENTED);
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        assert!(body.contains("missing upgrade headers"), "{body}");
+        let resp = h1
+            .post(server.url(path))
+            .header("Connection", "Upgrade")
+            .header("Upgrade", "SPDY/3.1")
+            .header("X-Stream-Protocol-Version", "portforward.k8s.io")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
     server.stop().await;
 }
@@ -530,7 +548,7 @@ async fn auth_refuses_and_admits() {
     assert!(body.contains("user=mallory"), "{body}");
     assert!(body.contains("verb=get"), "{body}");
     assert!(body.contains("resource=nodes"), "{body}");
-    assert!(body.contains("subresource=stats"), "{body}");
+    assert!(body.contains("subresource(s)=[stats]"), "{body}");
     assert!(body.contains("no RBAC rule allows it"), "{body}");
 
     // The token is reviewed once and then cached.
@@ -568,8 +586,8 @@ async fn auth_refuses_and_admits() {
     let (code, _, _) = get(&server, &apiserver, "/pods").await;
     assert_eq!(code, StatusCode::OK);
     let (code, _, body) = get(&server, &apiserver, "/containerLogs/ns/p/c").await;
-    assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(body, NOT_IMPL_LOGS);
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(body, NO_CONTAINER_LOG);
     // A certificate for a user without RBAC: 403.
     let other = client_builder()
         .identity(client_identity(&ca, "bob", &[]))
@@ -773,6 +791,7 @@ async fn the_daemon_reloads_rotated_certificates() {
         &kube_client,
         Arc::new(StaticPods::default()),
         Metrics::new().unwrap(),
+        None,
     )
     .await
     .expect("prepare");

@@ -11,8 +11,14 @@
 
 pub mod auth;
 pub mod client_ca;
+pub mod exec;
+pub mod port_forward;
 pub mod routes;
+pub mod sandbox;
 pub mod server;
+pub mod stats;
+pub mod stream;
+pub mod streaming;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -25,7 +31,9 @@ pub use crate::pods::source::PodSource;
 pub use auth::{KubeletAuth, PeerIdentity, UserInfo};
 pub use client_ca::load_client_ca;
 pub use routes::{KubeletState, router};
+pub use sandbox::{ClaimedSandboxes, DataPlane, SandboxRef, Sandboxes};
 pub use server::serve;
+pub use streaming::Streaming;
 pub use tls::KubeletTls;
 
 use crate::config::KubeletSettings;
@@ -60,6 +68,7 @@ impl KubeletApi {
         client: &kube::Client,
         pods: Arc<dyn PodSource>,
         metrics: Arc<Metrics>,
+        streaming: Option<Streaming>,
     ) -> Result<KubeletApi> {
         let tls = KubeletTls::init(&cfg.tls, &cfg.node_name, cfg.node_ip.as_deref())?;
         let client_ca = load_client_ca(&cfg.auth, client).await?;
@@ -76,6 +85,7 @@ impl KubeletApi {
             pods,
             auth,
             metrics: Arc::clone(&metrics),
+            streaming,
         });
         let listener = cfg.listen_addr.bind().await.map_err(|e| {
             Error::io(

@@ -5,38 +5,29 @@
 //! | `GET /healthz` | 200 `ok` (no auth) |
 //! | `GET /pods` | PodList of every Pod bound to this node (`/pods/` → 301 `/pods`) |
 //! | `GET /runningpods/` | PodList of the provider's Pods (`/runningpods` → 301) |
-//! | `GET /containerLogs/{ns}/{pod}/{container}` | query validated (400), then 500 not implemented |
-//! | `GET, POST /exec/…`, `/attach/…` | options validated (400), then 501 not implemented |
-//! | `GET, POST /portForward/{ns}/{pod}` | 501 not implemented |
-//! | `GET /stats/summary[/]` | 200 empty Summary JSON |
-//! | `GET /metrics/resource[/]` | 200 empty, `text/plain; version=0.0.4` |
+//! | `GET /containerLogs/{ns}/{pod}/{container}` | query validated (400), then 400: sandboxes keep no container log |
+//! | `GET, POST /exec/…`, `/attach/…` | options validated (400), upgraded (SPDY or WebSocket), run in the sandbox ([`super::streaming`]) |
+//! | `GET, POST /portForward/{ns}/{pod}` | upgraded, forwarded to guest ports ([`super::port_forward`]) |
+//! | `GET /stats/summary[/]` | 200 Summary JSON: each sandbox Pod's memory ([`super::stats`]) |
+//! | `GET /metrics/resource[/]` | 200 Prometheus text, `text/plain; version=0.0.4` |
 //! | anything else | 404 `404 request not found`; wrong method 405 |
 //!
-//! Nothing is ever executed, attached or forwarded: exec/attach/portForward
-//! answer before any upgrade, with a body that `kubectl` shows through the
-//! apiserver ("unable to upgrade connection: …not implemented; use the
-//! sandbox SDK…").
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{MatchedPath, RawQuery, Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 
 use crate::kubelet::auth::{KubeletAuth, PeerIdentity};
+use crate::kubelet::streaming::{Streaming, attach_route, exec_route, port_forward_route};
 use crate::metrics::Metrics;
 use crate::pods::source::PodSource;
 
-/// The shared tail of every not-implemented answer.
-pub const NOT_IMPLEMENTED: &str =
-    "vk-sandbox: not implemented; use the sandbox SDK for interactive access";
-/// Body of `/containerLogs` once the query is valid (the Go program's text,
-/// byte for byte).
-pub const LOGS_NOT_IMPLEMENTED: &str = "error getting container logs?): vk-sandbox: not implemented; use the sandbox SDK for interactive access";
+pub use crate::kubelet::streaming::{NO_CONTAINER_LOG, NOTHING_TO_ATTACH};
 /// Content type of `/metrics/resource`.
 pub const RESOURCE_METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
@@ -48,13 +39,15 @@ pub struct KubeletState {
     /// `None` = authentication and authorization off (`--kubelet-auth=false`).
     pub auth: Option<Arc<KubeletAuth>>,
     pub metrics: Arc<Metrics>,
+    /// exec, attach and port-forward into sandboxes; `None` answers 503.
+    pub streaming: Option<Streaming>,
 }
 
 /// The kubelet API router, auth in front of every route but `/healthz`.
 pub fn router(state: KubeletState) -> Router {
-    let exec = get(exec).post(exec);
-    let attach = get(attach).post(attach);
-    let port_forward = get(port_forward).post(port_forward);
+    let exec = get(exec_route).post(exec_route);
+    let attach = get(attach_route).post(attach_route);
+    let port_forward = get(port_forward_route).post(port_forward_route);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/pods", get(pods))
@@ -250,96 +243,17 @@ async fn container_logs(RawQuery(query): RawQuery) -> Response {
     if let Err(why) = validate_log_query(query.as_deref().unwrap_or("")) {
         return (StatusCode::BAD_REQUEST, why).into_response();
     }
-    (StatusCode::INTERNAL_SERVER_ERROR, LOGS_NOT_IMPLEMENTED).into_response()
-}
-
-/// exec/attach stream options: query values, with a urlencoded POST body
-/// first (Go `FormValue`); "1" means on.
-fn stream_option(form: &[(String, String)], query: &str, key: &str) -> bool {
-    form.iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| query_get(query, key))
-        == "1"
-}
-
-/// exec/attach options as the kubelet checks them: at least one of
-/// stdin/stdout/stderr, and not tty together with stderr.
-pub fn validate_stream_options(form: &[(String, String)], query: &str) -> Result<(), String> {
-    let on = |k| stream_option(form, query, k);
-    let (stdin, stdout, stderr, tty) = (on("input"), on("output"), on("error"), on("tty"));
-    if !stdin && !stdout && !stderr {
-        return Err("you must specify at least 1 of stdin, stdout, stderr".into());
-    }
-    if tty && stderr {
-        return Err("stderr cannot be set together with tty".into());
-    }
-    Ok(())
-}
-
-fn form_body(method: &Method, headers: &HeaderMap, body: &Bytes) -> Vec<(String, String)> {
-    let is_form = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
-    if *method != Method::POST || !is_form {
-        return Vec::new();
-    }
-    url::form_urlencoded::parse(body)
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect()
-}
-
-fn streaming_refusal(
-    what: &str,
-    method: Method,
-    headers: HeaderMap,
-    query: Option<String>,
-    body: Bytes,
-) -> Response {
-    let form = form_body(&method, &headers, &body);
-    if let Err(why) = validate_stream_options(&form, query.as_deref().unwrap_or("")) {
-        return (StatusCode::BAD_REQUEST, why).into_response();
-    }
-    (
-        StatusCode::NOT_IMPLEMENTED,
-        format!("{what}: {NOT_IMPLEMENTED}"),
-    )
-        .into_response()
-}
-
-async fn exec(method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Response {
-    streaming_refusal(
-        "error executing command in container",
-        method,
-        headers,
-        q,
-        body,
-    )
-}
-
-async fn attach(
-    method: Method,
-    headers: HeaderMap,
-    RawQuery(q): RawQuery,
-    body: Bytes,
-) -> Response {
-    streaming_refusal("error attaching to container", method, headers, q, body)
-}
-
-async fn port_forward() -> Response {
-    (
-        StatusCode::NOT_IMPLEMENTED,
-        format!("error forwarding port: {NOT_IMPLEMENTED}"),
-    )
-        .into_response()
+    // A 400 reaches `kubectl logs` with its text intact ("Error from server
+    // (BadRequest): …"), as a kubelet's answer for a container with no log.
+    (StatusCode::BAD_REQUEST, NO_CONTAINER_LOG).into_response()
 }
 
 async fn stats_summary(State(state): State<KubeletState>) -> Response {
-    let body = serde_json::json!({
-        "node": {"nodeName": state.node_name, "startTime": null},
-        "pods": [],
-    });
+    let pods = match &state.streaming {
+        Some(s) => s.stats.pods().await,
+        None => Vec::new(),
+    };
+    let body = crate::kubelet::stats::summary(&state.node_name, &pods);
     (
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
@@ -347,8 +261,17 @@ async fn stats_summary(State(state): State<KubeletState>) -> Response {
         .into_response()
 }
 
-async fn resource_metrics() -> Response {
-    ([(header::CONTENT_TYPE, RESOURCE_METRICS_CONTENT_TYPE)], "").into_response()
+async fn resource_metrics(State(state): State<KubeletState>) -> Response {
+    let pods = match &state.streaming {
+        Some(s) => s.stats.pods().await,
+        None => Vec::new(),
+    };
+    let body = crate::kubelet::stats::resource_metrics(&pods);
+    (
+        [(header::CONTENT_TYPE, RESOURCE_METRICS_CONTENT_TYPE)],
+        body,
+    )
+        .into_response()
 }
 
 #[cfg(test)]
@@ -399,25 +322,6 @@ mod tests {
         ] {
             assert!(validate_log_query(bad).is_err(), "{bad} accepted");
         }
-    }
-
-    #[test]
-    fn stream_option_rules() {
-        assert!(validate_stream_options(&[], "").is_err());
-        assert!(validate_stream_options(&[], "tty=1&input=1&output=1").is_ok());
-        assert!(validate_stream_options(&[], "tty=1&output=1&error=1").is_err());
-        assert!(
-            validate_stream_options(&[], "output=true").is_err(),
-            "only 1 is on"
-        );
-        assert!(validate_stream_options(&[], "error=1").is_ok());
-        let form = vec![("input".to_string(), "1".to_string())];
-        assert!(validate_stream_options(&form, "").is_ok());
-        let form = vec![("output".to_string(), "0".to_string())];
-        assert!(
-            validate_stream_options(&form, "output=1").is_err(),
-            "body values win"
-        );
     }
 
     #[test]

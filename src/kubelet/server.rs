@@ -114,7 +114,9 @@ async fn serve_connection(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(READ_HEADER_TIMEOUT);
-    let conn = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(service));
+    // With upgrades: exec, attach and port-forward switch protocols.
+    let conn = builder
+        .serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(service));
     tokio::pin!(conn);
     tokio::select! {
         res = conn.as_mut() => {

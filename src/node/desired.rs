@@ -242,14 +242,23 @@ fn node_info() -> k8s_openapi::api::core::v1::NodeSystemInfo {
     }
 }
 
+/// What the node declares in `status.declaredFeatures` (GA in 1.37): with
+/// `ExtendWebSocketsToKubelet` the apiserver passes WebSocket exec, attach
+/// and port-forward to the kubelet API as they are, instead of translating
+/// them to SPDY (docs/streaming.md#protocols). Not in the typed `NodeStatus`
+/// of the API version this crate builds against, hence added to the JSON.
+pub const DECLARED_FEATURES: [&str; 1] = ["ExtendWebSocketsToKubelet"];
+
 /// The server-side-apply body for the status subresource.
 pub fn status_apply(name: &str, status: &NodeStatus) -> Value {
-    json!({
+    let mut body = json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name},
         "status": status,
-    })
+    });
+    body["status"]["declaredFeatures"] = json!(DECLARED_FEATURES);
+    body
 }
 
 /// Whether an existing Node may be taken over: it is labelled as a virtual

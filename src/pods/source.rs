@@ -13,6 +13,20 @@ pub trait PodSource: Send + Sync {
     fn node_pods(&self) -> Vec<Pod>;
     /// The provider's tracked Pods (`GET /runningpods/`).
     fn running_pods(&self) -> Vec<Pod>;
+    /// Pod `ns/name` if it is bound to this node (exec, port-forward). The
+    /// default scans [`PodSource::node_pods`]; a source with an index
+    /// answers directly.
+    fn node_pod(&self, ns: &str, name: &str) -> Option<Pod> {
+        self.node_pods().into_iter().find(|p| named(p, ns, name))
+    }
+    /// Pod `ns/name` as the provider tracks it (it holds its sandbox).
+    fn running_pod(&self, ns: &str, name: &str) -> Option<Pod> {
+        self.running_pods().into_iter().find(|p| named(p, ns, name))
+    }
+}
+
+fn named(pod: &Pod, ns: &str, name: &str) -> bool {
+    pod.key() == super::pod::key_of(Some(ns), name)
 }
 
 /// The daemon's source: `/pods` from the watch cache (every Pod bound to

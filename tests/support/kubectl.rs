@@ -44,3 +44,61 @@ pub async fn run(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
         Err(_) => (false, format!("kubectl {args:?} timed out after 60 s")),
     }
 }
+
+/// What a kubectl run left: its exit code, stdout and stderr apart.
+#[derive(Debug)]
+pub struct Ran {
+    pub code: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+}
+
+impl Ran {
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
+/// `kubectl --kubeconfig <kubeconfig> <args>` with `stdin` piped in (or
+/// none) and extra environment, killed after `limit`.
+pub async fn run_with(
+    kubeconfig: &Path,
+    args: &[&str],
+    stdin: Option<&[u8]>,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Ran {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = tokio::process::Command::new(path());
+    cmd.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("run kubectl {}: {e}", path().display()));
+    if let (Some(data), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        let data = data.to_vec();
+        tokio::spawn(async move {
+            let _ = pipe.write_all(&data).await;
+            let _ = pipe.shutdown().await;
+        });
+    }
+    match tokio::time::timeout(limit, child.wait_with_output()).await {
+        Ok(Ok(out)) => Ran {
+            code: out.status.code(),
+            stdout: out.stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        },
+        Ok(Err(e)) => panic!("kubectl {args:?}: {e}"),
+        Err(_) => panic!("kubectl {args:?} still running after {limit:?}"),
+    }
+}

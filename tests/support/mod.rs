@@ -178,4 +178,5 @@ pub mod prometheus;
 pub mod rbac;
 pub mod real_node;
 pub mod sim;
+pub mod spdy;
 pub mod vk;

@@ -70,9 +70,21 @@ fn is_subpath(path: &str, prefix: &str) -> bool {
     path == prefix || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
 }
 
-/// The kubelet's mapping of a request to `nodes/<subresource>` attributes.
+/// Paths that run something in a sandbox or open a connection into it.
+fn is_streaming(path: &str) -> bool {
+    ["/exec", "/attach", "/portForward", "/run"]
+        .iter()
+        .any(|p| is_subpath(path, p))
+}
+
+/// The kubelet's mapping of a request to `nodes/<subresource>` attributes
+/// (the coarse one every request has: `stats`, `metrics`, `log` or
+/// `proxy`). The verb follows the method, except that exec, attach and
+/// port-forward always need `create`: their WebSocket upgrades are GETs
+/// (docs/streaming.md#authorization).
 pub fn request_attributes(method: &Method, path: &str, node_name: &str) -> RequestAttributes {
     let verb = match *method {
+        _ if is_streaming(path) => "create",
         Method::POST => "create",
         Method::PUT => "update",
         Method::PATCH => "patch",
@@ -94,5 +106,34 @@ pub fn request_attributes(method: &Method, path: &str, node_name: &str) -> Reque
         subresource,
         name: node_name.to_string(),
         path: path.to_string(),
+    }
+}
+
+/// Every attribute set a request may be allowed by, tried in order: the
+/// fine-grained subresource first where the kubelet has one (`pods` for
+/// `/pods` and `/runningpods/`, `healthz` for `/healthz`; GA in 1.36), then
+/// the coarse one of [`request_attributes`].
+pub fn authorization_attributes(
+    method: &Method,
+    path: &str,
+    node_name: &str,
+) -> Vec<RequestAttributes> {
+    let base = request_attributes(method, path, node_name);
+    let fine = if is_subpath(path, "/pods") || is_subpath(path, "/runningpods") {
+        Some("pods")
+    } else if is_subpath(path, "/healthz") {
+        Some("healthz")
+    } else {
+        None
+    };
+    match fine {
+        Some(subresource) => vec![
+            RequestAttributes {
+                subresource,
+                ..base.clone()
+            },
+            base,
+        ],
+        None => vec![base],
     }
 }

@@ -9,10 +9,13 @@
 //!   — only with `--anonymous-auth` — `system:anonymous`. Otherwise 401.
 //! - **Authorization**: a SubjectAccessReview (authorization.k8s.io/v1) for
 //!   `nodes/<subresource>` named after this node, with the verb from the
-//!   HTTP method; subresource `stats` for `/stats/…`, `metrics` for
-//!   `/metrics…`, `log` for `/logs/…`, `proxy` for everything else.
-//!   Allowed decisions are cached [`ALLOW_CACHE_TTL`], denials
-//!   [`DENY_CACHE_TTL`]. Denied → 403 with the reason.
+//!   HTTP method (`create` for exec, attach and port-forward whatever the
+//!   method); subresource `stats` for `/stats/…`, `metrics` for
+//!   `/metrics…`, `log` for `/logs/…`, `proxy` for everything else, tried
+//!   after `pods` for `/pods` and `/runningpods/` (the kubelet's
+//!   fine-grained authorization). Allowed decisions are cached
+//!   [`ALLOW_CACHE_TTL`], denials [`DENY_CACHE_TTL`]. Denied → 403 with the
+//!   reason.
 //!
 //! The API calls sit behind [`Authenticator`] and [`Authorizer`] so tests
 //! use fakes; [`KubeAuthenticator`]/[`KubeAuthorizer`] are the real ones.
@@ -43,7 +46,9 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use kube::Client;
 
-pub use attributes::{PeerIdentity, RequestAttributes, UserInfo, request_attributes};
+pub use attributes::{
+    PeerIdentity, RequestAttributes, UserInfo, authorization_attributes, request_attributes,
+};
 use cache::TtlCache;
 pub use review::{
     Authenticator, Authorizer, Decision, KubeAuthenticator, KubeAuthorizer, subject_access_review,
@@ -65,10 +70,12 @@ pub enum Refusal {
     Unauthenticated,
     /// The TokenReview could not be made (401, logged).
     AuthenticationError(String),
-    /// Denied by the authorizer (403).
+    /// Denied by the authorizer (403) for every subresource tried.
     Forbidden {
         user: String,
         attrs: RequestAttributes,
+        /// The subresources tried, in order.
+        subresources: Vec<&'static str>,
         reason: String,
     },
     /// The SubjectAccessReview could not be made (500).
@@ -110,9 +117,16 @@ impl IntoResponse for Refusal {
             Refusal::Forbidden {
                 user,
                 attrs,
+                subresources,
                 reason,
             } => {
-                let mut msg = format!("Forbidden ({})", describe(&user, &attrs));
+                // The kubelet's wording, Go's rendering of the list.
+                let mut msg = format!(
+                    "Forbidden (user={user}, verb={}, resource={}, subresource(s)=[{}])",
+                    attrs.verb,
+                    attrs.resource,
+                    subresources.join(" ")
+                );
                 if !reason.is_empty() {
                     msg.push_str(": ");
                     msg.push_str(&reason);
@@ -218,43 +232,64 @@ impl KubeletAuth {
         Err(Refusal::Unauthenticated)
     }
 
-    /// May `user` do what the request asks?
+    /// May `user` do what the request asks? Allowed when any of its
+    /// [`authorization_attributes`] is.
     pub async fn authorize(
         &self,
         user: &UserInfo,
         method: &Method,
         path: &str,
     ) -> std::result::Result<(), Refusal> {
-        let attrs = request_attributes(method, path, &self.node_name);
-        let key = (user.clone(), (attrs.verb, attrs.subresource));
-        let decision = match self.decisions.get(&key) {
-            Some(d) => d,
-            None => {
-                let d = self
-                    .authorizer
-                    .authorize(user, &attrs)
-                    .await
-                    .map_err(|error| Refusal::AuthorizationError {
-                        user: user.name.clone(),
-                        attrs: attrs.clone(),
-                        error,
-                    })?;
-                let ttl = match d {
-                    Decision::Allow => ALLOW_CACHE_TTL,
-                    Decision::Deny(_) => DENY_CACHE_TTL,
-                };
-                self.decisions.put(key, d.clone(), ttl);
-                d
+        let tried = authorization_attributes(method, path, &self.node_name);
+        let mut reason = String::new();
+        for attrs in &tried {
+            match self.decide(user, attrs).await? {
+                Decision::Allow => return Ok(()),
+                Decision::Deny(why) => reason = why,
             }
-        };
-        match decision {
-            Decision::Allow => Ok(()),
-            Decision::Deny(reason) => Err(Refusal::Forbidden {
-                user: user.name.clone(),
-                attrs,
-                reason,
-            }),
         }
+        let subresources = tried.iter().map(|a| a.subresource).collect();
+        let attrs = tried
+            .into_iter()
+            .next()
+            .ok_or_else(|| Refusal::AuthorizationError {
+                user: user.name.clone(),
+                attrs: request_attributes(method, path, &self.node_name),
+                error: "no attributes for the request".into(),
+            })?;
+        Err(Refusal::Forbidden {
+            user: user.name.clone(),
+            attrs,
+            subresources,
+            reason,
+        })
+    }
+
+    /// One SubjectAccessReview, cached.
+    async fn decide(
+        &self,
+        user: &UserInfo,
+        attrs: &RequestAttributes,
+    ) -> std::result::Result<Decision, Refusal> {
+        let key = (user.clone(), (attrs.verb, attrs.subresource));
+        if let Some(d) = self.decisions.get(&key) {
+            return Ok(d);
+        }
+        let d = self
+            .authorizer
+            .authorize(user, attrs)
+            .await
+            .map_err(|error| Refusal::AuthorizationError {
+                user: user.name.clone(),
+                attrs: attrs.clone(),
+                error,
+            })?;
+        let ttl = match d {
+            Decision::Allow => ALLOW_CACHE_TTL,
+            Decision::Deny(_) => DENY_CACHE_TTL,
+        };
+        self.decisions.put(key, d.clone(), ttl);
+        Ok(d)
     }
 
     /// Authenticate, then authorize; the user on success.

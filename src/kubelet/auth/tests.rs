@@ -23,6 +23,10 @@ fn subresource_and_verb_mapping() {
         (Method::GET, "/logs/syslog", "get", "log"),
         (Method::GET, "/containerLogs/ns/p/c", "get", "proxy"),
         (Method::POST, "/exec/ns/p/c", "create", "proxy"),
+        (Method::GET, "/exec/ns/p/c", "create", "proxy"),
+        (Method::GET, "/attach/ns/p/uid/c", "create", "proxy"),
+        (Method::GET, "/portForward/ns/p", "create", "proxy"),
+        (Method::GET, "/executive", "get", "proxy"),
         (Method::PUT, "/x", "update", "proxy"),
         (Method::PATCH, "/x", "patch", "proxy"),
         (Method::DELETE, "/x", "delete", "proxy"),
@@ -34,6 +38,22 @@ fn subresource_and_verb_mapping() {
         assert_eq!(a.resource, "nodes");
         assert_eq!(a.name, "node-a");
     }
+}
+
+#[test]
+fn fine_grained_subresources_come_first() {
+    let subs = |path: &str| -> Vec<&'static str> {
+        authorization_attributes(&Method::GET, path, "n")
+            .iter()
+            .map(|a| a.subresource)
+            .collect()
+    };
+    assert_eq!(subs("/pods"), ["pods", "proxy"]);
+    assert_eq!(subs("/runningpods/"), ["pods", "proxy"]);
+    assert_eq!(subs("/healthz"), ["healthz", "proxy"]);
+    assert_eq!(subs("/stats/summary"), ["stats"]);
+    assert_eq!(subs("/exec/ns/p/c"), ["proxy"]);
+    assert_eq!(subs("/podsx"), ["proxy"]);
 }
 
 #[test]
@@ -183,8 +203,13 @@ async fn decisions_are_cached_per_user_verb_subresource() {
     let resp = err.clone().into_response();
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     assert!(matches!(err, Refusal::Forbidden { ref reason, .. } if reason == "no RBAC rule"));
+    assert!(
+        matches!(err, Refusal::Forbidden { ref subresources, .. } if subresources == &["pods", "proxy"])
+    );
+    // nodes/pods, then nodes/proxy.
+    assert_eq!(authz.calls.load(Ordering::SeqCst), 3);
     assert!(auth.authorize(&bob, &Method::GET, "/pods").await.is_err());
-    assert_eq!(authz.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(authz.calls.load(Ordering::SeqCst), 3);
 }
 
 #[tokio::test]

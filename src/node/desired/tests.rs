@@ -231,3 +231,14 @@ fn transition_time_stable_unless_status_changes() {
         Some(Time(t0))
     );
 }
+
+#[test]
+fn the_status_apply_declares_websockets_to_the_kubelet() {
+    let st = status(&settings(), true, Timestamp::now(), None);
+    let body = status_apply("n", &st);
+    assert_eq!(
+        body["status"]["declaredFeatures"],
+        json!(["ExtendWebSocketsToKubelet"])
+    );
+    assert_eq!(body["status"]["phase"], "Running");
+}

@@ -1,0 +1,365 @@
+//! `kubectl exec` inside a sandbox: the remote-command channels (whichever
+//! protocol carried them, see [`crate::kubelet::stream`]) joined to the
+//! guest agent's frames through sandboxd's `/agent` relay
+//! (docs/streaming.md#exec).
+//!
+//! - without a terminal: an `exec` RPC with the argv; stdout and stderr
+//!   apart, stdin forwarded and closed with `stdin_close`;
+//! - with a terminal: the agent's pseudo-terminal shell, told to `exec` the
+//!   argv ([`tty`]), resized through `pty_resize` RPCs on a second
+//!   connection;
+//! - the exit code becomes the client's status ([`status`]);
+//! - a client that hangs up gets its process killed (`kill` on a second
+//!   connection: the agent only notices a dropped client when it writes).
+
+pub mod agent;
+pub mod silkd;
+pub mod status;
+pub mod tty;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use serde::Deserialize;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use agent::{AgentFailure, AgentReader, AgentWriter};
+use silkd::{Reply, Request};
+pub use status::Outcome;
+
+use crate::kubelet::sandbox::{DataPlane, SandboxRef};
+
+/// How long to wait for the client's first terminal size before opening
+/// the terminal at the default size (kubectl sends it at once).
+pub const FIRST_SIZE_WAIT: Duration = Duration::from_millis(500);
+/// Terminal size when the client sends none.
+pub const DEFAULT_SIZE: TermSize = TermSize {
+    width: 80,
+    height: 24,
+};
+/// How long the terminal's shell gets to start the command (print the
+/// marker) before its output passes unfiltered.
+pub const MARKER_WAIT: Duration = Duration::from_secs(15);
+
+/// A terminal size as the resize channel carries it (JSON
+/// `{"Width":…,"Height":…}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct TermSize {
+    #[serde(rename = "Width")]
+    pub width: u16,
+    #[serde(rename = "Height")]
+    pub height: u16,
+}
+
+/// The client's input (stdin).
+pub trait Input: Send {
+    /// The next bytes; `None` when the client closed its input (or left).
+    fn next(&mut self) -> BoxFuture<'_, Option<Bytes>>;
+}
+
+/// Output to the client (stdout or stderr).
+pub trait Output: Send + Sync {
+    /// Send `data`; an error means the client is gone.
+    fn write(&self, data: Bytes) -> BoxFuture<'_, Result<(), ()>>;
+    /// No more output on this channel.
+    fn finish(&self) -> BoxFuture<'_, ()>;
+}
+
+/// The remote-command channels the client asked for.
+pub struct Channels {
+    pub stdin: Option<Box<dyn Input>>,
+    pub stdout: Option<Box<dyn Output>>,
+    pub stderr: Option<Box<dyn Output>>,
+    pub resize: Option<mpsc::Receiver<TermSize>>,
+    /// Cancelled when the client's connection is gone.
+    pub hangup: CancellationToken,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    pub tty: bool,
+}
+
+/// Run `req` in `sandbox`, wired to `ch`, until the process ends or the
+/// client hangs up. The outcome is for the client's status channel.
+#[tracing::instrument(skip_all, fields(sandbox = %sandbox.id, tty = req.tty))]
+pub async fn run(
+    plane: Arc<dyn DataPlane>,
+    sandbox: SandboxRef,
+    req: ExecRequest,
+    mut ch: Channels,
+) -> Outcome {
+    if req.argv.is_empty() {
+        return Outcome::Refused {
+            reason: "BadRequest",
+            message: "no command given".into(),
+        };
+    }
+    let (reader, writer) = match agent::connect(plane.as_ref(), &sandbox).await {
+        Ok(c) => c,
+        Err(e) => return Outcome::Unreachable(e.to_string()),
+    };
+    let (pid_tx, pid_rx) = watch::channel(None);
+    let mut filter = None;
+    let (release_tx, release_rx) = watch::channel(!req.tty);
+    let opened = if req.tty {
+        let size = first_size(ch.resize.as_mut()).await;
+        let inj = tty::injection(&req.argv, &nonce());
+        filter = Some(tty::MarkerFilter::new(inj.marker));
+        let r = writer
+            .send(Request::PtyOpen {
+                cols: size.width,
+                rows: size.height,
+            })
+            .await;
+        match r {
+            Ok(()) => writer.send(Request::Stdin(inj.line)).await,
+            Err(e) => Err(e),
+        }
+    } else {
+        writer
+            .send(Request::Exec {
+                argv: req.argv.clone(),
+            })
+            .await
+    };
+    if let Err(e) = opened {
+        return Outcome::Unreachable(e.to_string());
+    }
+    let stdin_task = tokio::spawn(pump_stdin(
+        ch.stdin.take(),
+        writer.clone(),
+        release_rx,
+        !req.tty,
+    ));
+    let resize_task = ch.resize.take().map(|rx| {
+        tokio::spawn(forward_resizes(
+            Arc::clone(&plane),
+            sandbox.clone(),
+            rx,
+            pid_rx.clone(),
+        ))
+    });
+    let session = Session {
+        reader,
+        filter,
+        release: release_tx,
+        pid: pid_tx,
+        stdout: ch.stdout.as_deref(),
+        stderr: ch.stderr.as_deref(),
+        hangup: &ch.hangup,
+    };
+    let outcome = session.run().await;
+    stdin_task.abort();
+    if let Some(t) = resize_task {
+        t.abort();
+    }
+    drop(writer);
+    let pid = *pid_rx.borrow();
+    match &outcome {
+        Ended::Finished(_) => {}
+        Ended::HungUp | Ended::Broken(_) => {
+            if let Some(pid) = pid {
+                // The agent notices a dropped client only when it writes: a
+                // quiet process would run on.
+                let plane = Arc::clone(&plane);
+                let sandbox = sandbox.clone();
+                tokio::spawn(async move {
+                    let kill = Request::Kill { pid, signal: None };
+                    match agent::control(plane.as_ref(), &sandbox, kill).await {
+                        Ok(()) => tracing::debug!(pid, "killed the process of a gone client"),
+                        Err(e) => tracing::debug!(pid, error = %e, "kill after hang-up"),
+                    }
+                });
+            }
+        }
+    }
+    for out in [ch.stdout.as_deref(), ch.stderr.as_deref()]
+        .into_iter()
+        .flatten()
+    {
+        out.finish().await;
+    }
+    match outcome {
+        Ended::Finished(o) => o,
+        Ended::HungUp => Outcome::Exited(-1),
+        Ended::Broken(why) => Outcome::Unreachable(why),
+    }
+}
+
+/// How the reply loop ended.
+enum Ended {
+    Finished(Outcome),
+    HungUp,
+    Broken(String),
+}
+
+struct Session<'a> {
+    reader: AgentReader,
+    filter: Option<tty::MarkerFilter>,
+    release: watch::Sender<bool>,
+    pid: watch::Sender<Option<u32>>,
+    stdout: Option<&'a dyn Output>,
+    stderr: Option<&'a dyn Output>,
+    hangup: &'a CancellationToken,
+}
+
+impl Session<'_> {
+    async fn run(mut self) -> Ended {
+        let marker_deadline = tokio::time::sleep(MARKER_WAIT);
+        tokio::pin!(marker_deadline);
+        loop {
+            let waiting = self.filter.as_ref().is_some_and(|f| !f.passing());
+            let reply = tokio::select! {
+                biased;
+                _ = self.hangup.cancelled() => return Ended::HungUp,
+                _ = &mut marker_deadline, if waiting => {
+                    if let Some(f) = self.filter.as_mut() {
+                        let held = f.give_up();
+                        let _ = self.release.send(true);
+                        tracing::info!("the terminal's shell did not start the command in time; passing its output as is");
+                        if emit(self.stdout, held, self.hangup).await.is_err() {
+                            return Ended::HungUp;
+                        }
+                    }
+                    continue;
+                }
+                r = self.reader.next() => r,
+            };
+            match reply {
+                Ok(Reply::Started { pid }) => {
+                    let _ = self.pid.send(Some(pid));
+                }
+                Ok(Reply::Stdout(data)) => {
+                    let data = match self.filter.as_mut() {
+                        Some(f) => {
+                            let was = f.passing();
+                            let out = f.feed(&data);
+                            if !was && f.passing() {
+                                let _ = self.release.send(true);
+                            }
+                            out
+                        }
+                        None => data,
+                    };
+                    if emit(self.stdout, data, self.hangup).await.is_err() {
+                        return Ended::HungUp;
+                    }
+                }
+                Ok(Reply::Stderr(data)) => {
+                    if emit(self.stderr, data, self.hangup).await.is_err() {
+                        return Ended::HungUp;
+                    }
+                }
+                Ok(Reply::Exit { code }) => return Ended::Finished(Outcome::Exited(code)),
+                Ok(Reply::Error { kind, message }) => {
+                    return Ended::Finished(Outcome::AgentError { kind, message });
+                }
+                Ok(Reply::Done | Reply::Other(_)) => {}
+                Err(AgentFailure::Closed) => {
+                    return Ended::Broken(
+                        "the guest agent relay closed before the command ended".into(),
+                    );
+                }
+                Err(e) => return Ended::Broken(e.to_string()),
+            }
+        }
+    }
+}
+
+/// Write to the client unless it hangs up meanwhile.
+async fn emit(
+    out: Option<&dyn Output>,
+    data: Vec<u8>,
+    hangup: &CancellationToken,
+) -> Result<(), ()> {
+    let Some(out) = out else { return Ok(()) };
+    if data.is_empty() {
+        return Ok(());
+    }
+    tokio::select! {
+        r = out.write(Bytes::from(data)) => r,
+        _ = hangup.cancelled() => Err(()),
+    }
+}
+
+/// The client's first terminal size, if it sends one soon.
+async fn first_size(resize: Option<&mut mpsc::Receiver<TermSize>>) -> TermSize {
+    let Some(rx) = resize else {
+        return DEFAULT_SIZE;
+    };
+    match tokio::time::timeout(FIRST_SIZE_WAIT, rx.recv()).await {
+        Ok(Some(size)) if size.width > 0 && size.height > 0 => size,
+        _ => DEFAULT_SIZE,
+    }
+}
+
+/// Forward stdin once released (at once without a terminal; with one, once
+/// the command runs, so nothing typed reaches the shell before it), then
+/// `stdin_close`. Without stdin, `close_if_absent` says so at once (a
+/// command reading stdin would wait otherwise); a terminal is left open
+/// (closing its input types ^D, which would end the shell).
+async fn pump_stdin(
+    input: Option<Box<dyn Input>>,
+    writer: AgentWriter,
+    mut release: watch::Receiver<bool>,
+    close_if_absent: bool,
+) {
+    let Some(mut input) = input else {
+        if close_if_absent {
+            let _ = writer.send(Request::StdinClose).await;
+        }
+        return;
+    };
+    if release.wait_for(|r| *r).await.is_err() {
+        return;
+    }
+    while let Some(data) = input.next().await {
+        if data.is_empty() {
+            continue;
+        }
+        if writer.send(Request::Stdin(data.to_vec())).await.is_err() {
+            return;
+        }
+    }
+    let _ = writer.send(Request::StdinClose).await;
+}
+
+/// Each new terminal size becomes a `pty_resize` RPC on its own connection.
+async fn forward_resizes(
+    plane: Arc<dyn DataPlane>,
+    sandbox: SandboxRef,
+    mut sizes: mpsc::Receiver<TermSize>,
+    mut pid: watch::Receiver<Option<u32>>,
+) {
+    while let Some(mut size) = sizes.recv().await {
+        // Only the latest of a burst matters.
+        while let Ok(newer) = sizes.try_recv() {
+            size = newer;
+        }
+        let Ok(pid) = pid.wait_for(Option::is_some).await.map(|p| p.unwrap_or(0)) else {
+            return;
+        };
+        let req = Request::PtyResize {
+            pid,
+            cols: size.width,
+            rows: size.height,
+        };
+        if let Err(e) = agent::control(plane.as_ref(), &sandbox, req).await {
+            tracing::debug!(error = %e, "terminal resize");
+        }
+    }
+}
+
+fn nonce() -> String {
+    let n: u64 = rand::random();
+    format!("{n:016x}")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,346 @@
+//! Remote command (exec, attach) over a WebSocket: every message is one
+//! channel's data, prefixed with its channel number (0 stdin, 1 stdout,
+//! 2 stderr, 3 error/status, 4 resize). The versions differ in small ways:
+//!
+//! | protocol | framing | status channel | stdin end |
+//! |---|---|---|---|
+//! | `v5.channel.k8s.io` | binary | `v1.Status` JSON | `[255, 0]` (close signal) |
+//! | `v4.channel.k8s.io` | binary | `v1.Status` JSON | connection close |
+//! | `v4.base64.channel.k8s.io` | text: digit + base64 | `v1.Status` JSON | connection close |
+//! | `channel.k8s.io` | binary | error text | connection close |
+//! | `base64.channel.k8s.io` | text: digit + base64 | error text | connection close |
+//!
+//! The server first sends an empty message on its lowest output channel
+//! (clients take it as "connected"), and after the status a normal close.
+
+use std::future::Future;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::future::BoxFuture;
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_util::sync::CancellationToken;
+
+use super::{ResizeDecoder, StreamOptions, status_text};
+use crate::kubelet::exec::{Channels, Input, Outcome, Output};
+
+pub const STDIN: u8 = 0;
+pub const STDOUT: u8 = 1;
+pub const STDERR: u8 = 2;
+pub const STATUS: u8 = 3;
+pub const RESIZE: u8 = 4;
+/// v5's close signal: `[255, channel]`.
+pub const CLOSE_SIGNAL: u8 = 255;
+
+/// Largest message accepted from a client.
+pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+/// How a protocol version frames channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Codec {
+    pub base64: bool,
+    pub close_signal: bool,
+    pub status_json: bool,
+}
+
+/// The codec of a negotiated protocol.
+pub fn codec(protocol: &str) -> Codec {
+    Codec {
+        base64: protocol.contains("base64"),
+        close_signal: protocol == "v5.channel.k8s.io",
+        status_json: protocol.starts_with("v4.") || protocol.starts_with("v5."),
+    }
+}
+
+/// A message from the client, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incoming {
+    Data(u8, Bytes),
+    /// v5: the client closed its side of a channel.
+    Close(u8),
+    /// Not a channel message (or malformed): ignored.
+    Other,
+}
+
+impl Codec {
+    /// `data` on `channel` as a message.
+    pub fn encode(&self, channel: u8, data: &[u8]) -> Message {
+        if self.base64 {
+            let mut text = String::with_capacity(1 + data.len().div_ceil(3) * 4);
+            text.push(char::from(b'0' + channel));
+            STANDARD.encode_string(data, &mut text);
+            Message::text(text)
+        } else {
+            let mut b = BytesMut::with_capacity(1 + data.len());
+            b.put_u8(channel);
+            b.put_slice(data);
+            Message::Binary(b.freeze())
+        }
+    }
+
+    /// What a client message says.
+    pub fn decode(&self, msg: &Message) -> Incoming {
+        match msg {
+            Message::Binary(b) if !self.base64 => match b.first() {
+                Some(&CLOSE_SIGNAL) if self.close_signal => match b.get(1) {
+                    Some(&ch) => Incoming::Close(ch),
+                    None => Incoming::Other,
+                },
+                Some(&ch) => Incoming::Data(ch, b.slice(1..)),
+                None => Incoming::Other,
+            },
+            Message::Text(t) if self.base64 => {
+                let t = t.as_str();
+                let Some(digit) = t.bytes().next().filter(u8::is_ascii_digit) else {
+                    return Incoming::Other;
+                };
+                match STANDARD.decode(&t[1..]) {
+                    Ok(d) => Incoming::Data(digit - b'0', Bytes::from(d)),
+                    Err(_) => Incoming::Other,
+                }
+            }
+            _ => Incoming::Other,
+        }
+    }
+}
+
+/// The status channel's text under `codec`.
+pub fn status_body(codec: Codec, status: &serde_json::Value) -> Vec<u8> {
+    status_text(codec.status_json, status)
+}
+
+/// The server side of an upgraded WebSocket connection.
+pub async fn accept<IO>(io: IO) -> WebSocketStream<IO>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE))
+        .max_frame_size(Some(MAX_MESSAGE));
+    WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await
+}
+
+struct WsInput(mpsc::Receiver<Bytes>);
+
+impl Input for WsInput {
+    fn next(&mut self) -> BoxFuture<'_, Option<Bytes>> {
+        Box::pin(async move { self.0.recv().await })
+    }
+}
+
+struct WsOutput {
+    channel: u8,
+    codec: Codec,
+    out: mpsc::Sender<Message>,
+}
+
+impl Output for WsOutput {
+    fn write(&self, data: Bytes) -> BoxFuture<'_, Result<(), ()>> {
+        Box::pin(async move {
+            let msg = self.codec.encode(self.channel, &data);
+            self.out.send(msg).await.map_err(|_| ())
+        })
+    }
+
+    fn finish(&self) -> BoxFuture<'_, ()> {
+        // Clients end a channel when the connection closes; a close signal
+        // sent to them is an unknown channel (255) they log as an error.
+        Box::pin(async {})
+    }
+}
+
+/// Serve one remote-command session on an upgraded connection.
+pub async fn serve<IO, F, Fut>(io: IO, protocol: &'static str, opts: StreamOptions, command: F)
+where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    F: FnOnce(Channels) -> Fut,
+    Fut: Future<Output = (Outcome, serde_json::Value)>,
+{
+    let codec = codec(protocol);
+    let (mut sink, mut stream) = accept(io).await.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Message>(32);
+    let writer = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            if sink.feed(m).await.is_err() {
+                return;
+            }
+            if out_rx.is_empty() && sink.flush().await.is_err() {
+                return;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let first = if opts.stdout {
+        STDOUT
+    } else if opts.stderr {
+        STDERR
+    } else {
+        STATUS
+    };
+    let _ = out_tx.send(codec.encode(first, &[])).await;
+
+    let (stdin_tx, stdin_rx) = mpsc::channel::<Bytes>(16);
+    let (resize_tx, resize_rx) = mpsc::channel(8);
+    let hangup = CancellationToken::new();
+    let reader = {
+        let hangup = hangup.clone();
+        let want_stdin = opts.stdin;
+        tokio::spawn(async move {
+            let mut stdin = want_stdin.then_some(stdin_tx);
+            let mut sizes = ResizeDecoder::default();
+            while let Some(Ok(msg)) = stream.next().await {
+                if matches!(msg, Message::Close(_)) {
+                    break;
+                }
+                match codec.decode(&msg) {
+                    Incoming::Data(STDIN, data) => {
+                        if let Some(tx) = &stdin {
+                            let _ = tx.send(data).await;
+                        }
+                    }
+                    Incoming::Data(RESIZE, data) => {
+                        for size in sizes.feed(&data) {
+                            let _ = resize_tx.send(size).await;
+                        }
+                    }
+                    Incoming::Close(STDIN) => stdin = None,
+                    _ => {}
+                }
+            }
+            hangup.cancel();
+        })
+    };
+    let output = |channel: u8, wanted: bool| {
+        wanted.then(|| {
+            Box::new(WsOutput {
+                channel,
+                codec,
+                out: out_tx.clone(),
+            }) as Box<dyn Output>
+        })
+    };
+    let channels = Channels {
+        stdin: opts
+            .stdin
+            .then(|| Box::new(WsInput(stdin_rx)) as Box<dyn Input>),
+        stdout: output(STDOUT, opts.stdout),
+        stderr: output(STDERR, opts.stderr && !opts.tty),
+        resize: opts.tty.then_some(resize_rx),
+        hangup: hangup.clone(),
+    };
+    let (outcome, status) = command(channels).await;
+    if hangup.is_cancelled() {
+        tracing::debug!(?outcome, "remote-command client gone");
+        reader.abort();
+        writer.abort();
+        return;
+    }
+    let body = status_body(codec, &status);
+    if !body.is_empty() {
+        let _ = out_tx.send(codec.encode(STATUS, &body)).await;
+    }
+    let _ = out_tx
+        .send(Message::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        })))
+        .await;
+    drop(out_tx);
+    // Give the client a moment to read and answer the close; it may as well
+    // just hang up.
+    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    reader.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn codecs_of_each_version() {
+        let v5 = codec("v5.channel.k8s.io");
+        assert_eq!(
+            v5,
+            Codec {
+                base64: false,
+                close_signal: true,
+                status_json: true
+            }
+        );
+        assert!(!codec("v4.channel.k8s.io").close_signal);
+        assert!(codec("v4.base64.channel.k8s.io").base64);
+        assert!(!codec("channel.k8s.io").status_json);
+        assert!(codec("base64.channel.k8s.io").base64);
+    }
+
+    #[test]
+    fn binary_framing() {
+        let v5 = codec("v5.channel.k8s.io");
+        assert_eq!(
+            v5.encode(1, b"hi"),
+            Message::Binary(Bytes::from_static(b"\x01hi"))
+        );
+        assert_eq!(
+            v5.encode(1, b""),
+            Message::Binary(Bytes::from_static(b"\x01"))
+        );
+        assert_eq!(
+            v5.decode(&Message::Binary(Bytes::from_static(b"\x00abc"))),
+            Incoming::Data(0, Bytes::from_static(b"abc"))
+        );
+        assert_eq!(
+            v5.decode(&Message::Binary(Bytes::from_static(&[255, 0]))),
+            Incoming::Close(0)
+        );
+        assert_eq!(
+            v5.decode(&Message::Binary(Bytes::from_static(&[255]))),
+            Incoming::Other
+        );
+        assert_eq!(v5.decode(&Message::Binary(Bytes::new())), Incoming::Other);
+        assert_eq!(v5.decode(&Message::text("0YWJj")), Incoming::Other);
+        let v4 = codec("v4.channel.k8s.io");
+        assert_eq!(
+            v4.decode(&Message::Binary(Bytes::from_static(&[255, 0]))),
+            Incoming::Data(255, Bytes::from_static(&[0])),
+            "no close signal before v5"
+        );
+    }
+
+    #[test]
+    fn base64_framing() {
+        let b = codec("v4.base64.channel.k8s.io");
+        assert_eq!(b.encode(1, b"hi\n"), Message::text("1aGkK"));
+        assert_eq!(
+            b.decode(&Message::text("0Zm9vCg==")),
+            Incoming::Data(0, Bytes::from_static(b"foo\n"))
+        );
+        assert_eq!(b.decode(&Message::text("0***")), Incoming::Other);
+        assert_eq!(b.decode(&Message::text("x")), Incoming::Other);
+        assert_eq!(b.decode(&Message::text("")), Incoming::Other);
+        assert_eq!(
+            b.decode(&Message::Binary(Bytes::from_static(b"\x00a"))),
+            Incoming::Other
+        );
+    }
+
+    #[test]
+    fn status_bodies() {
+        let ok = json!({"status": "Success"});
+        let bad = json!({"status": "Failure", "message": "nope"});
+        assert_eq!(
+            status_body(codec("v5.channel.k8s.io"), &bad),
+            bad.to_string().into_bytes()
+        );
+        assert!(status_body(codec("channel.k8s.io"), &ok).is_empty());
+        assert_eq!(status_body(codec("base64.channel.k8s.io"), &bad), b"nope");
+    }
+}

@@ -1,0 +1,323 @@
+//! The kubelet API's streaming routes: `exec`, `attach`, `portForward` and
+//! `containerLogs` (docs/streaming.md). A request is validated, its
+//! protocol negotiated and its Pod's sandbox looked up before the upgrade
+//! (a bad request is a 400, a Pod not bound here a 404, as from a kubelet);
+//! after the `101` the session runs in its own task.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+
+use crate::kubelet::exec::{self, ExecRequest, Outcome, status};
+use crate::kubelet::port_forward;
+use crate::kubelet::routes::KubeletState;
+use crate::kubelet::sandbox::{DataPlane, SandboxRef, Sandboxes, Unavailable};
+use crate::kubelet::stats::StatsSource;
+use crate::kubelet::stream::negotiate::STREAM_PROTOCOL_HEADER;
+use crate::kubelet::stream::{
+    Negotiated, Purpose, Refusal, StreamOptions, negotiate, spdy_exec, stream_options, tunnel,
+    websocket,
+};
+
+/// What the streaming and stats routes need.
+#[derive(Clone)]
+pub struct Streaming {
+    pub sandboxes: Arc<dyn Sandboxes>,
+    pub plane: Arc<dyn DataPlane>,
+    pub stats: Arc<StatsSource>,
+}
+
+impl Streaming {
+    pub fn new(sandboxes: Arc<dyn Sandboxes>, plane: Arc<dyn DataPlane>) -> Streaming {
+        let stats = Arc::new(StatsSource::new(Arc::clone(&sandboxes), Arc::clone(&plane)));
+        Streaming {
+            sandboxes,
+            plane,
+            stats,
+        }
+    }
+}
+
+/// `kubectl logs` on a sandbox Pod (a 400, which `kubectl` shows as is).
+pub const NO_CONTAINER_LOG: &str = "a sandbox Pod has no container log: its container is a \
+     sandboxd microVM, whose console output is not kept. Look inside with kubectl exec (for \
+     example kubectl exec -it POD -- sh) or read the files your program writes.";
+
+/// `kubectl attach` on a sandbox Pod.
+pub const NOTHING_TO_ATTACH: &str = "a sandbox Pod has no container process to attach to: its \
+     container is a sandboxd microVM. Start a shell with kubectl exec -it POD -- sh instead.";
+
+/// Most bytes of a urlencoded POST body read for stream options.
+const MAX_FORM: usize = 64 * 1024;
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    (status, body.into()).into_response()
+}
+
+/// An answer given instead of upgrading (boxed: a `Response` is large).
+type Refused = Box<Response>;
+
+fn refused(status: StatusCode, body: impl Into<String>) -> Refused {
+    Box::new(text(status, body))
+}
+
+async fn form(
+    req: Request,
+) -> Result<(axum::http::request::Parts, Vec<(String, String)>), Refused> {
+    let (parts, body) = req.into_parts();
+    let is_form = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+    if parts.method != Method::POST || !is_form {
+        return Ok((parts, Vec::new()));
+    }
+    let bytes = axum::body::to_bytes(body, MAX_FORM)
+        .await
+        .map_err(|e| refused(StatusCode::BAD_REQUEST, format!("read the form body: {e}")))?;
+    let pairs = url::form_urlencoded::parse(&bytes)
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    Ok((parts, pairs))
+}
+
+fn refusal(r: Refusal) -> Response {
+    match r {
+        Refusal::BadRequest(m) => text(StatusCode::BAD_REQUEST, m),
+        Refusal::Forbidden(m) => text(StatusCode::FORBIDDEN, m),
+    }
+}
+
+/// The `101` for `n`, and the upgraded connection's future.
+fn switching(
+    n: &Negotiated,
+    parts: &mut axum::http::request::Parts,
+) -> Result<(Response, OnUpgrade), Refused> {
+    let on_upgrade = parts.extensions.remove::<OnUpgrade>().ok_or_else(|| {
+        refused(
+            StatusCode::BAD_REQUEST,
+            "unable to upgrade: the connection cannot be upgraded (use HTTP/1.1)",
+        )
+    })?;
+    let mut resp = Response::new(Body::empty());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    match n {
+        Negotiated::Spdy { protocol } => {
+            h.insert(header::UPGRADE, HeaderValue::from_static("SPDY/3.1"));
+            h.insert(STREAM_PROTOCOL_HEADER, HeaderValue::from_static(protocol));
+        }
+        Negotiated::WebSocket { protocol, key } => {
+            h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+            let accept = derive_accept_key(key.as_bytes());
+            let accept = HeaderValue::from_str(&accept).map_err(|_| {
+                refused(
+                    StatusCode::BAD_REQUEST,
+                    "unable to upgrade: bad Sec-WebSocket-Key",
+                )
+            })?;
+            h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+            h.insert(
+                header::SEC_WEBSOCKET_PROTOCOL,
+                HeaderValue::from_static(protocol),
+            );
+        }
+    }
+    Ok((resp, on_upgrade))
+}
+
+/// Path parameters of exec and attach: ns, pod, [uid,] container.
+fn pod_params(params: &[String]) -> (String, String, Option<String>) {
+    let uid = (params.len() == 4).then(|| params[2].clone());
+    (params[0].clone(), params[1].clone(), uid)
+}
+
+/// Which sandbox, or the refusal to run anything.
+fn target(
+    streaming: &Streaming,
+    ns: &str,
+    pod: &str,
+    uid: Option<&str>,
+) -> Result<Result<SandboxRef, Outcome>, Refused> {
+    match streaming.sandboxes.lookup(ns, pod, uid) {
+        Ok(s) => Ok(Ok(s)),
+        Err(Unavailable::NoPod) => Err(refused(StatusCode::NOT_FOUND, "pod does not exist")),
+        Err(Unavailable::NoSandbox(why)) => Ok(Err(Outcome::Refused {
+            reason: "NotFound",
+            message: why,
+        })),
+    }
+}
+
+async fn remote_command(
+    state: KubeletState,
+    params: Vec<String>,
+    req: Request,
+    attach: bool,
+) -> Response {
+    let (mut parts, form) = match form(req).await {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
+    let query = parts.uri.query().unwrap_or("").to_string();
+    let opts = match stream_options(&form, &query) {
+        Ok(o) => o,
+        Err(why) => return text(StatusCode::BAD_REQUEST, why),
+    };
+    if !attach && opts.command.is_empty() {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "no command given (the command query parameter)",
+        );
+    }
+    let negotiated = match negotiate(&parts.headers, Purpose::RemoteCommand) {
+        Ok(n) => n,
+        Err(r) => return refusal(r),
+    };
+    let Some(streaming) = state.streaming.clone() else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "streaming is not configured on this node",
+        );
+    };
+    let (ns, pod, uid) = pod_params(&params);
+    let target = match target(&streaming, &ns, &pod, uid.as_deref()) {
+        Ok(t) => t,
+        Err(r) => return *r,
+    };
+    let target = if attach {
+        Err(Outcome::Refused {
+            reason: "BadRequest",
+            message: NOTHING_TO_ATTACH.into(),
+        })
+    } else {
+        target
+    };
+    let (resp, on_upgrade) = match switching(&negotiated, &mut parts) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
+    let span = tracing::info_span!("exec", pod = %format!("{ns}/{pod}"), node = %state.node_name);
+    tokio::spawn(tracing::Instrument::instrument(
+        session(negotiated, on_upgrade, opts, streaming.plane, target),
+        span,
+    ));
+    resp
+}
+
+async fn session(
+    negotiated: Negotiated,
+    on_upgrade: OnUpgrade,
+    opts: StreamOptions,
+    plane: Arc<dyn DataPlane>,
+    target: Result<SandboxRef, Outcome>,
+) {
+    let io = match on_upgrade.await {
+        Ok(u) => TokioIo::new(u),
+        Err(e) => {
+            tracing::debug!(error = %e, "upgrade failed");
+            return;
+        }
+    };
+    let argv = opts.command.clone();
+    let req = ExecRequest {
+        argv: argv.clone(),
+        tty: opts.tty,
+    };
+    let command = move |channels| async move {
+        let outcome = match target {
+            Ok(sandbox) => exec::run(plane, sandbox, req, channels).await,
+            Err(refused) => refused,
+        };
+        tracing::info!(?outcome, "exec ended");
+        let st = status::status(&outcome, &argv);
+        (outcome, st)
+    };
+    match negotiated {
+        Negotiated::Spdy { protocol } => spdy_exec::serve(io, protocol, opts, command).await,
+        Negotiated::WebSocket { protocol, .. } => {
+            websocket::serve(io, protocol, opts, command).await
+        }
+    }
+}
+
+/// `GET|POST /exec/{ns}/{pod}[/{uid}]/{container}`.
+pub async fn exec_route(
+    State(state): State<KubeletState>,
+    Path(params): Path<Vec<String>>,
+    req: Request,
+) -> Response {
+    remote_command(state, params, req, false).await
+}
+
+/// `GET|POST /attach/{ns}/{pod}[/{uid}]/{container}`.
+pub async fn attach_route(
+    State(state): State<KubeletState>,
+    Path(params): Path<Vec<String>>,
+    req: Request,
+) -> Response {
+    remote_command(state, params, req, true).await
+}
+
+/// `GET|POST /portForward/{ns}/{pod}[/{uid}]`.
+pub async fn port_forward_route(
+    State(state): State<KubeletState>,
+    Path(params): Path<Vec<String>>,
+    req: Request,
+) -> Response {
+    let (mut parts, _) = req.into_parts();
+    let negotiated = match negotiate(&parts.headers, Purpose::PortForward) {
+        Ok(n) => n,
+        Err(r) => return refusal(r),
+    };
+    let Some(streaming) = state.streaming.clone() else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "streaming is not configured on this node",
+        );
+    };
+    let ns = params[0].clone();
+    let pod = params[1].clone();
+    let uid = params.get(2).cloned();
+    let sandbox = match target(&streaming, &ns, &pod, uid.as_deref()) {
+        Ok(Ok(s)) => s,
+        Ok(Err(Outcome::Refused { message, .. })) => {
+            // Nothing to forward to: before the upgrade, so that the client
+            // shows the reason instead of a broken stream.
+            return text(StatusCode::BAD_REQUEST, message);
+        }
+        Ok(Err(_)) => return text(StatusCode::BAD_REQUEST, "pod has no sandbox"),
+        Err(r) => return *r,
+    };
+    let (resp, on_upgrade) = match switching(&negotiated, &mut parts) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
+    let key = format!("{ns}/{pod}");
+    let plane = Arc::clone(&streaming.plane);
+    tokio::spawn(async move {
+        let io = match on_upgrade.await {
+            Ok(u) => TokioIo::new(u),
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade failed");
+                return;
+            }
+        };
+        match negotiated {
+            Negotiated::Spdy { .. } => port_forward::serve(io, plane, sandbox, key).await,
+            Negotiated::WebSocket { .. } => {
+                let io = tunnel::byte_stream(io).await;
+                port_forward::serve(io, plane, sandbox, key).await
+            }
+        }
+    });
+    resp
+}

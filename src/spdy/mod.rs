@@ -1,0 +1,16 @@
+//! A small SPDY/3.1 implementation: what Kubernetes' streaming clients speak
+//! to a kubelet for exec, attach and port-forward (docs/streaming.md).
+//!
+//! - [`frame`]: frames to and from bytes (pure);
+//! - [`headers`]: header blocks and their zlib compression with the
+//!   protocol's [`dictionary`];
+//! - [`session`]: a server session over an upgraded connection.
+
+pub mod dictionary;
+pub mod frame;
+pub mod headers;
+pub mod session;
+
+pub use frame::{Frame, FrameError};
+pub use headers::Headers;
+pub use session::{Closed, End, Session, Stream, StreamReader, StreamWriter, start};

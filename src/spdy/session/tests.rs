@@ -1,0 +1,307 @@
+use std::time::Duration;
+
+use tokio::io::DuplexStream;
+
+use super::*;
+use crate::spdy::frame::MAX_PAYLOAD;
+
+/// The client side, speaking frames by hand.
+struct Peer {
+    io: DuplexStream,
+    buf: BytesMut,
+    deflater: Deflater,
+    inflater: Inflater,
+}
+
+impl Peer {
+    fn new(io: DuplexStream) -> Peer {
+        Peer {
+            io,
+            buf: BytesMut::new(),
+            deflater: Deflater::new().unwrap(),
+            inflater: Inflater::new(),
+        }
+    }
+
+    async fn send(&mut self, f: Frame) {
+        let mut out = BytesMut::new();
+        frame::encode(&f, &mut out).unwrap();
+        self.io.write_all(&out).await.unwrap();
+    }
+
+    async fn open(&mut self, id: u32, headers: &[(&str, &str)], fin: bool) {
+        let block = self.deflater.compress(&encode_block(headers)).unwrap();
+        self.send(Frame::SynStream {
+            stream_id: id,
+            associated_to: 0,
+            priority: 0,
+            slot: 0,
+            fin,
+            unidirectional: false,
+            header_block: block.into(),
+        })
+        .await;
+    }
+
+    async fn data(&mut self, id: u32, data: &[u8], fin: bool) {
+        self.send(Frame::Data {
+            stream_id: id,
+            fin,
+            data: Bytes::copy_from_slice(data),
+        })
+        .await;
+    }
+
+    /// The next frame, or None at EOF.
+    async fn recv(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(f) = frame::decode(&mut self.buf, MAX_PAYLOAD).unwrap() {
+                if let Frame::SynReply { header_block, .. } = &f {
+                    let raw = self.inflater.decompress(header_block).unwrap();
+                    assert_eq!(decode_block(&raw).unwrap(), Headers::default());
+                }
+                return Some(f);
+            }
+            let n = tokio::time::timeout(Duration::from_secs(10), self.io.read_buf(&mut self.buf))
+                .await
+                .expect("a frame within 10 s")
+                .unwrap();
+            if n == 0 {
+                return None;
+            }
+        }
+    }
+}
+
+fn pair() -> (Peer, Session, mpsc::Receiver<Stream>) {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let (session, streams) = start(b);
+    (Peer::new(a), session, streams)
+}
+
+async fn next_stream(streams: &mut mpsc::Receiver<Stream>) -> Stream {
+    tokio::time::timeout(Duration::from_secs(10), streams.recv())
+        .await
+        .expect("a stream within 10 s")
+        .expect("session alive")
+}
+
+#[tokio::test]
+async fn a_stream_is_replied_to_then_carries_data_both_ways() {
+    let (mut peer, _session, mut streams) = pair();
+    peer.open(1, &[("streamType", "stdin"), ("x", "1")], false)
+        .await;
+    let mut s = next_stream(&mut streams).await;
+    assert_eq!(s.id, 1);
+    assert_eq!(s.headers.get("streamtype"), Some("stdin"));
+    assert!(matches!(
+        peer.recv().await,
+        Some(Frame::SynReply {
+            stream_id: 1,
+            fin: false,
+            ..
+        })
+    ));
+    peer.data(1, b"ping", false).await;
+    peer.data(1, b"", true).await;
+    assert_eq!(s.reader.next().await, Ok(Bytes::from_static(b"ping")));
+    assert_eq!(s.reader.next().await, Err(End::Fin));
+    assert_eq!(s.reader.next().await, Err(End::Fin), "stays ended");
+    s.writer.write(Bytes::from_static(b"pong")).await.unwrap();
+    s.writer.finish().await.unwrap();
+    assert_eq!(
+        peer.recv().await,
+        Some(Frame::Data {
+            stream_id: 1,
+            fin: false,
+            data: Bytes::from_static(b"pong")
+        })
+    );
+    assert_eq!(
+        peer.recv().await,
+        Some(Frame::Data {
+            stream_id: 1,
+            fin: true,
+            data: Bytes::new()
+        })
+    );
+}
+
+#[tokio::test]
+async fn many_streams_keep_one_compression_context() {
+    let (mut peer, _session, mut streams) = pair();
+    for i in 0..40u32 {
+        let id = 2 * i + 1;
+        let rid = i.to_string();
+        peer.open(id, &[("streamType", "data"), ("requestID", &rid)], false)
+            .await;
+        let s = next_stream(&mut streams).await;
+        assert_eq!(s.headers.get("requestid"), Some(rid.as_str()));
+        assert!(
+            matches!(peer.recv().await, Some(Frame::SynReply { stream_id, .. }) if stream_id == id)
+        );
+    }
+}
+
+#[tokio::test]
+async fn client_pings_are_echoed_and_others_ignored() {
+    let (mut peer, _session, _streams) = pair();
+    peer.send(Frame::Ping { id: 2 }).await;
+    peer.send(Frame::Settings {
+        clear: false,
+        entries: vec![],
+    })
+    .await;
+    peer.send(Frame::WindowUpdate {
+        stream_id: 0,
+        delta: 10,
+    })
+    .await;
+    peer.send(Frame::Ping { id: 7 }).await;
+    assert_eq!(peer.recv().await, Some(Frame::Ping { id: 7 }));
+}
+
+#[tokio::test]
+async fn a_reset_reaches_the_handler_and_silences_its_writes() {
+    let (mut peer, _session, mut streams) = pair();
+    peer.open(1, &[("streamType", "data")], false).await;
+    let mut s = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    peer.send(Frame::RstStream {
+        stream_id: 1,
+        status: rst::CANCEL,
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(10), s.writer.gone())
+        .await
+        .expect("gone after the reset");
+    assert_eq!(s.reader.next().await, Err(End::Reset));
+    assert_eq!(
+        s.writer.write(Bytes::from_static(b"late")).await,
+        Err(Closed)
+    );
+    // The session goes on: a new stream works and nothing of stream 1 comes.
+    peer.open(3, &[("streamType", "data")], false).await;
+    let s3 = next_stream(&mut streams).await;
+    s3.writer.write(Bytes::from_static(b"x")).await.unwrap();
+    assert!(matches!(
+        peer.recv().await,
+        Some(Frame::SynReply { stream_id: 3, .. })
+    ));
+    assert!(matches!(
+        peer.recv().await,
+        Some(Frame::Data { stream_id: 3, .. })
+    ));
+}
+
+#[tokio::test]
+async fn bad_stream_ids_are_refused_without_ending_the_session() {
+    let (mut peer, session, mut streams) = pair();
+    peer.open(2, &[], false).await;
+    assert_eq!(
+        peer.recv().await,
+        Some(Frame::RstStream {
+            stream_id: 2,
+            status: rst::PROTOCOL_ERROR
+        })
+    );
+    peer.open(5, &[], false).await;
+    let _ = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    peer.open(3, &[], false).await;
+    assert_eq!(
+        peer.recv().await,
+        Some(Frame::RstStream {
+            stream_id: 3,
+            status: rst::PROTOCOL_ERROR
+        })
+    );
+    assert!(!session.has_ended());
+}
+
+#[tokio::test]
+async fn a_garbled_frame_ends_the_session_with_goaway() {
+    let (mut peer, session, mut streams) = pair();
+    peer.open(1, &[], false).await;
+    let mut s = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    // PING with a 3-byte payload.
+    peer.io
+        .write_all(&[0x80, 3, 0, 6, 0, 0, 0, 3, 0, 0, 0])
+        .await
+        .unwrap();
+    assert_eq!(
+        peer.recv().await,
+        Some(Frame::GoAway {
+            last_good_stream_id: 1,
+            status: goaway::PROTOCOL_ERROR
+        })
+    );
+    tokio::time::timeout(Duration::from_secs(10), session.ended())
+        .await
+        .expect("ended");
+    assert_eq!(s.reader.next().await, Err(End::Reset));
+    assert!(s.writer.is_gone());
+}
+
+#[tokio::test]
+async fn a_peer_that_hangs_up_ends_every_stream() {
+    let (mut peer, session, mut streams) = pair();
+    peer.open(1, &[], false).await;
+    let mut s = next_stream(&mut streams).await;
+    peer.data(1, b"partial", false).await;
+    drop(peer);
+    assert_eq!(s.reader.next().await, Ok(Bytes::from_static(b"partial")));
+    assert_eq!(s.reader.next().await, Err(End::Reset));
+    tokio::time::timeout(Duration::from_secs(10), session.ended())
+        .await
+        .expect("ended");
+    assert!(streams.recv().await.is_none());
+}
+
+#[tokio::test]
+async fn large_writes_are_cut_into_frames() {
+    let (mut peer, _session, mut streams) = pair();
+    peer.open(1, &[], true).await;
+    let mut s = next_stream(&mut streams).await;
+    assert_eq!(s.reader.next().await, Err(End::Fin), "FIN on SYN_STREAM");
+    let _ = peer.recv().await;
+    let big: Vec<u8> = (0..(3 * MAX_DATA_FRAME + 5)).map(|i| i as u8).collect();
+    let w = s.writer.clone();
+    let sent = big.clone();
+    tokio::spawn(async move { w.write(Bytes::from(sent)).await });
+    let mut got = Vec::new();
+    while got.len() < big.len() {
+        match peer.recv().await {
+            Some(Frame::Data { data, .. }) => {
+                assert!(data.len() <= MAX_DATA_FRAME);
+                got.extend_from_slice(&data);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(got, big);
+}
+
+#[tokio::test]
+async fn close_flushes_says_goaway_and_shuts_the_write_side() {
+    let (mut peer, session, mut streams) = pair();
+    peer.open(1, &[], false).await;
+    let s = next_stream(&mut streams).await;
+    s.writer.write(Bytes::from_static(b"last")).await.unwrap();
+    session.close().await;
+    let mut seen = Vec::new();
+    while let Some(f) = peer.recv().await {
+        seen.push(f);
+    }
+    assert!(matches!(seen[0], Frame::SynReply { .. }));
+    assert!(matches!(&seen[1], Frame::Data { data, .. } if &data[..] == b"last"));
+    assert_eq!(
+        seen[2],
+        Frame::GoAway {
+            last_good_stream_id: 0,
+            status: goaway::OK
+        }
+    );
+    assert_eq!(seen.len(), 3);
+}
