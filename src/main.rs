@@ -18,7 +18,7 @@ use vk_sandbox::claims::{self, ClaimsStore};
 use vk_sandbox::config::{self, Config};
 use vk_sandbox::health::Health;
 use vk_sandbox::inventory::Publisher;
-use vk_sandbox::kubelet::KubeletApi;
+use vk_sandbox::kubelet::{ClaimedSandboxes, KubeletApi, SandboxdPlane, Streaming};
 use vk_sandbox::metrics::Metrics;
 use vk_sandbox::node::lease::Renewal;
 use vk_sandbox::node::register::{Seen, StatusLoop};
@@ -252,9 +252,21 @@ async fn run(cfg: Config) -> Result<()> {
         Arc::new(NodePods::new(store, provider.clone())),
         cfg.kubelet(),
     );
+    // exec, port-forward and stats reach each Pod's sandbox through
+    // sandboxd's relays with the claim's token (docs/streaming.md).
+    let streaming = Streaming::new(
+        Arc::new(ClaimedSandboxes::new(pods.clone(), claims.clone())),
+        Arc::new(SandboxdPlane::new(sandboxd.clone())),
+    );
     let (listed, kubelet) = tokio::join!(
         provider.refresh(),
-        KubeletApi::prepare(&kubelet_settings, &client, pods, metrics.clone(), None),
+        KubeletApi::prepare(
+            &kubelet_settings,
+            &client,
+            pods,
+            metrics.clone(),
+            Some(streaming)
+        ),
     );
     let start_listing = listed
         .inspect_err(

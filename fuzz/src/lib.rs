@@ -1514,6 +1514,9 @@ pub fn check_sandboxd_verbs(data: &[u8]) {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------
 // SPDY
 
 /// Header pairs grouped by name, values in order (what survives encoding:

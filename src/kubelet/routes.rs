@@ -13,8 +13,6 @@
 //! | anything else | 404 `404 request not found`; wrong method 405 |
 //!
 
-use std::sync::Arc;
-
 use axum::Router;
 use axum::extract::{MatchedPath, RawQuery, Request, State};
 use axum::http::{StatusCode, header};
@@ -22,26 +20,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 
-use crate::kubelet::auth::{KubeletAuth, PeerIdentity};
-use crate::kubelet::streaming::{Streaming, attach_route, exec_route, port_forward_route};
-use crate::metrics::Metrics;
-use crate::pods::source::PodSource;
+use crate::kubelet::auth::PeerIdentity;
+pub use crate::kubelet::state::KubeletState;
+use crate::kubelet::streaming::{attach_route, exec_route, port_forward_route};
 
 pub use crate::kubelet::streaming::{NO_CONTAINER_LOG, NOTHING_TO_ATTACH};
 /// Content type of `/metrics/resource`.
 pub const RESOURCE_METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";
-
-/// What the routes need.
-#[derive(Clone)]
-pub struct KubeletState {
-    pub node_name: String,
-    pub pods: Arc<dyn PodSource>,
-    /// `None` = authentication and authorization off (`--kubelet-auth=false`).
-    pub auth: Option<Arc<KubeletAuth>>,
-    pub metrics: Arc<Metrics>,
-    /// exec, attach and port-forward into sandboxes; `None` answers 503.
-    pub streaming: Option<Streaming>,
-}
 
 /// The kubelet API router, auth in front of every route but `/healthz`.
 pub fn router(state: KubeletState) -> Router {

@@ -16,33 +16,13 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 use crate::kubelet::exec::{self, ExecRequest, Outcome, status};
 use crate::kubelet::port_forward;
-use crate::kubelet::routes::KubeletState;
-use crate::kubelet::sandbox::{DataPlane, SandboxRef, Sandboxes, Unavailable};
-use crate::kubelet::stats::StatsSource;
+use crate::kubelet::sandbox::{DataPlane, SandboxRef, Unavailable};
+use crate::kubelet::state::{KubeletState, Streaming};
 use crate::kubelet::stream::negotiate::STREAM_PROTOCOL_HEADER;
 use crate::kubelet::stream::{
     Negotiated, Purpose, Refusal, StreamOptions, negotiate, spdy_exec, stream_options, tunnel,
     websocket,
 };
-
-/// What the streaming and stats routes need.
-#[derive(Clone)]
-pub struct Streaming {
-    pub sandboxes: Arc<dyn Sandboxes>,
-    pub plane: Arc<dyn DataPlane>,
-    pub stats: Arc<StatsSource>,
-}
-
-impl Streaming {
-    pub fn new(sandboxes: Arc<dyn Sandboxes>, plane: Arc<dyn DataPlane>) -> Streaming {
-        let stats = Arc::new(StatsSource::new(Arc::clone(&sandboxes), Arc::clone(&plane)));
-        Streaming {
-            sandboxes,
-            plane,
-            stats,
-        }
-    }
-}
 
 /// `kubectl logs` on a sandbox Pod (a 400, which `kubectl` shows as is).
 pub const NO_CONTAINER_LOG: &str = "a sandbox Pod has no container log: its container is a \

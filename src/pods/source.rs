@@ -53,4 +53,15 @@ impl PodSource for NodePods {
     fn running_pods(&self) -> Vec<Pod> {
         self.provider.tracked_pods()
     }
+
+    fn node_pod(&self, ns: &str, name: &str) -> Option<Pod> {
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(ns);
+        self.store.get(&key).map(|p| (*p).clone())
+    }
+
+    fn running_pod(&self, ns: &str, name: &str) -> Option<Pod> {
+        self.provider
+            .tracked(&super::pod::key_of(Some(ns), name))
+            .map(|p| (*p).clone())
+    }
 }
