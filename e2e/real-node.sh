@@ -564,8 +564,13 @@ teardown() {
       rm -rf --one-file-system "$p" && log "removed $p (made while the node ran)"
     done < "$journal/paths"
   fi
-  if [[ -f "$admin_kubeconfig" ]] && "$root/e2e/cluster.sh" status 2>/dev/null | grep -q 'apiserver: ready'; then
-    kubectl delete node "$node" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  # (Read whole first: `grep -q` on a pipe would end the writer early and
+  # pipefail then reads that as "not ready".)
+  local plane
+  plane=$("$root/e2e/cluster.sh" status 2>/dev/null || true)
+  if [[ -f "$admin_kubeconfig" && "$plane" == *"apiserver: ready"* ]]; then
+    kubectl delete node "$node" --ignore-not-found --wait=false >/dev/null 2>&1 &&
+      log "deleted the Node $node" || log "warning: could not delete the Node $node"
   fi
   local before=""
   [[ -f "$journal/before" ]] && before=$(cat "$journal/before")
