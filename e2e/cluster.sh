@@ -19,6 +19,14 @@
 #                                writing an audit log (Metadata level) of
 #                                every request it serves; `up` prints its
 #                                URL and log path. The main one is untouched.
+#   e2e/cluster.sh scratch-apiserver up NAME PORT | down NAME
+#                                a kube-apiserver on the same etcd and PKI
+#                                under an etcd prefix of its own: an empty
+#                                cluster of its own, for a test that installs
+#                                or removes cluster-wide objects (CRDs) the
+#                                other tests rely on; `up` prints its admin
+#                                kubeconfig, `down` stops it and deletes its
+#                                keys. No scheduler or controllers.
 #   e2e/cluster.sh restart COMPONENT [SECONDS]
 #                                stop one component, keep it down SECONDS,
 #                                start it again (reliability fault injection)
@@ -198,20 +206,30 @@ write_vk_audit_policy() {
     '- level: None' > "$dir/vk-audit-policy.yaml"
 }
 
+# The flags every kube-apiserver here shares (the main one, the audit and
+# the scratch ones): etcd, serving on loopback PORT, the PKI, RBAC.
+shared_apiserver_args() {
+  local port=$1
+  # shellcheck disable=SC2054 # the commas are inside flag values
+  apiserver_args=(
+    --etcd-servers "http://127.0.0.1:$etcd_port"
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$port"
+    --endpoint-reconciler-type none
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key"
+    --client-ca-file "$pki/ca.crt"
+    --service-account-key-file "$pki/sa.pub"
+    --service-account-signing-key-file "$pki/sa.key"
+    --service-account-issuer https://kubernetes.default.svc.cluster.local
+    --api-audiences https://kubernetes.default.svc.cluster.local
+    --authorization-mode Node,RBAC
+    --service-cluster-ip-range 10.0.0.0/24
+  )
+}
+
 start_kube_apiserver() {
   write_vk_audit_policy
-  start kube-apiserver \
-    --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
-    --endpoint-reconciler-type none \
-    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-    --client-ca-file "$pki/ca.crt" \
-    --service-account-key-file "$pki/sa.pub" \
-    --service-account-signing-key-file "$pki/sa.key" \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local \
-    --api-audiences https://kubernetes.default.svc.cluster.local \
-    --authorization-mode Node,RBAC \
-    --service-cluster-ip-range 10.0.0.0/24 \
+  shared_apiserver_args "$api_port"
+  start kube-apiserver "${apiserver_args[@]}" \
     --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
     --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types InternalIP,Hostname \
@@ -408,18 +426,8 @@ cmd_audit_apiserver() {
         printf '%s\n' 'apiVersion: audit.k8s.io/v1' 'kind: Policy' \
           'omitStages: [RequestReceived]' 'rules:' '- level: Metadata' > "$audit_dir/policy.yaml"
         log "starting an audit apiserver on 127.0.0.1:$audit_port (log $audit_dir/audit.log)"
-        setsid "$bin/kube-apiserver" \
-          --etcd-servers "http://127.0.0.1:$etcd_port" \
-          --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$audit_port" \
-          --endpoint-reconciler-type none \
-          --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-          --client-ca-file "$pki/ca.crt" \
-          --service-account-key-file "$pki/sa.pub" \
-          --service-account-signing-key-file "$pki/sa.key" \
-          --service-account-issuer https://kubernetes.default.svc.cluster.local \
-          --api-audiences https://kubernetes.default.svc.cluster.local \
-          --authorization-mode Node,RBAC \
-          --service-cluster-ip-range 10.0.0.0/24 \
+        shared_apiserver_args "$audit_port"
+        setsid "$bin/kube-apiserver" "${apiserver_args[@]}" \
           --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
           --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
           --requestheader-client-ca-file "$pki/front-proxy-ca.crt" \
@@ -463,6 +471,54 @@ cmd_audit_apiserver() {
   esac
 }
 
+# ---------------------------------------------------------------- scratch apiserver
+cmd_scratch_apiserver() {
+  local action=${1:-} name=${2:-} port=${3:-}
+  [[ "$name" =~ ^[a-z0-9-]+$ ]] || die "usage: scratch-apiserver up NAME PORT | down NAME (NAME: a-z, 0-9, -)"
+  local sdir="$dir/scratch/$name" pname="kube-apiserver-scratch-$name" prefix="/scratch-$name"
+  case "$action" in
+    up)
+      [[ "$port" =~ ^[0-9]+$ ]] || die "scratch-apiserver up NAME PORT: PORT must be a number"
+      mkdir -p "$sdir" "$logs" "$run"
+      write_kubeconfig "$sdir/admin.kubeconfig" admin "$pki/admin.crt" "$pki/admin.key"
+      sed -i "s|server: https://127.0.0.1:$api_port|server: https://127.0.0.1:$port|" "$sdir/admin.kubeconfig"
+      if ! pid_alive "$pname"; then
+        log "starting a scratch apiserver $name on 127.0.0.1:$port (etcd prefix $prefix)"
+        shared_apiserver_args "$port"
+        setsid "$bin/kube-apiserver" "${apiserver_args[@]}" --etcd-prefix "$prefix" \
+          --allow-privileged=true --profiling=false \
+          --feature-gates APIServerIdentity=false,UnknownVersionInteroperabilityProxy=false \
+          >"$logs/$pname.log" 2>&1 < /dev/null &
+        echo $! > "$run/$pname.pid"
+      fi
+      wait_for "scratch apiserver $name" 90 \
+        curl -fsS --max-time 2 --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+        "https://127.0.0.1:$port/readyz"
+      echo "$sdir/admin.kubeconfig"
+      ;;
+    down)
+      if [[ -f "$run/$pname.pid" ]]; then
+        local pid
+        pid=$(cat "$run/$pname.pid")
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+        rm -f "$run/$pname.pid"
+      fi
+      # Its keys, through etcd's JSON gateway: [prefix/, prefix0).
+      local from to
+      from=$(printf '%s/' "$prefix" | base64 -w0)
+      to=$(printf '%s0' "$prefix" | base64 -w0)
+      curl -fsS --max-time 10 -X POST "http://127.0.0.1:$etcd_port/v3/kv/deleterange" \
+        -d "{\"key\":\"$from\",\"range_end\":\"$to\"}" >/dev/null 2>&1 ||
+        log "could not delete the scratch apiserver's keys under $prefix (etcd unreachable?)"
+      rm -rf "$sdir"
+      log "scratch apiserver $name down"
+      ;;
+    *) die "usage: scratch-apiserver up NAME PORT | down NAME" ;;
+  esac
+}
+
 case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
@@ -470,9 +526,10 @@ case "${1:-}" in
   logs) cmd_logs ;;
   sa-kubeconfig) shift; cmd_sa_kubeconfig "$@" ;;
   audit-apiserver) shift; cmd_audit_apiserver "$@" ;;
+  scratch-apiserver) shift; cmd_scratch_apiserver "$@" ;;
   restart) shift; cmd_restart "$@" ;;
   kubeconfig) echo "$admin_kubeconfig" ;;
   bin) echo "$bin" ;;
   vk-audit-log) echo "$vk_audit_log" ;;
-  *) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -321,7 +321,7 @@ async fn run(cfg: Config) -> Result<()> {
     if cfg.inventory.publish {
         let publisher = Publisher::new(
             client.clone(),
-            &cfg.inventory.group,
+            cfg.inventory.group.as_deref(),
             sandboxd.clone(),
             Arc::clone(&claims),
             &cfg.node_name,

@@ -34,8 +34,27 @@ impl Trim {
     }
 }
 
-/// Returns the allocator's free pages to the system (glibc only).
+/// Returns the allocator's free pages to the system (glibc only), on a
+/// blocking-pool thread: `malloc_trim` walks every arena under its locks
+/// and can take tens of milliseconds on a large heap, which would stall
+/// every task of a runtime worker (two of them in production). Outside a
+/// runtime it runs on the calling thread.
 pub fn release() {
+    let _ = release_with(trim_heap);
+}
+
+/// [`release`] with the trim given (tests observe where it runs).
+fn release_with(trim: fn()) -> Option<tokio::task::JoinHandle<()>> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => Some(rt.spawn_blocking(trim)),
+        Err(_) => {
+            trim();
+            None
+        }
+    }
+}
+
+fn trim_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own arenas under their locks
     // and takes no pointer; it is safe to call from any thread at any time.
@@ -62,5 +81,39 @@ mod tests {
         assert!(!t.observe(0), "a small burst is not worth a trim");
         assert!(!t.observe(STEP));
         assert!(t.observe(0));
+    }
+
+    thread_local! {
+        static TRIMMED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    fn note_thread() {
+        TRIMMED_HERE.with(|t| t.set(true));
+    }
+
+    /// The trim runs off the runtime's worker thread (a current-thread
+    /// runtime: its one worker is the test's thread).
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_trim_runs_off_the_runtime_workers() {
+        let handle = release_with(note_thread);
+        if let Some(h) = handle {
+            h.await.expect("the trim task");
+        }
+        assert!(
+            !TRIMMED_HERE.with(|t| t.get()),
+            "malloc_trim ran on the runtime's worker thread"
+        );
+        // Outside a runtime it runs where it is called.
+        std::thread::spawn(|| {
+            assert!(release_with(note_thread).is_none());
+            assert!(TRIMMED_HERE.with(|t| t.get()));
+        })
+        .join()
+        .expect("thread");
+    }
+
+    #[test]
+    fn release_without_a_runtime_does_not_panic() {
+        release();
     }
 }

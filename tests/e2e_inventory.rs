@@ -21,13 +21,7 @@ const DEFAULT_GROUP: &str = "sandbox.cocoonstack.io";
 const EXTENSIONS_GROUP: &str = "extensions.agents.x-k8s.io";
 
 fn inventory_resource(group: &str) -> ApiResource {
-    ApiResource {
-        group: group.into(),
-        version: "v1beta1".into(),
-        api_version: format!("{group}/v1beta1"),
-        kind: "NodeInventory".into(),
-        plural: "nodeinventories".into(),
-    }
+    support::crds::nodeinventories(group)
 }
 
 /// The NodeInventory CRDs of `crds/`, one per group vk-sandbox can publish in.
@@ -294,6 +288,155 @@ async fn inventory_published_only_when_changed() {
             );
         }
     }
+}
+
+/// A NodeInventory of this node left in a group vk-sandbox does not publish
+/// in (the Go build wrote `extensions.agents.x-k8s.io`; here
+/// `--inventory-group` names the other) is reported: a warning, the
+/// `vk_sandbox_inventory_stale` gauge and a preflight line. Without the
+/// flag both served groups are published to and nothing is stale.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_left_over_inventory_in_the_other_group_is_reported() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    install_crds(&cluster).await;
+    let sim = start_sim().await;
+    let flagged = [
+        "--publish-inventory",
+        "--publish-interval=1s",
+        "--inventory-group=sandbox.cocoonstack.io",
+    ];
+    let mut vk = start_vk(&cluster, &sim, "stale", None, &flagged).await;
+    // The Go build's object, under the field manager both builds use.
+    let ext: Api<DynamicObject> = Api::all_with(
+        cluster.client.clone(),
+        &inventory_resource(EXTENSIONS_GROUP),
+    );
+    let left: DynamicObject = support::from_json(json!({
+        "apiVersion": format!("{EXTENSIONS_GROUP}/v1beta1"), "kind": "NodeInventory",
+        "metadata": {"name": vk.node},
+        "node": vk.node, "address": "old:7777",
+        "entries": [{"name": "ns/gone", "phase": "Running", "id": "sb_gone", "claimRef": "ns/gone"}],
+    }));
+    ext.patch(
+        &vk.node,
+        &kube::api::PatchParams::apply("vk-sandbox").force(),
+        &kube::api::Patch::Apply(&left),
+    )
+    .await
+    .expect("the left-over object");
+    // Looked for at the first apply of a process.
+    restart_vk(&cluster, &mut vk, &sim, &flagged).await;
+    let stale = format!("vk_sandbox_inventory_stale{{group=\"{EXTENSIONS_GROUP}\"}}");
+    wait_metric(&vk, &stale, 1.0).await;
+    let logs = vk.logs();
+    assert!(
+        logs.contains("no longer publishes")
+            && logs.contains(&format!(
+                "kubectl delete nodeinventories.{EXTENSIONS_GROUP} {}",
+                vk.node
+            )),
+        "{}",
+        tail(&logs, 30)
+    );
+    let text = vk.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            &format!("vk_sandbox_inventory_stale{{group=\"{DEFAULT_GROUP}\"}}")
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    // Left alone: reported, not written.
+    let still = ext.get(&vk.node).await.expect("get");
+    assert_eq!(still.data["address"], json!("old:7777"));
+
+    // Preflight says so too.
+    let kubeconfig = vk.kubeconfig.display().to_string();
+    let node = vk.node.clone();
+    let sim_url = sim.base_url();
+    let token = support::sim::token_file(&support::vk::test_dir("stale-pf"), TOKEN);
+    let (_, out) = tokio::task::spawn_blocking(move || {
+        support::process::run_to_exit(
+            &[
+                "preflight",
+                &format!("--kubeconfig={kubeconfig}"),
+                &format!("--node-name={node}"),
+                &format!("--listen-addr=127.0.0.1:{}", support::process::free_port()),
+                &format!("--admin-addr=127.0.0.1:{}", support::process::free_port()),
+                &format!("--sandboxd-url={sim_url}"),
+                &format!("--sandboxd-token-file={}", token.display()),
+                "--publish-inventory",
+                "--inventory-group=sandbox.cocoonstack.io",
+            ],
+            &[],
+        )
+    })
+    .await
+    .expect("preflight");
+    let line = out
+        .lines()
+        .find(|l| l.contains("NodeInventory left over"))
+        .unwrap_or_else(|| panic!("no left-over line:\n{out}"));
+    assert!(
+        line.starts_with("[warn]")
+            && line.contains(&format!("nodeinventories.{EXTENSIONS_GROUP}/")),
+        "{out}"
+    );
+
+    // Without the flag: both groups served, both published, none stale.
+    restart_vk(
+        &cluster,
+        &mut vk,
+        &sim,
+        &["--publish-inventory", "--publish-interval=1s"],
+    )
+    .await;
+    wait_for(
+        "the extensions object published again",
+        Duration::from_secs(30),
+        || async {
+            let o = ext.get(&vk.node).await.map_err(|e| e.to_string())?;
+            if o.data["address"] != json!("old:7777") {
+                Ok(())
+            } else {
+                Err(format!(
+                    "still the left-over; log:\n{}",
+                    tail(&vk.logs(), 15)
+                ))
+            }
+        },
+    )
+    .await;
+    let text = vk.metrics().await;
+    assert_eq!(metric(&text, &stale), Some(0.0), "{text}");
+}
+
+/// Stops `vk` (SIGTERM) and starts it again on the same node, state and
+/// ports with `extra`; returns once the Node is Ready again.
+async fn restart_vk(cluster: &TestCluster, vk: &mut VkUnderTest, sim: &SimHandle, extra: &[&str]) {
+    vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        vk.process.wait_exit(Duration::from_secs(20)).is_some(),
+        "SIGTERM ignored"
+    );
+    let token = support::sim::token_file(&support::vk::test_dir("restart-token"), TOKEN);
+    let mut args = support::sim::vk_args(sim, Some(&token));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    vk.restart(&args);
+    // The Node stays Ready across the restart: wait for the new process's
+    // admin port instead.
+    wait_for(
+        "the restarted process's admin port",
+        Duration::from_secs(30),
+        || async { vk.process.metrics().await.map(drop) },
+    )
+    .await;
+    vk.wait_ready(&cluster.client, Duration::from_secs(30))
+        .await;
 }
 
 fn fault(endpoint: &str, times: u32) -> Fault {

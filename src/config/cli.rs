@@ -252,13 +252,23 @@ pub struct KubeArgs {
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Client-side QPS for every Kubernetes client (never a stricter limit).
+    /// Client-side QPS of the Kubernetes requests (at least 0.01). Events,
+    /// watches and the node's Lease and Node requests are not counted.
     #[arg(long, default_value_t = defaults::KUBE_API_QPS, value_name = "QPS")]
     pub kube_api_qps: f32,
 
-    /// Client-side burst for every Kubernetes client.
+    /// Client-side burst of the Kubernetes requests (at least 1).
     #[arg(long, default_value_t = defaults::KUBE_API_BURST, value_name = "N")]
     pub kube_api_burst: u32,
+
+    /// Client-side QPS of the Events written (their own budget, as the
+    /// kubelet's; at least 0.01).
+    #[arg(long, default_value_t = defaults::EVENT_QPS, value_name = "QPS")]
+    pub event_qps: f32,
+
+    /// Client-side burst of the Events written (at least 1).
+    #[arg(long, default_value_t = defaults::EVENT_BURST, value_name = "N")]
+    pub event_burst: u32,
 }
 
 /// sandboxd: where it is and the token it is called with (the daemon's flags and environment variables; `vk-sandbox claims verify` takes the same).
@@ -323,10 +333,11 @@ pub struct InventoryArgs {
     #[arg(long, default_value = defaults::PUBLISH_INTERVAL, value_name = "DURATION", allow_hyphen_values = true)]
     pub publish_interval: String,
 
-    /// API group of the published NodeInventory (e.g.
-    /// extensions.agents.x-k8s.io for operators that read that group).
-    #[arg(long, env = "VK_INVENTORY_GROUP", default_value = defaults::INVENTORY_GROUP, value_name = "GROUP")]
-    pub inventory_group: String,
+    /// API group of the published NodeInventory. Unset: every group of
+    /// sandbox.cocoonstack.io and extensions.agents.x-k8s.io whose
+    /// nodeinventories CRD the cluster serves.
+    #[arg(long, env = "VK_INVENTORY_GROUP", value_name = "GROUP")]
+    pub inventory_group: Option<String>,
 
     /// host:port published in the NodeInventory for clients to reach
     /// sandboxd. Default: the host[:port] of --sandboxd-url (loopback by

@@ -8,9 +8,12 @@ pub const NODE_MEMORY: &str = "8Ti";
 pub const NODE_PODS: &str = "2000";
 pub const KUBE_API_QPS: f32 = 200.0;
 pub const KUBE_API_BURST: u32 = 400;
+/// Events' own bucket. As high as the request bucket's: a reconcile waits
+/// for its Event, so a lower rate would cap claims at it.
+pub const EVENT_QPS: f32 = 200.0;
+pub const EVENT_BURST: u32 = 400;
 pub const SANDBOXD_URL: &str = "http://127.0.0.1:7777";
 pub const STATE_PATH: &str = "/var/lib/vk-sandbox/claims.json";
 pub const ORPHAN_SCAN_INTERVAL: &str = "60s";
 pub const PUBLISH_INTERVAL: &str = "30s";
 pub const NODE_LABELS: &str = "sandbox.cocoonstack.io/runtime=sandboxd";
-pub const INVENTORY_GROUP: &str = "sandbox.cocoonstack.io";

@@ -45,6 +45,8 @@ pub struct KubeClientConfig {
     pub kubeconfig: Option<PathBuf>,
     pub qps: f32,
     pub burst: u32,
+    pub event_qps: f32,
+    pub event_burst: u32,
 }
 
 /// sandboxd connection settings.
@@ -67,7 +69,9 @@ pub struct InventoryConfig {
     /// Positive whenever `publish`; zero when publishing is off and the
     /// flag was `<= 0`.
     pub interval: Duration,
-    pub group: String,
+    /// `--inventory-group`; `None`: publish in every known group whose CRD
+    /// the cluster serves (`inventory::groups`).
+    pub group: Option<String>,
 }
 
 /// Everything validated, ready to run.

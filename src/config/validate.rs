@@ -92,23 +92,41 @@ impl Config {
         let memory = quantity("node-memory", "VK_NODE_MEMORY", &args.node.node_memory);
         let pods = quantity("node-pods", "VK_NODE_PODS", &args.node.node_pods);
 
-        if !(args.kube.kube_api_qps.is_finite() && args.kube.kube_api_qps > 0.0) {
-            p.push(
-                "kube-api-qps",
-                None,
-                &args.kube.kube_api_qps.to_string(),
-                "must be a positive number",
-                "give e.g. --kube-api-qps=200",
-            );
+        let min_qps = crate::kube_client::rate::MIN_QPS;
+        for (flag, qps, example) in [
+            ("kube-api-qps", args.kube.kube_api_qps, "--kube-api-qps=200"),
+            ("event-qps", args.kube.event_qps, "--event-qps=200"),
+        ] {
+            if !(qps.is_finite() && qps >= min_qps) {
+                p.push(
+                    flag,
+                    None,
+                    &qps.to_string(),
+                    &format!(
+                        "must be a number of requests per second of at least {min_qps} \
+                         (lower rates only make requests wait past their 30 s deadline)"
+                    ),
+                    &format!("give e.g. {example}"),
+                );
+            }
         }
-        if args.kube.kube_api_burst == 0 {
-            p.push(
+        for (flag, burst, example) in [
+            (
                 "kube-api-burst",
-                None,
-                "0",
-                "must be at least 1",
-                "give e.g. --kube-api-burst=400",
-            );
+                args.kube.kube_api_burst,
+                "--kube-api-burst=400",
+            ),
+            ("event-burst", args.kube.event_burst, "--event-burst=400"),
+        ] {
+            if burst == 0 {
+                p.push(
+                    flag,
+                    None,
+                    "0",
+                    "must be at least 1",
+                    &format!("give e.g. {example}"),
+                );
+            }
         }
 
         if args.node.node_name.trim().is_empty() {
@@ -189,15 +207,21 @@ impl Config {
                 Duration::ZERO
             }
         };
-        if args.inventory.inventory_group.trim().is_empty()
-            || args.inventory.inventory_group.contains('/')
-        {
+        // Empty (e.g. `VK_INVENTORY_GROUP=` in an env file) means unset.
+        let inventory_group = args
+            .inventory
+            .inventory_group
+            .as_deref()
+            .map(str::trim)
+            .filter(|g| !g.is_empty());
+        if inventory_group.is_some_and(|g| g.contains('/') || g.contains(char::is_whitespace)) {
             p.push(
                 "inventory-group",
                 Some("VK_INVENTORY_GROUP"),
-                &args.inventory.inventory_group,
+                inventory_group.unwrap_or_default(),
                 "not an API group name",
-                "give e.g. sandbox.cocoonstack.io or extensions.agents.x-k8s.io",
+                "give e.g. sandbox.cocoonstack.io or extensions.agents.x-k8s.io, or leave it \
+                 unset to publish where the cluster serves the CRD",
             );
         }
 
@@ -307,6 +331,8 @@ impl Config {
                 kubeconfig: args.kube.kubeconfig.clone(),
                 qps: args.kube.kube_api_qps,
                 burst: args.kube.kube_api_burst,
+                event_qps: args.kube.event_qps,
+                event_burst: args.kube.event_burst,
             },
             sandboxd: SandboxdConfig {
                 url: url.ok_or_else(missing)?,
@@ -319,7 +345,7 @@ impl Config {
             inventory: InventoryConfig {
                 publish: args.inventory.publish_inventory,
                 interval: publish_interval,
-                group: args.inventory.inventory_group.trim().to_string(),
+                group: inventory_group.map(str::to_string),
             },
             node_labels,
             kubelet_auth: KubeletAuthConfig {

@@ -1,7 +1,7 @@
 //! The desired NodeInventory, built from sandboxd's listing and info plus
 //! this node's claims (docs/architecture.md, "NodeInventory publisher"). Pure.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::claims::Claim;
@@ -51,9 +51,15 @@ pub fn desired(
             }
         })
         .collect();
-    // Equal names (two rows with one claim_ref) would make the map-list
-    // apply fail; the id breaks ties so the order is stable, and
-    // `dedupe_names` keeps the first.
+    let tagged: HashSet<&str> = listing
+        .iter()
+        .filter(|r| crate::pods::claim_ref::parse(&r.claim_ref).ours.is_some())
+        .map(|r| r.id.as_str())
+        .collect();
+    name_collisions(&mut entries, &tagged);
+    // Names are unique now; should an id equal another row's name, the
+    // map-list apply would fail on the duplicate: the id breaks the tie so
+    // the order is stable, and the first is kept.
     entries.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.id.cmp(&b.id)));
     entries.dedup_by(|later, first| later.name == first.name);
 
@@ -83,6 +89,35 @@ pub fn desired(
         address: address.to_string(),
         entries,
         pools,
+    }
+}
+
+/// Rows that show the same name (a neighbour's `ns/x` and this node's Pod
+/// `ns/x`, whose tag the name drops; two rows of one key) are all shown:
+/// one keeps the name — a row without vk-sandbox's tag first (the
+/// neighbour's, which its readers look up by that name), then the lowest
+/// id — and the others are named by their sandboxd id, keeping the name in
+/// `claimRef`. Merging them hid a VM from the aggregated API, and could
+/// leave the Pod's VM under the name a neighbour deletes by. `tagged`: ids
+/// of rows carrying vk-sandbox's tag.
+fn name_collisions(entries: &mut [InventoryEntry], tagged: &HashSet<&str>) {
+    let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, e) in entries.iter().enumerate() {
+        by_name.entry(e.name.clone()).or_default().push(i);
+    }
+    for mut group in by_name.into_values().filter(|g| g.len() > 1) {
+        group.sort_by(|&a, &b| {
+            let key = |i: usize| {
+                (
+                    tagged.contains(entries[i].id.as_str()),
+                    entries[i].id.clone(),
+                )
+            };
+            key(a).cmp(&key(b))
+        });
+        for &i in &group[1..] {
+            entries[i].name = entries[i].id.clone();
+        }
     }
 }
 
@@ -247,8 +282,10 @@ mod tests {
         assert!(v.get("entries").is_none() && v.get("pools").is_none());
     }
 
+    /// Two untagged rows of one key (a lost reply and its retry in the Go
+    /// build): both shown, the lowest id under the key.
     #[test]
-    fn duplicate_names_keep_one_entry() {
+    fn duplicate_names_are_all_shown() {
         let inv = desired(
             "n",
             "h:1",
@@ -256,8 +293,49 @@ mod tests {
             &info(vec![]),
             &[],
         );
-        assert_eq!(inv.entries.len(), 1);
-        assert_eq!(inv.entries[0].id, "sb_1");
+        let got: Vec<(&str, &str, &str)> = inv
+            .entries
+            .iter()
+            .map(|e| (e.name.as_str(), e.id.as_str(), e.claim_ref.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![("ns/a", "sb_1", "ns/a"), ("sb_2", "sb_2", "ns/a")]
+        );
+    }
+
+    /// A neighbour's `ns/x` and this node's Pod `ns/x` (tagged) are both
+    /// shown: the neighbour's under the name its readers look it up by,
+    /// the Pod's under its sandboxd id — whatever the ids' order.
+    #[test]
+    fn a_neighbours_row_and_ours_under_one_name_are_both_shown() {
+        for (ours, theirs) in [("sb_1", "sb_2"), ("sb_2", "sb_1")] {
+            let inv = desired(
+                "n",
+                "h:1",
+                &[row(ours, "ns/x#vk-sandbox:u-1"), row(theirs, "ns/x")],
+                &info(vec![]),
+                &[claim(ours, "10.0.0.5")],
+            );
+            let got: Vec<(&str, &str, &str, &str)> = inv
+                .entries
+                .iter()
+                .map(|e| {
+                    (
+                        e.name.as_str(),
+                        e.id.as_str(),
+                        e.claim_ref.as_str(),
+                        e.addr.as_str(),
+                    )
+                })
+                .collect();
+            let mut want = vec![
+                ("ns/x", theirs, "ns/x", ""),
+                (ours, ours, "ns/x", "10.0.0.5"),
+            ];
+            want.sort();
+            assert_eq!(got, want, "ours {ours}, theirs {theirs}");
+        }
     }
 
     #[test]

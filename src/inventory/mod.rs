@@ -3,6 +3,7 @@
 //! loop.
 
 pub mod desired;
+pub mod groups;
 pub mod publisher;
 pub mod types;
 

@@ -2,6 +2,9 @@
 //! read sandboxd (listing, then info), build the desired object and apply it
 //! with server-side apply only when it changed or the resync is due. A
 //! failed query skips the tick: a half-empty inventory is never published.
+//! The object goes into the group(s) [`groups::choose`] picks, looked up
+//! again at the first apply, at every resync and after a 404 (a CRD
+//! installed or removed meanwhile).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +22,7 @@ use crate::periodic::{Beat, Next, Periodic, Turn};
 use crate::sandboxd::{SandboxRow, SandboxdClient};
 
 use super::desired::{Applied, ApplyDecision, decide, desired};
+use super::groups::{self, Choice, KNOWN};
 use super::types::{KIND, NodeInventory, PLURAL, VERSION, api_version, crd_name};
 
 /// Unchanged inventories are re-applied this often (only changes are applied
@@ -35,8 +39,12 @@ pub enum TickOutcome {
 }
 
 pub struct Publisher {
-    api: Api<DynamicObject>,
-    group: String,
+    client: kube::Client,
+    /// `--inventory-group`; `None`: publish where the cluster serves the CRD.
+    flag: Option<String>,
+    /// Where to publish, as last looked up; `None`: look up at the next
+    /// apply.
+    choice: Option<Choice>,
     sandboxd: SandboxdClient,
     claims: Arc<ClaimsStore>,
     node: String,
@@ -50,20 +58,21 @@ pub struct Publisher {
 }
 
 impl Publisher {
+    /// `group`: `--inventory-group`, or `None` to publish in the groups the
+    /// cluster serves the CRD in.
     pub fn new(
         client: kube::Client,
-        group: &str,
+        group: Option<&str>,
         sandboxd: SandboxdClient,
         claims: Arc<ClaimsStore>,
         node: &str,
         address: &str,
         metrics: Arc<Metrics>,
     ) -> Publisher {
-        let gvk = GroupVersionKind::gvk(group, VERSION, KIND);
-        let resource = ApiResource::from_gvk_with_plural(&gvk, PLURAL);
         Publisher {
-            api: Api::all_with(client, &resource),
-            group: group.to_string(),
+            client,
+            flag: group.map(str::to_string),
+            choice: None,
             sandboxd,
             claims,
             node: node.to_string(),
@@ -118,48 +127,145 @@ impl Publisher {
             self.skipped("unchanged");
             return Ok(TickOutcome::Unchanged);
         }
-        match self.apply(&want).await {
-            Ok(()) => {
-                self.metrics.inventory_applied(true);
-                info!(
-                    entries = want.entries.len(),
-                    pools = want.pools.len(),
-                    reason = ?decision,
-                    "NodeInventory applied"
-                );
-                self.last = Some(Applied {
-                    object: want,
-                    at: Instant::now(),
-                });
-                Ok(TickOutcome::Applied(decision))
+        let choice = match self.choice.clone() {
+            Some(c) if !matches!(decision, ApplyDecision::First | ApplyDecision::Resync) => c,
+            _ => match self.look_up().await {
+                Ok(c) => {
+                    self.choice = Some(c.clone());
+                    c
+                }
+                Err(e) => {
+                    self.metrics.inventory_applied(false);
+                    return Err(e);
+                }
+            },
+        };
+        if choice.is_empty() {
+            self.choice = None;
+            self.metrics.inventory_applied(false);
+            return Err(Error::Config(format!(
+                "no NodeInventory CRD is installed: the cluster serves {PLURAL} in neither {} nor \
+                 {}; install the CRD your operator reads (sandbox-operator's chart, or \
+                 crds/<group>_{PLURAL}.yaml), set --inventory-group, or turn off \
+                 --publish-inventory",
+                KNOWN[0], KNOWN[1]
+            )));
+        }
+        let mut failed = None;
+        for group in &choice.publish {
+            if let Err(e) = self.apply(group, &want).await {
+                failed = Some(e);
+            }
+        }
+        if let Some(e) = failed {
+            self.metrics.inventory_applied(false);
+            // Look the groups up again before the next attempt.
+            self.choice = None;
+            return Err(e);
+        }
+        self.metrics.inventory_applied(true);
+        info!(
+            entries = want.entries.len(),
+            pools = want.pools.len(),
+            reason = ?decision,
+            groups = ?choice.publish,
+            "NodeInventory applied"
+        );
+        self.last = Some(Applied {
+            object: want,
+            at: Instant::now(),
+        });
+        Ok(TickOutcome::Applied(decision))
+    }
+
+    /// Where to publish: `--inventory-group`, or the known groups the
+    /// cluster serves the CRD in; then looks for a stale object of this
+    /// node in the known groups not published to.
+    async fn look_up(&self) -> Result<Choice> {
+        let served = match groups::served_known(&self.client).await {
+            Ok(s) => s,
+            // With the flag the group is known anyway; only the stale
+            // check needs discovery.
+            Err(e) if self.flag.is_some() => {
+                warn!(error = %e, "API discovery failed; NodeInventory groups not checked for a stale object");
+                Vec::new()
             }
             Err(e) => {
-                self.metrics.inventory_applied(false);
-                Err(e)
+                return Err(Error::kube(
+                    format!("look up the groups serving {PLURAL} (API discovery)"),
+                    e,
+                ));
             }
+        };
+        let choice = groups::choose(self.flag.as_deref(), &served);
+        info!(groups = ?choice.publish, "NodeInventory published in {}", choice.describe());
+        for group in KNOWN {
+            if choice.publish.iter().any(|g| g == group) {
+                self.metrics.inventory_stale(group, false);
+            }
+        }
+        for group in &choice.stale_candidates {
+            self.check_stale(group, &choice).await;
+        }
+        Ok(choice)
+    }
+
+    /// Reports an object named after this node in `group`, which this
+    /// process does not publish in: nobody updates it any more.
+    async fn check_stale(&self, group: &str, choice: &Choice) {
+        match api_for(&self.client, group).get_opt(&self.node).await {
+            Ok(Some(obj)) => {
+                let managers: Vec<String> = obj
+                    .metadata
+                    .managed_fields
+                    .iter()
+                    .flatten()
+                    .filter_map(|f| f.manager.clone())
+                    .collect();
+                warn!(
+                    group,
+                    managers = ?managers,
+                    "a NodeInventory named after this node exists in {group}, where vk-sandbox no \
+                     longer publishes (it publishes in {}): its readers see stale sandboxes and \
+                     pools; delete it (kubectl delete {PLURAL}.{group} {}) or publish there too \
+                     (--inventory-group)",
+                    choice.describe(),
+                    self.node
+                );
+                self.metrics.inventory_stale(group, true);
+            }
+            Ok(None) => self.metrics.inventory_stale(group, false),
+            Err(e) => warn!(
+                group,
+                error = %e,
+                "cannot look for a stale NodeInventory of this node in {group} (RBAC: get on {PLURAL})"
+            ),
         }
     }
 
-    async fn apply(&self, want: &NodeInventory) -> Result<()> {
+    async fn apply(&self, group: &str, want: &NodeInventory) -> Result<()> {
         let mut body = serde_json::to_value(want)
             .map_err(|e| Error::Internal(format!("encoding the NodeInventory: {e}")))?;
         if let Some(obj) = body.as_object_mut() {
-            obj.insert("apiVersion".into(), api_version(&self.group).into());
+            obj.insert("apiVersion".into(), api_version(group).into());
             obj.insert("kind".into(), KIND.into());
             obj.insert("metadata".into(), serde_json::json!({ "name": self.node }));
         }
         let pp = PatchParams::apply(FIELD_MANAGER).force();
-        match self.api.patch(&self.node, &pp, &Patch::Apply(body)).await {
+        match api_for(&self.client, group)
+            .patch(&self.node, &pp, &Patch::Apply(body))
+            .await
+        {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Err(Error::Config(format!(
                 "the NodeInventory CRD {} is not installed: apply crds/{}_{PLURAL}.yaml \
                  (or the operator's CRD), set --inventory-group to the group your operator reads, \
                  or turn off --publish-inventory",
-                crd_name(&self.group),
-                self.group
+                crd_name(group),
+                group
             ))),
             Err(e) => Err(Error::kube(
-                format!("applying NodeInventory {} in {}", self.node, self.group),
+                format!("applying NodeInventory {} in {group}", self.node),
                 e,
             )),
         }
@@ -167,7 +273,7 @@ impl Publisher {
 
     /// Publish now and then every `interval` until `stop`.
     pub async fn run(self, interval: Duration, health: Arc<Health>, stop: CancellationToken) {
-        let span = info_span!("inventory", node = %self.node, group = %self.group);
+        let span = info_span!("inventory", node = %self.node);
         Periodic::new("NodeInventory publisher", interval)
             .run(Some(&health), &stop, self)
             .instrument(span)
@@ -186,4 +292,13 @@ impl Turn for Publisher {
             .reconciled(Controller::Inventory, started.elapsed(), &result);
         Next::Period
     }
+}
+
+/// The NodeInventory API in `group`.
+fn api_for(client: &kube::Client, group: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(group, VERSION, KIND);
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, PLURAL),
+    )
 }

@@ -3,9 +3,11 @@
 //! kube's client bounds connecting (30 s) and writing the request, but not
 //! waiting for the reply: an apiserver connection that hangs would hold a
 //! reconcile, a Lease renewal or an owner lookup for ever. This layer bounds
-//! each call from the moment it is sent to the last byte of its reply body.
-//! Watches are left alone: they are meant to stay open, and kube's watcher
-//! has its own idle timeout.
+//! each call from the moment it is made (a wait for a rate-limit token
+//! included) to the last byte of its reply body. Watches are left alone:
+//! they are meant to stay open; a silent one is ended by the transport's
+//! read timeout (`transport::READ_TIMEOUT`) and by kube's watcher, which
+//! gives up on a watch silent past its server-side timeout.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -182,11 +184,7 @@ mod tests {
         });
         let mut cfg = kube::Config::new(format!("http://{addr}").parse().expect("url"));
         cfg.default_namespace = "default".into();
-        let limits = crate::kube_client::Limits {
-            call_deadline: Duration::from_millis(300),
-            qps: 100.0,
-            burst: 100,
-        };
+        let limits = crate::kube_client::Limits::generous(Duration::from_millis(300));
         let client = crate::kube_client::build(cfg, limits).expect("client");
         let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
             kube::Api::namespaced(client.clone(), "default");

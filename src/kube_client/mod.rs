@@ -1,8 +1,9 @@
 //! The Kubernetes client: credentials in kube-rs's order (in-cluster
 //! service account first, then `--kubeconfig`, then `$KUBECONFIG`, then
 //! `~/.kube/config`), vk-sandbox's User-Agent, a deadline on every call
-//! that is not a watch ([`deadline`]) and the `--kube-api-qps`/`-burst`
-//! token bucket ([`rate`]).
+//! that is not a watch ([`deadline`]), which covers the wait for a token
+//! of the `--kube-api-qps`/`-burst` and `--event-qps`/`-burst` buckets
+//! ([`rate`]; the node's Lease and Node requests are never throttled).
 
 pub mod deadline;
 pub mod rate;
@@ -80,6 +81,8 @@ pub async fn client(settings: &crate::config::KubeClientConfig) -> Result<(Clien
         call_deadline: deadline::DEFAULT,
         qps: settings.qps,
         burst: settings.burst,
+        event_qps: settings.event_qps,
+        event_burst: settings.event_burst,
     };
     Ok((build(cfg, limits)?, source))
 }
@@ -92,20 +95,75 @@ pub struct Limits {
     /// `--kube-api-qps` / `--kube-api-burst`.
     pub qps: f32,
     pub burst: u32,
+    /// `--event-qps` / `--event-burst`.
+    pub event_qps: f32,
+    pub event_burst: u32,
+}
+
+impl Limits {
+    /// Buckets far above any test's traffic, and `call_deadline`.
+    pub fn generous(call_deadline: std::time::Duration) -> Limits {
+        Limits {
+            call_deadline,
+            qps: 1000.0,
+            burst: 1000,
+            event_qps: 1000.0,
+            event_burst: 1000,
+        }
+    }
 }
 
 /// The client for `cfg`: vk-sandbox's User-Agent (the apiserver names the
 /// field manager of writes that name none after it), and every request but
-/// a watch rate-limited and bounded by its deadline from sending it to the
-/// end of the reply's body.
+/// a watch rate-limited in its lane and bounded by its deadline from the
+/// call (the wait for a token included) to the end of the reply's body.
 pub fn build(mut cfg: Config, limits: Limits) -> Result<Client> {
     cfg.headers.push((
         http::header::USER_AGENT,
         http::HeaderValue::from_static(crate::identity::USER_AGENT),
     ));
     let builder = transport::builder(cfg)?;
+    // Layers added later wrap the earlier ones: the deadline is outermost,
+    // so the wait in a bucket counts against it.
     Ok(builder
+        .with_layer(&rate::RateLimitLayer::new(
+            (limits.qps, limits.burst),
+            (limits.event_qps, limits.event_burst),
+        ))
         .with_layer(&deadline::DeadlineLayer::new(limits.call_deadline))
-        .with_layer(&rate::RateLimitLayer::new(limits.qps, limits.burst))
         .build())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The call deadline covers the wait for a token: a request that would
+    /// wait 100 s in the bucket fails at its deadline (it waited the 100 s
+    /// and then had the whole deadline again).
+    #[tokio::test]
+    async fn the_deadline_covers_the_wait_for_a_token() {
+        let seen = std::sync::Arc::new(transport::tests::Seen::default());
+        let cfg = transport::tests::apiserver(&[b"h2"], Duration::ZERO, seen).await;
+        let limits = Limits {
+            qps: rate::MIN_QPS,
+            burst: 1,
+            ..Limits::generous(Duration::from_millis(300))
+        };
+        let client = build(cfg, limits).expect("client");
+        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(client, "default");
+        api.get("cm").await.expect("the burst's token");
+        // Bounded only so a regression fails instead of waiting 100 s.
+        let second = tokio::time::timeout(Duration::from_secs(20), api.get("cm"))
+            .await
+            .expect("the deadline must end the wait");
+        let err = second.expect_err("no token within the deadline");
+        assert!(
+            format!("{err:?}").contains("DeadlineExceeded"),
+            "want the deadline error, got {err:?}"
+        );
+    }
 }

@@ -99,6 +99,10 @@ pub struct Metrics {
     /// `vk_sandbox_inventory_skips_total{reason}`: ticks that applied
     /// nothing: `unchanged`, `list_failed`, `info_failed`.
     inventory_skips: IntCounterVec,
+    /// `vk_sandbox_inventory_stale{group}`: 1 while a NodeInventory named
+    /// after this node exists in a known group vk-sandbox does not publish
+    /// in (nobody updates it), 0 once checked and absent.
+    inventory_stale: IntGaugeVec,
     /// `vk_sandbox_orphan_audit_sandboxes{verdict}`: sandboxes per verdict of
     /// the last successful orphan scan (`orphan`, `external`, `stray`,
     /// `stale`).
@@ -310,6 +314,18 @@ impl Metrics {
             "NodeInventory ticks that applied nothing, by reason (unchanged, list_failed, info_failed).",
             &["reason"],
         )?;
+        let inventory_stale = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "vk_sandbox_inventory_stale",
+                    "1 while a NodeInventory named after this node exists in a group vk-sandbox \
+                     does not publish in (left over, never updated), by group.",
+                ),
+                &["group"],
+            )
+            .map_err(metric_error)?,
+        )?;
         let orphan_audit = register(
             &registry,
             IntGaugeVec::new(
@@ -345,6 +361,7 @@ impl Metrics {
             claims_store_write_duration,
             inventory_applies,
             inventory_skips,
+            inventory_stale,
             orphan_audit,
             orphan_scans,
             reconcile_runs,

@@ -113,6 +113,14 @@ impl Metrics {
         self.inventory_skips.with_label_values(&[reason]).inc();
     }
 
+    /// Whether a NodeInventory of this node is left over in `group` (one
+    /// vk-sandbox does not publish in).
+    pub fn inventory_stale(&self, group: &str, stale: bool) {
+        self.inventory_stale
+            .with_label_values(&[group])
+            .set(i64::from(stale));
+    }
+
     /// One claims-store batch written (write and fsync), by outcome.
     pub fn claims_store_wrote(&self, elapsed: Duration, ok: bool) {
         self.claims_store_write_duration

@@ -7,6 +7,8 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::check::CheckResult;
 use crate::config::ListenAddr;
+use crate::inventory::groups::{Choice, KNOWN};
+use crate::inventory::types::{PLURAL, VERSION};
 use crate::node::desired::adoptable;
 use crate::sandboxd::{NodeInfo, PoolInfo, SandboxdError};
 
@@ -101,43 +103,137 @@ pub fn apiserver(
     }
 }
 
-/// The NodeInventory CRD line. `served`: the versions in which the
-/// apiserver serves `nodeinventories` in `group` (empty: not installed).
+/// The NodeInventory CRD line. `served`: the versions in which each known
+/// group (and `flag`'s) serves `nodeinventories` (empty: not installed);
+/// `choice`: where vk-sandbox would publish (with `--publish-inventory`).
 pub fn inventory_crd(
     publish: bool,
-    group: &str,
-    served: &Result<Vec<String>, ApiError>,
+    flag: Option<&str>,
+    served: &Result<Vec<(String, Vec<String>)>, ApiError>,
+    choice: Option<&Choice>,
 ) -> CheckResult {
     let name = "NodeInventory CRD";
-    let crd = format!("nodeinventories.{group}");
-    if !publish {
-        return CheckResult::ok(name, "not needed (--publish-inventory is off)");
-    }
-    match served {
-        Ok(versions) if versions.is_empty() => CheckResult::fail(
-            name,
-            format!("{crd} is not installed (the apiserver serves no nodeinventories in {group})"),
-            "install the CRD (sandbox-operator's chart, or this repository's crds/ for the \
-             group), set --inventory-group (env VK_INVENTORY_GROUP) to the group your operator \
-             serves, or drop --publish-inventory",
-        ),
-        Ok(versions) if versions.iter().any(|v| v == "v1beta1") => {
-            CheckResult::ok(name, format!("{crd} served ({})", versions.join(", ")))
+    let (served, choice) = match (publish, served, choice) {
+        (false, _, _) | (_, _, None) => {
+            return CheckResult::ok(name, "not needed (--publish-inventory is off)");
         }
-        Ok(versions) => CheckResult::fail(
-            name,
-            format!(
-                "{crd} is served only as {}; vk-sandbox writes v1beta1",
-                versions.join(", ")
-            ),
-            "install a CRD version that serves v1beta1",
-        ),
-        Err(e) => CheckResult::fail(
-            name,
-            format!("cannot look {crd} up through API discovery: {e}"),
-            "check the apiserver connection",
-        ),
+        (true, Err(e), _) => {
+            return CheckResult::fail(
+                name,
+                format!("cannot look {PLURAL} up through API discovery: {e}"),
+                "check the apiserver connection",
+            );
+        }
+        (true, Ok(served), Some(choice)) => (served, choice),
+    };
+    let versions_of = |group: &str| {
+        served
+            .iter()
+            .find(|(g, _)| g == group)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    if let Some(group) = flag {
+        let crd = format!("{PLURAL}.{group}");
+        let versions = versions_of(group);
+        return if versions.is_empty() {
+            CheckResult::fail(
+                name,
+                format!(
+                    "{crd} is not installed (the apiserver serves no {PLURAL} in {group}, the \
+                     group --inventory-group names)"
+                ),
+                "install the CRD (sandbox-operator's chart, or this repository's crds/ for the \
+                 group), set --inventory-group (env VK_INVENTORY_GROUP) to the group your \
+                 operator serves or unset it to publish where a CRD is served, or drop \
+                 --publish-inventory",
+            )
+        } else if versions.iter().any(|v| v == VERSION) {
+            CheckResult::ok(
+                name,
+                format!(
+                    "{crd} served ({}); publishes there (--inventory-group)",
+                    versions.join(", ")
+                ),
+            )
+        } else {
+            CheckResult::fail(
+                name,
+                format!(
+                    "{crd} is served only as {}; vk-sandbox writes {VERSION}",
+                    versions.join(", ")
+                ),
+                "install a CRD version that serves v1beta1",
+            )
+        };
     }
+    if choice.is_empty() {
+        let elsewhere: Vec<String> = served
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(g, v)| format!("{PLURAL}.{g} only as {}", v.join(", ")))
+            .collect();
+        let detail = if elsewhere.is_empty() {
+            format!(
+                "no NodeInventory CRD is installed: the apiserver serves {PLURAL} in neither {} \
+                 nor {}",
+                KNOWN[0], KNOWN[1]
+            )
+        } else {
+            format!(
+                "no NodeInventory CRD serves {VERSION}: {}",
+                elsewhere.join("; ")
+            )
+        };
+        return CheckResult::fail(
+            name,
+            detail,
+            "install the CRD your operator reads (sandbox-operator's chart, or this \
+             repository's crds/<group>_nodeinventories.yaml), set --inventory-group (env \
+             VK_INVENTORY_GROUP), or drop --publish-inventory",
+        );
+    }
+    CheckResult::ok(name, format!("publishes in {}", choice.describe()))
+}
+
+/// What a look for a left-over NodeInventory in one group found: its
+/// field managers when it exists.
+pub type StaleLook = (String, Result<Option<Vec<String>>, ApiError>);
+
+/// One line per known group vk-sandbox does not publish in where an
+/// object named after `node` was found (stale: nobody updates it), or
+/// could not be looked for.
+pub fn inventory_stale(node: &str, found: &[StaleLook]) -> Vec<CheckResult> {
+    let name = "NodeInventory left over";
+    found
+        .iter()
+        .filter_map(|(group, found)| match found {
+            Ok(None) => None,
+            Ok(Some(managers)) => Some(CheckResult::warn(
+                name,
+                format!(
+                    "{PLURAL}.{group}/{node} exists (written by {}) but vk-sandbox will not \
+                     publish in {group}: its readers would see stale sandboxes and pools",
+                    if managers.is_empty() {
+                        "an unknown manager".to_string()
+                    } else {
+                        managers.join(", ")
+                    }
+                ),
+                Some(format!(
+                    "delete it (kubectl delete {PLURAL}.{group} {node}), or publish there too \
+                     (unset --inventory-group to publish in every group served)"
+                )),
+            )),
+            Err(e) => Some(CheckResult::warn(
+                name,
+                format!("cannot look for {PLURAL}.{group}/{node}: {e}"),
+                Some(format!(
+                    "grant get on {PLURAL} in {group} (manifests/rbac.yaml)"
+                )),
+            )),
+        })
+        .collect()
 }
 
 /// The node name line: no Node yet, a virtual one (adopted), or a physical

@@ -17,6 +17,8 @@ use super::check::{CHECK_TIMEOUT, CheckResult, Status};
 use super::evaluate::{self, ApiError, SandboxdProblem};
 use super::rbac::{self, Permission};
 use crate::config::{Config, ListenAddr};
+use crate::inventory::groups;
+use crate::inventory::types::{KIND, PLURAL, VERSION};
 use crate::kube_client::{self, Source};
 use crate::sandboxd::SandboxdClient;
 
@@ -120,16 +122,13 @@ async fn kube_checks(cfg: &Config) -> Vec<CheckResult> {
         return skipped(api_line);
     }
 
-    let group = cfg.inventory.group.as_str();
-    let perms = rbac::required(
-        cfg.inventory.publish.then_some(group),
-        cfg.kubelet_auth.enabled,
-    );
-    let (answers, served, node) = tokio::join!(
-        access_reviews(&client, perms),
+    // Where the NodeInventory would go: discovery first, as the RBAC
+    // needed depends on it.
+    let flag = cfg.inventory.group.as_deref();
+    let (served, node) = tokio::join!(
         async {
             if cfg.inventory.publish {
-                bounded(inventory_versions(&client, group)).await
+                bounded(inventory_versions(&client, flag)).await
             } else {
                 Ok(Vec::new())
             }
@@ -141,15 +140,65 @@ async fn kube_checks(cfg: &Config) -> Vec<CheckResult> {
                 .map_err(ApiError::from)
         }),
     );
+    let choice = cfg.inventory.publish.then(|| {
+        let with_v1beta1: Vec<String> = served
+            .iter()
+            .flatten()
+            .filter(|(_, versions)| versions.iter().any(|v| v == VERSION))
+            .map(|(g, _)| g.clone())
+            .collect();
+        groups::choose(flag, &with_v1beta1)
+    });
+    let perms = rbac::required(choice.as_ref(), cfg.kubelet_auth.enabled);
+    let (answers, stale) = tokio::join!(
+        access_reviews(&client, perms),
+        stale_inventories(&client, &cfg.node_name, choice.as_ref()),
+    );
     let mut out = vec![api_line];
     out.extend(rbac::evaluate(&answers));
     out.push(evaluate::inventory_crd(
         cfg.inventory.publish,
-        group,
+        flag,
         &served,
+        choice.as_ref(),
     ));
+    out.extend(evaluate::inventory_stale(&cfg.node_name, &stale));
     out.push(evaluate::node_name(&cfg.node_name, &node));
     out
+}
+
+/// For each group `choice` does not publish in but serves: whether an
+/// object named after `node` is there (the managers that wrote it).
+async fn stale_inventories(
+    client: &Client,
+    node: &str,
+    choice: Option<&groups::Choice>,
+) -> Vec<evaluate::StaleLook> {
+    let Some(choice) = choice else {
+        return Vec::new();
+    };
+    let looks = choice.stale_candidates.iter().map(|group| async move {
+        let gvk = kube::api::GroupVersionKind::gvk(group, VERSION, KIND);
+        let api: Api<kube::api::DynamicObject> = Api::all_with(
+            client.clone(),
+            &kube::api::ApiResource::from_gvk_with_plural(&gvk, PLURAL),
+        );
+        let found = bounded(async {
+            api.get_opt(node).await.map_err(ApiError::from).map(|o| {
+                o.map(|o| {
+                    o.metadata
+                        .managed_fields
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|f| f.manager)
+                        .collect()
+                })
+            })
+        })
+        .await;
+        (group.clone(), found)
+    });
+    futures::future::join_all(looks).await
 }
 
 /// The user the credentials authenticate as (SelfSubjectReview).
@@ -208,23 +257,23 @@ async fn access_reviews(
     futures::future::join_all(reviews).await
 }
 
-/// The versions in which `group` serves `nodeinventories` (API discovery:
-/// readable by any authenticated user, unlike the CRD object itself).
-async fn inventory_versions(client: &Client, group: &str) -> Result<Vec<String>, ApiError> {
-    let g = match kube::discovery::oneshot::group(client, group).await {
-        Ok(g) => g,
-        Err(kube::Error::Discovery(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
-    let versions: Vec<String> = g.versions().map(str::to_string).collect();
-    Ok(versions
-        .into_iter()
-        .filter(|v| {
-            g.versioned_resources(v)
-                .iter()
-                .any(|(ar, _)| ar.plural == "nodeinventories")
-        })
-        .collect())
+/// The versions in which each known group, and `flag`'s group, serve
+/// `nodeinventories` (API discovery: readable by any authenticated user,
+/// unlike the CRD objects themselves).
+async fn inventory_versions(
+    client: &Client,
+    flag: Option<&str>,
+) -> Result<Vec<(String, Vec<String>)>, ApiError> {
+    let mut names: Vec<&str> = groups::KNOWN.to_vec();
+    if let Some(g) = flag.filter(|g| !names.contains(g)) {
+        names.push(g);
+    }
+    let mut out = Vec::new();
+    for group in names {
+        let versions = groups::served_versions(client, group).await?;
+        out.push((group.to_string(), versions));
+    }
+    Ok(out)
 }
 
 /// sandboxd reachable, token accepted, warm pools.

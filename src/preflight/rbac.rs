@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::check::CheckResult;
+use crate::inventory::groups::Choice;
 
 /// Where a permission is needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,8 +25,13 @@ pub enum Scope {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Need {
     Always,
-    /// Only with `--publish-inventory`; the group is `--inventory-group`.
+    /// Only with `--publish-inventory`, in the groups published to
+    /// (`inventory::groups::Choice::publish`).
     PublishInventory,
+    /// Only with `--publish-inventory`, in the known groups served but not
+    /// published to (`Choice::stale_candidates`): looking for a left-over
+    /// object of this node.
+    InventoryStaleCheck,
     /// Only with `--kubelet-auth` (the default).
     KubeletAuth,
 }
@@ -106,6 +112,14 @@ pub const RULES: &[Rule] = &[
         why: "publish the NodeInventory",
     },
     Rule {
+        groups: INVENTORY_GROUPS,
+        resources: &["nodeinventories"],
+        verbs: &["get"],
+        scope: Scope::Cluster,
+        need: Need::InventoryStaleCheck,
+        why: "report a NodeInventory of this node left in a group it no longer publishes in",
+    },
+    Rule {
         groups: &["authentication.k8s.io"],
         resources: &["tokenreviews"],
         verbs: &["create"],
@@ -176,14 +190,18 @@ impl Permission {
 }
 
 /// The permissions this configuration needs, in table order.
-/// `inventory_group`: `Some(--inventory-group)` when publishing.
-pub fn required(inventory_group: Option<&str>, kubelet_auth: bool) -> Vec<Permission> {
+/// `inventory`: where the NodeInventory goes, when publishing.
+pub fn required(inventory: Option<&Choice>, kubelet_auth: bool) -> Vec<Permission> {
     let mut out = Vec::new();
     for rule in RULES {
         let groups: Vec<&str> = match rule.need {
             Need::Always => rule.groups.to_vec(),
-            Need::PublishInventory => match inventory_group {
-                Some(g) => vec![g],
+            Need::PublishInventory => match inventory {
+                Some(c) => c.publish.iter().map(String::as_str).collect(),
+                None => continue,
+            },
+            Need::InventoryStaleCheck => match inventory {
+                Some(c) => c.stale_candidates.iter().map(String::as_str).collect(),
                 None => continue,
             },
             Need::KubeletAuth if kubelet_auth => rule.groups.to_vec(),
@@ -400,13 +418,24 @@ mod tests {
         assert_eq!(lease.namespace.as_deref(), Some("kube-node-lease"));
         assert_eq!(lease.group, "coordination.k8s.io");
 
-        let full = required(Some("extensions.agents.x-k8s.io"), true);
+        let choice = crate::inventory::groups::choose(
+            Some("extensions.agents.x-k8s.io"),
+            &["sandbox.cocoonstack.io".to_string()],
+        );
+        let full = required(Some(&choice), true);
         let inv: Vec<_> = full
             .iter()
             .filter(|p| p.resource == "nodeinventories")
+            .map(|p| (p.group.as_str(), p.verb.as_str()))
             .collect();
-        assert_eq!(inv.len(), 2);
-        assert!(inv.iter().all(|p| p.group == "extensions.agents.x-k8s.io"));
+        assert_eq!(
+            inv,
+            vec![
+                ("extensions.agents.x-k8s.io", "create"),
+                ("extensions.agents.x-k8s.io", "patch"),
+                ("sandbox.cocoonstack.io", "get"),
+            ]
+        );
         assert!(
             full.iter()
                 .any(|p| p.resource == "subjectaccessreviews" && p.verb == "create")
@@ -433,7 +462,7 @@ mod tests {
             "{}",
             ca.target()
         );
-        assert_eq!(full.len(), base.len() + 2 + 2 + 1);
+        assert_eq!(full.len(), base.len() + 3 + 2 + 1);
     }
 
     fn perm(resource: &str, verb: &str) -> Permission {

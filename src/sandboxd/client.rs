@@ -380,7 +380,7 @@ pub(super) async fn read_reply(
     mut response: reqwest::Response,
 ) -> Result<RawReply, SandboxdError> {
     let status = response.status().as_u16();
-    let limit = body_limit(status);
+    let limit = body_limit(op, status);
     let mut body = Vec::new();
     let mut over_limit = false;
     loop {
@@ -520,5 +520,49 @@ mod tests {
         assert_eq!(client.base_url(), "http://127.0.0.1:7777");
         let builder = ClientBuilder::new("x").token(Some("s3cret-token".into()));
         assert!(!format!("{builder:?}").contains("s3cret"));
+    }
+
+    /// A listing of 5,000 rows (over 1 MiB with vk-sandbox's tagged
+    /// `claim_ref`s: every listing failed past that size) is read whole.
+    #[tokio::test]
+    async fn a_listing_of_five_thousand_rows_is_read() {
+        const ROWS: usize = 5000;
+        crate::crypto::install_provider();
+        let sim = sandboxd_sim::start_local(sandboxd_sim::SimConfig {
+            pools: vec![
+                sandboxd_sim::config::PoolConfig::parse_spec(&format!("base:24.04={ROWS}"))
+                    .expect("pool"),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("sim");
+        for i in 0..ROWS {
+            let body = serde_json::json!({
+                "template": "base:24.04",
+                "claim_ref": format!(
+                    "namespace-{i:05}/sandbox-pod-{i:05}#vk-sandbox:0b7c2d1e-4f5a-4c3b-9d8e-{i:012}"
+                ),
+                "ttl_seconds": 86400,
+            });
+            let reply = sim.sim().claim(None, body.to_string().as_bytes()).await;
+            assert_eq!(reply.reply.status, 200, "claim {i}: {reply:?}");
+        }
+        let raw = reqwest::get(format!("{}/v1/sandboxes", sim.base_url()))
+            .await
+            .expect("raw listing")
+            .bytes()
+            .await
+            .expect("body");
+        assert!(
+            raw.len() > super::super::decode::JSON_BODY_LIMIT,
+            "the listing is {} bytes; the test needs more than 1 MiB",
+            raw.len()
+        );
+        let client = SandboxdClient::builder(sim.base_url())
+            .build()
+            .expect("client");
+        let rows = client.list().await.expect("the whole listing");
+        assert_eq!(rows.len(), ROWS);
     }
 }

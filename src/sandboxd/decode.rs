@@ -9,8 +9,16 @@ use super::types::{ClaimReply, Granted, ListReply, NodeInfo, ReleaseOutcome, San
 
 /// Largest error body read; longer bodies are cut.
 pub const ERROR_BODY_LIMIT: usize = 64 * 1024;
-/// Largest JSON success body accepted.
+/// Largest JSON success body accepted, but a listing's.
 pub const JSON_BODY_LIMIT: usize = 1024 * 1024;
+/// Largest listing accepted (`GET /v1/sandboxes`). A row is about 300
+/// bytes with vk-sandbox's tagged `claim_ref`, so 1 MiB failed every
+/// listing from about 3,500 rows on — every client's rows together, fewer
+/// than twice the default `--node-pods` (2000) — and a node whose listing
+/// fails never verifies a claim again. 32 MiB holds over 100,000 rows: 50
+/// times the default `--node-pods`, with room for the neighbours that share
+/// the sandboxd; the cap only bounds what a broken reply can make us hold.
+pub const LIST_BODY_LIMIT: usize = 32 * 1024 * 1024;
 
 /// A reply as read off the wire: its status and at most the body limit's
 /// worth of bytes.
@@ -32,12 +40,12 @@ impl RawReply {
     }
 }
 
-/// How many body bytes to read for a reply with this status.
-pub fn body_limit(status: u16) -> usize {
-    if (200..300).contains(&status) {
-        JSON_BODY_LIMIT
-    } else {
-        ERROR_BODY_LIMIT
+/// How many body bytes to read for a reply to `op` with this status.
+pub fn body_limit(op: Op, status: u16) -> usize {
+    match op {
+        _ if !(200..300).contains(&status) => ERROR_BODY_LIMIT,
+        Op::List => LIST_BODY_LIMIT,
+        _ => JSON_BODY_LIMIT,
     }
 }
 
@@ -53,7 +61,7 @@ fn decode_json<'a, T: Deserialize<'a>>(op: Op, reply: &'a RawReply) -> Result<T,
         return Err(SandboxdError::Decode {
             op,
             status: reply.status,
-            message: format!("reply body exceeds {JSON_BODY_LIMIT} bytes"),
+            message: format!("reply body exceeds {} bytes", body_limit(op, reply.status)),
         });
     }
     // Every sandboxd reply is a JSON object. serde's derived structs also

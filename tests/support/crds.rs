@@ -75,3 +75,14 @@ pub async fn wait_served(client: &Client, resource: &ApiResource) {
     )
     .await;
 }
+
+/// The NodeInventory resource (v1beta1) in `group`.
+pub fn nodeinventories(group: &str) -> ApiResource {
+    ApiResource {
+        group: group.into(),
+        version: "v1beta1".into(),
+        api_version: format!("{group}/v1beta1"),
+        kind: "NodeInventory".into(),
+        plural: "nodeinventories".into(),
+    }
+}

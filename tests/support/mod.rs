@@ -177,6 +177,7 @@ pub mod progress;
 pub mod prometheus;
 pub mod rbac;
 pub mod real_node;
+pub mod scratch;
 pub mod sim;
 pub mod spdy;
 pub mod vk;

@@ -47,6 +47,7 @@ fn defaults_match_the_documented_defaults() {
     assert_eq!(r.node.node_pods, "2000");
     assert_eq!(r.kube.kube_api_qps, 200.0);
     assert_eq!(r.kube.kube_api_burst, 400);
+    assert_eq!((r.kube.event_qps, r.kube.event_burst), (200.0, 400));
     assert_eq!(r.sandboxd.sandboxd_url, "http://127.0.0.1:7777");
     assert_eq!(r.state.state_path, "/var/lib/vk-sandbox/claims.json");
     assert_eq!(r.audit.orphan_scan_interval, "60s");
@@ -57,7 +58,7 @@ fn defaults_match_the_documented_defaults() {
         "sandbox.cocoonstack.io/runtime=sandboxd"
     );
     assert_eq!(r.admin.admin_addr, ":10261");
-    assert_eq!(r.inventory.inventory_group, "sandbox.cocoonstack.io");
+    assert_eq!(r.inventory.inventory_group, None, "unset: discovered");
     assert!(r.kubelet.kubelet_auth);
     assert!(!r.kubelet.anonymous_auth);
     assert_eq!(r.kubelet.client_ca_file, "");
@@ -118,7 +119,7 @@ fn every_env_var_supplies_a_default() {
     assert_eq!(r.sandboxd.sandboxd_token_file, "/t");
     assert_eq!(r.state.state_path, "/s");
     assert_eq!(r.admin.admin_addr, ":2");
-    assert_eq!(r.inventory.inventory_group, "g.example");
+    assert_eq!(r.inventory.inventory_group.as_deref(), Some("g.example"));
     assert_eq!(r.kubelet.client_ca_file, "/ca");
     assert!(!r.kubelet.kubelet_auth);
     assert!(r.kubelet.anonymous_auth);

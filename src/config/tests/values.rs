@@ -110,6 +110,26 @@ fn intervals() {
     assert_eq!(cfg.inventory.interval, Duration::from_secs(90));
 }
 
+/// `--inventory-group`: unset or empty means "where the CRD is served";
+/// a value is trimmed; something that is not a group name is refused.
+#[test]
+fn inventory_group_is_optional() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let group =
+        |args: &[&str]| Config::from_args(&valid(dir.path(), args)).map(|c| c.inventory.group);
+    assert_eq!(group(&[]).expect("unset"), None);
+    assert_eq!(group(&["--inventory-group="]).expect("empty"), None);
+    assert_eq!(group(&["--inventory-group=  "]).expect("blank"), None);
+    assert_eq!(
+        group(&["--inventory-group= extensions.agents.x-k8s.io "]).expect("trimmed"),
+        Some("extensions.agents.x-k8s.io".to_string())
+    );
+    for bad in ["--inventory-group=a/b", "--inventory-group=a b"] {
+        let err = group(&[bad]).expect_err(bad).to_string();
+        assert!(err.contains("--inventory-group"), "{err}");
+    }
+}
+
 // The sandboxd token file: trimmed, empty means no token, unreadable refuses
 // to start (the configuration half; the headers sent are tested elsewhere).
 #[test]
@@ -271,6 +291,35 @@ fn qps_and_burst() {
     assert!(err.contains("--kube-api-qps"), "{err}");
     let err = parse_from(["vk-sandbox", "--kube-api-burst=x"], &env_of(&[])).unwrap_err();
     assert_eq!(err.exit_code(), 2);
+    // A rate so low that its wait overflowed is refused with the bound.
+    for bad in [
+        "--kube-api-qps=1e-30",
+        "--kube-api-qps=0.009",
+        "--kube-api-qps=NaN",
+        "--kube-api-qps=inf",
+        "--event-qps=0",
+        "--event-qps=1e-30",
+        "--event-burst=0",
+    ] {
+        let err = Config::from_args(&valid(dir.path(), &[bad]))
+            .map(|_| ())
+            .expect_err(bad)
+            .to_string();
+        let flag = bad.split('=').next().unwrap_or_default();
+        assert!(err.contains(flag), "{bad}: {err}");
+        if bad.contains("qps") {
+            assert!(err.contains("at least 0.01"), "{bad}: {err}");
+        }
+    }
+    let cfg = Config::from_args(&valid(
+        dir.path(),
+        &["--kube-api-qps=0.01", "--event-qps=5", "--event-burst=7"],
+    ))
+    .expect("bounds are inclusive");
+    assert_eq!(
+        (cfg.kube.qps, cfg.kube.event_qps, cfg.kube.event_burst),
+        (0.01, 5.0, 7)
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use futures::StreamExt;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto;
@@ -9,7 +10,7 @@ use super::*;
 
 /// What the test apiserver saw.
 #[derive(Default)]
-struct Seen {
+pub(crate) struct Seen {
     connections: AtomicUsize,
     http2: AtomicUsize,
     http1: AtomicUsize,
@@ -18,8 +19,10 @@ struct Seen {
 
 /// A TLS server on loopback with a self-signed certificate for
 /// 127.0.0.1, offering `alpn`, answering every request with a
-/// ConfigMap after `delay`; returns its kubeconfig-like `Config`.
-async fn apiserver(alpn: &[&[u8]], delay: Duration, seen: Arc<Seen>) -> Config {
+/// ConfigMap after `delay`, and a watch with one ConfigMap event after
+/// which it stays silent with the connection open (a half-open connection
+/// as the client sees it); returns its kubeconfig-like `Config`.
+pub(crate) async fn apiserver(alpn: &[&[u8]], delay: Duration, seen: Arc<Seen>) -> Config {
     crate::crypto::install_provider();
     let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("cert");
     let der = cert.cert.der().clone();
@@ -57,11 +60,26 @@ async fn apiserver(alpn: &[&[u8]], delay: Duration, seen: Arc<Seen>) -> Config {
                             seen.authorized.fetch_add(1, Ordering::SeqCst);
                         }
                         tokio::time::sleep(delay).await;
-                        let body = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
-                            "metadata": {"name": "cm", "namespace": "default"}});
-                        Ok::<_, std::convert::Infallible>(http::Response::new(
-                            http_body_util::Full::new(bytes::Bytes::from(body.to_string())),
-                        ))
+                        let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": "cm", "namespace": "default",
+                                "resourceVersion": "1"}});
+                        let watch = crate::kube_client::deadline::is_watch(req.uri());
+                        let body = if watch {
+                            let event = serde_json::json!({"type": "ADDED", "object": cm});
+                            let first = futures::stream::once(async move {
+                                Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(
+                                    bytes::Bytes::from(event.to_string() + "\n"),
+                                ))
+                            });
+                            // The body never ends and never sends again.
+                            let silent = first.chain(futures::stream::pending());
+                            http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(silent))
+                        } else {
+                            http_body_util::BodyExt::boxed(http_body_util::Full::new(
+                                bytes::Bytes::from(cm.to_string()),
+                            ))
+                        };
+                        Ok::<_, std::convert::Infallible>(http::Response::new(body))
                     }
                 });
                 let _ = auto::Builder::new(TokioExecutor::new())
@@ -79,11 +97,7 @@ async fn apiserver(alpn: &[&[u8]], delay: Duration, seen: Arc<Seen>) -> Config {
 
 /// One GET, then `n` at once.
 async fn concurrent_gets(cfg: Config, n: usize) {
-    let limits = crate::kube_client::Limits {
-        call_deadline: Duration::from_secs(10),
-        qps: 1000.0,
-        burst: 1000,
-    };
+    let limits = crate::kube_client::Limits::generous(Duration::from_secs(10));
     let client = crate::kube_client::build(cfg, limits).expect("client");
     let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
         kube::Api::namespaced(client, "default");
@@ -130,4 +144,73 @@ async fn a_server_without_http2_gets_http1() {
     assert_eq!(seen.http2.load(Ordering::SeqCst), 0);
     assert_eq!(seen.authorized.load(Ordering::SeqCst), 5);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 4);
+}
+
+/// A watch over HTTP/1.1 whose connection goes silent after one event
+/// ends with an error once the read timeout passes; before, the stream
+/// waited for ever (no HTTP/2 pings on HTTP/1.1, no read timeout).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_http1_watch_ends_with_an_error() {
+    let seen = Arc::new(Seen::default());
+    let mut cfg = apiserver(&[b"http/1.1"], Duration::ZERO, Arc::clone(&seen)).await;
+    cfg.read_timeout = Some(Duration::from_millis(500));
+    let limits = crate::kube_client::Limits::generous(Duration::from_secs(10));
+    let client = crate::kube_client::build(cfg, limits).expect("client");
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client, "default");
+    let stream = api
+        .watch(&kube::api::WatchParams::default(), "0")
+        .await
+        .expect("watch started");
+    let mut stream = std::pin::pin!(stream);
+    let first = stream.next().await.expect("one event").expect("decoded");
+    assert!(
+        matches!(first, kube::api::WatchEvent::Added(_)),
+        "{first:?}"
+    );
+    // Bounded only so a regression fails instead of hanging the suite.
+    let next = tokio::time::timeout(Duration::from_secs(20), stream.next())
+        .await
+        .expect("the silent watch must end, not wait for ever");
+    assert!(
+        matches!(next, Some(Err(_))),
+        "the silent watch must end with an error, got {next:?}"
+    );
+    assert_eq!(seen.http1.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.http2.load(Ordering::SeqCst), 0);
+}
+
+/// Connections to the apiserver probe an idle peer (TCP keep-alive), so
+/// one whose host vanished is closed by the kernel.
+#[tokio::test]
+async fn apiserver_connections_use_tcp_keepalive() {
+    use std::os::fd::AsRawFd;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let cfg = Config::new(format!("http://{addr}").parse().expect("url"));
+    let mut tcp = tcp(&cfg);
+    let uri: http::Uri = format!("http://{addr}").parse().expect("uri");
+    let conn = tower::Service::call(&mut tcp, uri).await.expect("connect");
+    let fd = conn.inner().as_raw_fd();
+    let opt = |level: libc::c_int, name: libc::c_int| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: a valid socket descriptor and an int-sized out buffer.
+        let r = unsafe { libc::getsockopt(fd, level, name, (&raw mut v).cast(), &mut len) };
+        assert_eq!(r, 0, "getsockopt");
+        v
+    };
+    assert_eq!(opt(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+    let secs = |d: Duration| libc::c_int::try_from(d.as_secs()).expect("secs");
+    assert_eq!(
+        opt(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+        secs(TCP_KEEPALIVE_IDLE)
+    );
+    assert_eq!(
+        opt(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+        secs(TCP_KEEPALIVE_INTERVAL)
+    );
+    assert_eq!(opt(libc::IPPROTO_TCP, libc::TCP_KEEPCNT), 3);
 }

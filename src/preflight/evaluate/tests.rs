@@ -59,11 +59,36 @@ fn apiserver_lines() {
     assert_eq!(old.status, Status::Ok);
 }
 
+fn served(gs: &[(&str, &[&str])]) -> Result<Vec<(String, Vec<String>)>, ApiError> {
+    Ok(gs
+        .iter()
+        .map(|(g, v)| (g.to_string(), v.iter().map(|s| s.to_string()).collect()))
+        .collect())
+}
+
+/// The line from discovery, as the probe builds it.
+fn crd_line(flag: Option<&str>, got: Result<Vec<(String, Vec<String>)>, ApiError>) -> CheckResult {
+    let v1beta1: Vec<String> = got
+        .iter()
+        .flatten()
+        .filter(|(_, v)| v.iter().any(|v| v == "v1beta1"))
+        .map(|(g, _)| g.clone())
+        .collect();
+    let choice = crate::inventory::groups::choose(flag, &v1beta1);
+    inventory_crd(true, flag, &got, Some(&choice))
+}
+
 #[test]
 fn crd_lines() {
-    let g = "sandbox.cocoonstack.io";
-    assert_eq!(inventory_crd(false, g, &Ok(vec![])).status, Status::Ok);
-    let missing = inventory_crd(true, g, &Ok(vec![]));
+    let d = "sandbox.cocoonstack.io";
+    let x = "extensions.agents.x-k8s.io";
+    assert_eq!(
+        inventory_crd(false, None, &Ok(vec![]), None).status,
+        Status::Ok
+    );
+
+    // With --inventory-group: that group only.
+    let missing = crd_line(Some(d), served(&[(d, &[]), (x, &["v1beta1"])]));
     assert_eq!(missing.status, Status::Fail);
     assert!(
         missing
@@ -77,17 +102,68 @@ fn crd_lines() {
             .is_some_and(|f| f.contains("--inventory-group"))
     );
     assert_eq!(
-        inventory_crd(true, g, &Ok(vec!["v1beta1".into()])).status,
+        crd_line(Some(d), served(&[(d, &["v1beta1"])])).status,
         Status::Ok
     );
     assert_eq!(
-        inventory_crd(true, g, &Ok(vec!["v1".into()])).status,
+        crd_line(Some(d), served(&[(d, &["v1"])])).status,
         Status::Fail
     );
     assert_eq!(
-        inventory_crd(true, g, &Err(ApiError::Timeout)).status,
+        crd_line(Some(d), Err(ApiError::Timeout)).status,
         Status::Fail
     );
+
+    // Without it: where the CRD is served, named.
+    let ext = crd_line(None, served(&[(d, &[]), (x, &["v1beta1"])]));
+    assert_eq!(ext.status, Status::Ok);
+    assert!(
+        ext.detail
+            .contains("nodeinventories.extensions.agents.x-k8s.io")
+            && !ext.detail.contains("nodeinventories.sandbox"),
+        "{}",
+        ext.detail
+    );
+    let both = crd_line(None, served(&[(d, &["v1beta1"]), (x, &["v1beta1"])]));
+    assert!(both.detail.contains(" and "), "{}", both.detail);
+    let none = crd_line(None, served(&[(d, &[]), (x, &[])]));
+    assert_eq!(none.status, Status::Fail);
+    assert!(none.detail.contains("neither"), "{}", none.detail);
+    let old = crd_line(None, served(&[(d, &[]), (x, &["v1alpha1"])]));
+    assert_eq!(old.status, Status::Fail);
+    assert!(old.detail.contains("only as v1alpha1"), "{}", old.detail);
+    assert_eq!(crd_line(None, Err(ApiError::Timeout)).status, Status::Fail);
+}
+
+#[test]
+fn stale_inventory_lines() {
+    let found = vec![
+        ("a.example".to_string(), Ok(None)),
+        (
+            "b.example".to_string(),
+            Ok(Some(vec!["vk-sandbox".to_string()])),
+        ),
+        ("c.example".to_string(), Err(ApiError::Timeout)),
+    ];
+    let lines = inventory_stale("n1", &found);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0].status, Status::Warn);
+    assert!(
+        lines[0].detail.contains("nodeinventories.b.example/n1"),
+        "{:?}",
+        lines[0]
+    );
+    assert!(lines[0].detail.contains("vk-sandbox"), "{:?}", lines[0]);
+    assert!(
+        lines[0]
+            .fix
+            .as_deref()
+            .is_some_and(|f| f.contains("kubectl delete nodeinventories.b.example n1")),
+        "{:?}",
+        lines[0]
+    );
+    assert_eq!(lines[1].status, Status::Warn);
+    assert!(lines[1].detail.contains("c.example"), "{:?}", lines[1]);
 }
 
 fn node(labels: serde_json::Value) -> Node {
