@@ -17,7 +17,9 @@
 //!   their logs are under target/bench-cluster/<node>/);
 //! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load`,
 //!   `fleet` to run only those parts (to study one figure; the doc is then not
-//!   written unless `BENCH_DOC` names a file).
+//!   written unless `BENCH_DOC` names a file);
+//! - `BENCH_BURSTS`: a comma list of burst sizes to run instead of the
+//!   plan's (then without the sandboxd-delay bursts).
 //!
 //! Only `cargo bench` runs it (it is skipped without `--bench`, so `cargo
 //! test --all-targets` does not start a cluster run).
@@ -54,6 +56,10 @@ mod report;
 /// `BENCH_ONLY=fleet`: many vk-sandbox processes on one apiserver.
 #[path = "cluster/fleet.rs"]
 mod fleet;
+
+/// The node Lease's renewals, timed during the bursts.
+#[path = "cluster/lease.rs"]
+mod lease;
 
 use report::Report;
 use support::TestCluster;
@@ -95,6 +101,20 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `BENCH_BURSTS=500,1000`: only these bursts (without sandboxd delay).
+fn bursts() -> Option<Vec<usize>> {
+    let v = std::env::var("BENCH_BURSTS").ok()?;
+    let sizes: Vec<usize> = v
+        .split(',')
+        .map(|p| {
+            p.trim()
+                .parse()
+                .unwrap_or_else(|_| die(&format!("BENCH_BURSTS: {p:?} is not a Pod count")))
+        })
+        .collect();
+    Some(sizes)
+}
+
 /// Counts for one run. The default stops at 1000-Pod bursts (not 2000) so
 /// the whole run stays within about five minutes on two cores;
 /// `BENCH_SCALE=2` runs the 2000-Pod burst and start-up.
@@ -133,8 +153,12 @@ impl Plan {
             repeats: (3.0 * k).round().clamp(1.0, 9.0) as usize,
             // 100 and 500 at every scale; the largest is 1000, or 2000
             // with BENCH_SCALE=2.
-            bursts: vec![100, 500, n(1000.0)],
-            delayed_bursts: vec![100, 500],
+            bursts: bursts().unwrap_or_else(|| vec![100, 500, n(1000.0)]),
+            delayed_bursts: if bursts().is_some() {
+                Vec::new()
+            } else {
+                vec![100, 500]
+            },
             hold: n(1000.0),
             startup: n(1000.0),
             lifecycle: n(20.0).min(200),
@@ -255,6 +279,8 @@ struct Vk {
     kubeconfig: PathBuf,
     /// When the current process was spawned.
     started: Instant,
+    /// The node's Lease renewals.
+    lease: lease::LeaseWatch,
 }
 
 impl Vk {
@@ -284,6 +310,7 @@ impl Vk {
             args,
             kubeconfig: kubeconfig.to_path_buf(),
             started: Instant::now(),
+            lease: lease::LeaseWatch::start(&env.cluster.client, node),
         };
         vk.spawn();
         vk
@@ -722,6 +749,9 @@ struct BurstResult {
     /// vk-sandbox's CPU time (user + system) per Pod lifecycle, ms: claim →
     /// Running → release → gone.
     cpu_ms_per_pod: f64,
+    /// Lease renewals issued between the first create and the last Pod
+    /// Running: ms from `renewTime` to stored.
+    lease_ms: Vec<f64>,
 }
 
 const WRITTEN: &str = "vk_sandbox_pod_status_writes_total{result=\"written\"}";
@@ -758,9 +788,12 @@ async fn burst(
 ) -> BurstResult {
     let api: Api<Pod> = Api::namespaced(env.cluster.client.clone(), ns);
     let names: Vec<String> = (0..n).map(|i| format!("{tag}-{i:05}")).collect();
+    // The next Lease renewal is issued about a second into the burst.
+    vk.lease.before_next_renewal(Duration::from_secs(1)).await;
     let before = vk.metrics().await;
     sim.sim().clear_requests();
     let start = Instant::now();
+    let wall_start = jiff::Timestamp::now();
     let pods = names.iter().map(|name| pod(name, &vk.node, None)).collect();
     create_pods(&api, pods, 64).await;
     let timeout = Duration::from_secs(60) + Duration::from_millis(100 * n as u64);
@@ -775,6 +808,7 @@ async fn burst(
             vk.log.display()
         ));
     }
+    let lease_ms = vk.lease.latencies_ms(wall_start, jiff::Timestamp::now());
     let after = vk.metrics().await;
     let times = rec.snapshot(&names);
     let lat: Vec<f64> = times
@@ -825,6 +859,7 @@ async fn burst(
         releases_per_s,
         writes_per_pod: delta(&before, &end, WRITTEN) / n as f64,
         cpu_ms_per_pod: delta(&before, &end, CPU) * 1e3 / n as f64,
+        lease_ms,
     }
 }
 
@@ -930,6 +965,8 @@ async fn idle(
         releases_per_s: f64::NAN,
         writes_per_pod: delta(&before, &end, WRITTEN) / n as f64,
         cpu_ms_per_pod: delta(&before, &end, CPU) * 1e3 / n as f64,
+        // Pods one at a time: nothing to time the Lease against.
+        lease_ms: Vec::new(),
     }
 }
 
