@@ -7,6 +7,10 @@ pub const NODE_CPU: &str = "4000";
 pub const NODE_MEMORY: &str = "8Ti";
 pub const NODE_PODS: &str = "2000";
 pub const KUBE_API_QPS: f32 = 200.0;
+/// The lowest `--kube-api-qps` / `--event-qps` accepted: one request per
+/// 100 s. Lower values only make every request wait past its deadline (and
+/// values near zero overflowed the wait's arithmetic).
+pub const MIN_QPS: f32 = 0.01;
 pub const KUBE_API_BURST: u32 = 400;
 /// Events' own bucket. As high as the request bucket's: a reconcile waits
 /// for its Event, so a lower rate would cap claims at it.

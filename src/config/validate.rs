@@ -92,7 +92,7 @@ impl Config {
         let memory = quantity("node-memory", "VK_NODE_MEMORY", &args.node.node_memory);
         let pods = quantity("node-pods", "VK_NODE_PODS", &args.node.node_pods);
 
-        let min_qps = crate::kube_client::rate::MIN_QPS;
+        let min_qps = super::defaults::MIN_QPS;
         for (flag, qps, example) in [
             ("kube-api-qps", args.kube.kube_api_qps, "--kube-api-qps=200"),
             ("event-qps", args.kube.event_qps, "--event-qps=200"),

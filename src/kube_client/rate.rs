@@ -26,10 +26,7 @@ use tower::{Layer, Service};
 
 use super::deadline::is_watch;
 
-/// The lowest `--kube-api-qps` / `--event-qps` accepted: one request per
-/// 100 s. Lower values only make every request wait past its deadline (and
-/// values near zero overflowed the wait's arithmetic).
-pub const MIN_QPS: f32 = 0.01;
+pub use crate::config::defaults::MIN_QPS;
 
 /// Which budget a request is charged to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
