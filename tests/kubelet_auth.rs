@@ -18,9 +18,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -42,75 +40,6 @@ async fn vk_client(cluster: &support::TestCluster) -> Client {
     support::client_for(&path)
         .await
         .unwrap_or_else(|e| panic!("client for the vk-sandbox ServiceAccount: {e}"))
-}
-
-/// A token for ServiceAccount `ns/name` (created here).
-async fn sa_token(client: &Client, ns: &str, name: &str) -> String {
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    match sas
-        .create(
-            &PostParams::default(),
-            &from_json(
-                json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
-            ),
-        )
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(ae)) if ae.code == 409 => {}
-        Err(e) => panic!("create ServiceAccount {ns}/{name}: {e}"),
-    }
-    let req: TokenRequest = from_json(json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600}
-    }));
-    sas.create_token_request(name, &PostParams::default(), &req)
-        .await
-        .unwrap_or_else(|e| panic!("token for {ns}/{name}: {e}"))
-        .status
-        .expect("TokenRequest status")
-        .token
-}
-
-/// A ClusterRole of `rule` bound to ServiceAccount `ns/sa`; returns its
-/// name (role and binding share it) for [`revoke`].
-async fn grant(client: &Client, ns: &str, sa: &str, rule: serde_json::Value) -> String {
-    let name = format!("kauth-{sa}-{}", support::suffix());
-    let roles: Api<ClusterRole> = Api::all(client.clone());
-    roles
-        .create(
-            &PostParams::default(),
-            &from_json(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                "metadata": {"name": name},
-                "rules": [rule]
-            })),
-        )
-        .await
-        .expect("create ClusterRole");
-    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-    bindings
-        .create(
-            &PostParams::default(),
-            &from_json(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
-            })),
-        )
-        .await
-        .expect("create ClusterRoleBinding");
-    name
-}
-
-async fn revoke(client: &Client, name: &str) {
-    let _ = Api::<ClusterRoleBinding>::all(client.clone())
-        .delete(name, &DeleteParams::default())
-        .await;
-    let _ = Api::<ClusterRole>::all(client.clone())
-        .delete(name, &DeleteParams::default())
-        .await;
 }
 
 #[tokio::test]
@@ -139,7 +68,7 @@ async fn client_ca_token_review_and_sar_with_shipped_rbac() {
     assert!(load_client_ca(&off, &vk).await.unwrap().is_none());
 
     // TokenReview: a real token authenticates, a bogus one does not.
-    let token = sa_token(&cluster.client, &ns, "caller").await;
+    let token = support::rbac::sa_token(&cluster.client, &ns, "caller").await;
     let authn = KubeAuthenticator::new(vk.clone());
     let user = authn
         .authenticate_token(&token)
@@ -172,7 +101,7 @@ async fn client_ca_token_review_and_sar_with_shipped_rbac() {
     );
 
     // Granting nodes/stats lets the ServiceAccount read stats, not proxy.
-    let role = grant(
+    let role = support::rbac::grant(
         &cluster.client,
         &ns,
         "caller",
@@ -195,7 +124,7 @@ async fn client_ca_token_review_and_sar_with_shipped_rbac() {
         Decision::Deny(_)
     ));
 
-    revoke(&cluster.client, &role).await;
+    support::rbac::revoke(&cluster.client, &role).await;
     cluster.drop_namespace(&ns).await;
 }
 
@@ -386,7 +315,7 @@ async fn apiserver_reaches_the_kubelet_api_and_strangers_are_refused() {
         let head = refused(support::spdy::connect(port, "POST", path, h).await);
         assert_eq!(head.status, 401, "anonymous {path}: {}", head.text);
     }
-    let token = sa_token(&cluster.client, &ns, "stranger").await;
+    let token = support::rbac::sa_token(&cluster.client, &ns, "stranger").await;
     let resp = direct
         .get(&url)
         .bearer_auth(&token)
@@ -413,10 +342,11 @@ async fn apiserver_reaches_the_kubelet_api_and_strangers_are_refused() {
     // `get` on nodes/proxy reads /pods but opens no stream (a WebSocket
     // upgrade is a GET); `create` does.
     let node_proxy = |verb: &str| json!({"apiGroups": [""], "resources": ["nodes/proxy"], "resourceNames": [node], "verbs": [verb]});
-    let get_role = grant(&cluster.client, &ns, "proxy-get", node_proxy("get")).await;
-    let create_role = grant(&cluster.client, &ns, "proxy-create", node_proxy("create")).await;
-    let reader = sa_token(&cluster.client, &ns, "proxy-get").await;
-    let opener = sa_token(&cluster.client, &ns, "proxy-create").await;
+    let get_role = support::rbac::grant(&cluster.client, &ns, "proxy-get", node_proxy("get")).await;
+    let create_role =
+        support::rbac::grant(&cluster.client, &ns, "proxy-create", node_proxy("create")).await;
+    let reader = support::rbac::sa_token(&cluster.client, &ns, "proxy-get").await;
+    let opener = support::rbac::sa_token(&cluster.client, &ns, "proxy-create").await;
     support::wait_for("the get grant", Duration::from_secs(30), || async {
         let r = direct
             .get(&url)
@@ -453,7 +383,7 @@ async fn apiserver_reaches_the_kubelet_api_and_strangers_are_refused() {
         assert!(upgraded, "create on nodes/proxy opens {path}");
     }
     for role in [&get_role, &create_role] {
-        revoke(&cluster.client, role).await;
+        support::rbac::revoke(&cluster.client, role).await;
     }
     let healthz = format!("https://127.0.0.1:{port}/healthz");
     let resp = direct.get(&healthz).send().await.expect("healthz");

@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
 use kube::discovery::{Discovery, Scope};
 use kube::{Api, Client};
+use serde_json::json;
 
 pub const NAMESPACE: &str = "sandbox-system";
 pub const SERVICE_ACCOUNT: &str = "vk-sandbox";
@@ -154,4 +156,73 @@ pub async fn token_kubeconfig(
     let yaml = serde_saphyr::to_string(&kc).map_err(|e| e.to_string())?;
     std::fs::write(out, yaml).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out.to_path_buf())
+}
+
+/// A token for ServiceAccount `ns/name` (created here).
+pub async fn sa_token(client: &Client, ns: &str, name: &str) -> String {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    match sas
+        .create(
+            &PostParams::default(),
+            &super::from_json(
+                json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
+            ),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(ae)) if ae.code == 409 => {}
+        Err(e) => panic!("create ServiceAccount {ns}/{name}: {e}"),
+    }
+    let req: TokenRequest = super::from_json(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600}
+    }));
+    sas.create_token_request(name, &PostParams::default(), &req)
+        .await
+        .unwrap_or_else(|e| panic!("token for {ns}/{name}: {e}"))
+        .status
+        .expect("TokenRequest status")
+        .token
+}
+
+/// A ClusterRole of `rule` bound to ServiceAccount `ns/sa`; returns its
+/// name (role and binding share it) for [`revoke`].
+pub async fn grant(client: &Client, ns: &str, sa: &str, rule: serde_json::Value) -> String {
+    let name = format!("kauth-{sa}-{}", super::suffix());
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    roles
+        .create(
+            &PostParams::default(),
+            &super::from_json(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": [rule]
+            })),
+        )
+        .await
+        .expect("create ClusterRole");
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    bindings
+        .create(
+            &PostParams::default(),
+            &super::from_json(json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+            })),
+        )
+        .await
+        .expect("create ClusterRoleBinding");
+    name
+}
+
+pub async fn revoke(client: &Client, name: &str) {
+    let _ = Api::<ClusterRoleBinding>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await;
+    let _ = Api::<ClusterRole>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await;
 }

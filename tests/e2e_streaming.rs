@@ -1,0 +1,684 @@
+//! Into the sandbox with kubectl, end to end: the real kubectl through the
+//! real apiserver to the vk-sandbox binary, and on to the sandboxd
+//! simulator's guest agent (which really runs the commands, with a real
+//! pseudo-terminal for the shell) and guest port relays (to listeners of
+//! this test). The Node declares `ExtendWebSocketsToKubelet`, so kubectl's
+//! WebSocket streams reach vk-sandbox as they are; the SPDY variants are
+//! what kubectl falls back to (and what other clients speak).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DynamicObject, PostParams};
+use kube::{Api, Client};
+use sandboxd_sim::{PortMapping, SimHandle};
+use serde_json::json;
+use support::kubectl::{Ran, run_with};
+use support::vk::{StartOpts, VkUnderTest, tail};
+use support::{TestCluster, wait_for};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const TOKEN: &str = "root-token-stream";
+const TEMPLATE: &str = "base:24.04";
+/// kubectl speaking SPDY instead of WebSocket.
+const SPDY_EXEC: (&str, &str) = ("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
+const SPDY_PORT_FORWARD: (&str, &str) = ("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false");
+
+struct Env {
+    cluster: TestCluster,
+    sim: SimHandle,
+    vk: VkUnderTest,
+    ns: String,
+    /// The sandbox of Pod `p`.
+    id: String,
+}
+
+/// A guest service: answers an HTTP GET with a greeting, echoes anything
+/// else until EOF (then closes its side).
+async fn guest_service() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind guest");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut first = [0u8; 4];
+                if c.read_exact(&mut first).await.is_err() {
+                    return;
+                }
+                if &first == b"GET " {
+                    let body = "hello from the guest\n";
+                    let _ = c
+                        .write_all(
+                            format!(
+                                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                                body.len()
+                            )
+                            .as_bytes(),
+                        )
+                        .await;
+                    let _ = c.shutdown().await;
+                    return;
+                }
+                let _ = c.write_all(&first).await;
+                let (mut r, mut w) = c.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+async fn setup(prefix: &str) -> Option<Env> {
+    let cluster = support::cluster().await?;
+    support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
+    let guest = guest_service().await;
+    let mut cfg = support::sim::config(TOKEN, &[&format!("{TEMPLATE}=4")]);
+    cfg.wake_delay_ms = 0;
+    for port in [8080, 8081] {
+        cfg.port_map.push(PortMapping {
+            sandbox: None,
+            template: Some(TEMPLATE.into()),
+            guest_port: port,
+            target: guest,
+        });
+    }
+    let sim = support::sim::start(cfg).await;
+    let token_file = support::sim::token_file(&support::vk::test_dir(prefix), TOKEN);
+    let mut args = support::sim::vk_args(&sim, Some(&token_file));
+    // The status (and its declared features) applied within seconds.
+    args.push("--node-status-interval=2s".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let vk = VkUnderTest::start_with(&cluster, prefix, &args, StartOpts::default()).await;
+    vk.wait_ready(&cluster.client, Duration::from_secs(30))
+        .await;
+    let ns = cluster.namespace(prefix).await;
+    let env = Env {
+        cluster,
+        sim,
+        vk,
+        ns,
+        id: String::new(),
+    };
+    let id = env.sandbox_pod("p", None).await;
+    env.wait_declared().await;
+    Some(Env { id, ..env })
+}
+
+impl Env {
+    fn client(&self) -> Client {
+        self.cluster.client.clone()
+    }
+
+    /// A Pod owned by a Sandbox, as agent-sandbox makes it, waited for
+    /// Running with a claim (returns the claim id); with `ttl` (an invalid
+    /// one, say) not waited for.
+    async fn sandbox_pod(&self, name: &str, ttl: Option<&str>) -> String {
+        let template = TEMPLATE;
+        let sandboxes: Api<DynamicObject> = Api::namespaced_with(
+            self.client(),
+            &self.ns,
+            &support::controller::resource("Sandbox"),
+        );
+        let owner: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "metadata": {"name": name},
+            "spec": {"podTemplate": {"spec": {"containers": [{"name": "agent", "image": template}]}}}
+        }))
+        .expect("sandbox json");
+        let uid = sandboxes
+            .create(&PostParams::default(), &owner)
+            .await
+            .expect("create Sandbox")
+            .metadata
+            .uid
+            .expect("uid");
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name,
+                "annotations": {"sandbox.cocoonstack.io/runtime": "sandboxd", "sandbox.cocoonstack.io/template": template,
+                    "sandbox.cocoonstack.io/ttl-seconds": ttl.unwrap_or("3600")},
+                "ownerReferences": [{"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox", "name": name,
+                    "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": self.vk.node},
+                "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{"name": "agent", "image": template}]
+            }
+        }))
+        .expect("pod json");
+        let pods: Api<Pod> = Api::namespaced(self.client(), &self.ns);
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("create Pod");
+        if ttl.is_some() {
+            return String::new();
+        }
+        wait_for(
+            &format!("Pod {name} Running"),
+            Duration::from_secs(60),
+            || async {
+                let p = pods.get(name).await.map_err(|e| e.to_string())?;
+                let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+                let id = p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("sandbox.cocoonstack.io/claim-id").cloned());
+                match (phase.as_deref(), id) {
+                    (Some("Running"), Some(id)) => Ok(id),
+                    other => Err(format!("{other:?}; log:\n{}", tail(&self.vk.logs(), 15))),
+                }
+            },
+        )
+        .await
+    }
+
+    /// The Node declares ExtendWebSocketsToKubelet (the first status apply).
+    async fn wait_declared(&self) {
+        let client = self.client();
+        let path = format!("/api/v1/nodes/{}", self.vk.node);
+        wait_for(
+            "the Node to declare ExtendWebSocketsToKubelet (first status apply)",
+            Duration::from_secs(120),
+            || async {
+                // Untyped: the typed Node of the API version the crate
+                // builds against has no declaredFeatures.
+                let req = http::Request::get(path.as_str())
+                    .body(Vec::new())
+                    .map_err(|e| e.to_string())?;
+                let v: serde_json::Value = client.request(req).await.map_err(|e| e.to_string())?;
+                let declared = v["status"]["declaredFeatures"].clone();
+                declared
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|f| f == "ExtendWebSocketsToKubelet"))
+                    .then_some(())
+                    .ok_or(format!(
+                        "declaredFeatures {declared}, heartbeat {}",
+                        v["status"]["conditions"][0]["lastHeartbeatTime"]
+                    ))
+            },
+        )
+        .await;
+    }
+
+    async fn kubectl(&self, args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Ran {
+        let args: Vec<&str> = ["-n", self.ns.as_str()]
+            .iter()
+            .chain(args.iter())
+            .copied()
+            .collect();
+        run_with(
+            &self.cluster.kubeconfig,
+            &args,
+            stdin,
+            env,
+            Duration::from_secs(60),
+        )
+        .await
+    }
+
+    /// The guest's processes of the sandbox (the simulator's admin view).
+    fn processes(&self) -> Vec<serde_json::Value> {
+        self.sim
+            .sim()
+            .claim_state(&self.id)
+            .and_then(|s| s["processes"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    async fn finish(self) {
+        self.cluster.drop_namespace(&self.ns).await;
+        self.vk.delete_node(&self.cluster.client).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_streams_exit_codes_stdin_and_hang_up() {
+    let Some(env) = setup("vk-exec").await else {
+        return;
+    };
+    for transport in [&[][..], &[SPDY_EXEC][..]] {
+        let ran = env
+            .kubectl(
+                &[
+                    "exec",
+                    "p",
+                    "--",
+                    "sh",
+                    "-c",
+                    "echo out; echo err >&2; exit 3",
+                ],
+                None,
+                transport,
+            )
+            .await;
+        assert_eq!(ran.stdout_text(), "out\n", "{transport:?}: {ran:?}");
+        assert!(ran.stderr.contains("err\n"), "{transport:?}: {ran:?}");
+        assert!(
+            ran.stderr.contains("command terminated with exit code 3"),
+            "{transport:?}: {ran:?}"
+        );
+        assert_eq!(ran.code, Some(3), "{transport:?}: {ran:?}");
+
+        let ran = env
+            .kubectl(&["exec", "-i", "p", "--", "cat"], Some(b"hi\n"), transport)
+            .await;
+        assert_eq!(
+            (ran.code, ran.stdout_text().as_str()),
+            (Some(0), "hi\n"),
+            "{ran:?}"
+        );
+
+        // A program the VM lacks: the agent's reason, not an internal error.
+        let ran = env
+            .kubectl(&["exec", "p", "--", "no-such-program"], None, transport)
+            .await;
+        assert_ne!(ran.code, Some(0));
+        assert!(ran.stderr.contains("cannot run"), "{ran:?}");
+        assert!(!ran.stderr.contains("Internal error"), "{ran:?}");
+    }
+
+    // A larger output arrives whole.
+    let ran = env
+        .kubectl(
+            &[
+                "exec",
+                "p",
+                "--",
+                "sh",
+                "-c",
+                "head -c 3000000 /dev/zero | tr '\\0' x",
+            ],
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert_eq!(ran.stdout.len(), 3_000_000);
+    assert!(ran.stdout.iter().all(|&b| b == b'x'));
+
+    // kubectl interrupted (Ctrl-C) while a quiet command runs: the command
+    // is killed in the guest.
+    let mut child = tokio::process::Command::new(support::kubectl::path())
+        .arg("--kubeconfig")
+        .arg(&env.cluster.kubeconfig)
+        .args(["-n", &env.ns, "exec", "p", "--", "sleep", "600"])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl exec sleep");
+    wait_for(
+        "the sleep to run in the guest",
+        Duration::from_secs(30),
+        || async {
+            let ps = env.processes();
+            ps.iter()
+                .any(|p| p["argv"][0] == "sleep" && p["state"] == "running")
+                .then_some(())
+                .ok_or(format!("{ps:?}"))
+        },
+    )
+    .await;
+    let pid = child.id().expect("kubectl pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .expect("interrupt kubectl");
+    let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+    wait_for(
+        "the sleep to be killed",
+        Duration::from_secs(30),
+        || async {
+            let ps = env.processes();
+            (!ps.iter()
+                .any(|p| p["argv"][0] == "sleep" && p["state"] == "running"))
+            .then_some(())
+            .ok_or(format!("{ps:?}; log:\n{}", tail(&env.vk.logs(), 10)))
+        },
+    )
+    .await;
+
+    // logs and attach: the reasons, as a user reads them.
+    let ran = env.kubectl(&["logs", "p"], None, &[]).await;
+    assert_ne!(ran.code, Some(0));
+    assert!(ran.stderr.contains("has no container log"), "{ran:?}");
+    let ran = env.kubectl(&["attach", "p"], None, &[]).await;
+    assert_ne!(ran.code, Some(0));
+    assert!(
+        ran.stderr.contains("no container process to attach to"),
+        "{ran:?}"
+    );
+
+    // A Pod bound here without a sandbox (vk-sandbox refuses its TTL).
+    env.sandbox_pod("waiting", Some("-1")).await;
+    let pods: Api<Pod> = Api::namespaced(env.client(), &env.ns);
+    wait_for("the Pod to be bound", Duration::from_secs(30), || async {
+        let p = pods.get("waiting").await.map_err(|e| e.to_string())?;
+        p.spec
+            .and_then(|s| s.node_name)
+            .filter(|n| *n == env.vk.node)
+            .map(|_| ())
+            .ok_or("not bound yet".to_string())
+    })
+    .await;
+    let ran = env
+        .kubectl(&["exec", "waiting", "--", "true"], None, &[])
+        .await;
+    assert_ne!(ran.code, Some(0));
+    assert!(ran.stderr.contains("has no sandbox"), "{ran:?}");
+    assert!(!ran.stderr.contains("Internal error"), "{ran:?}");
+    env.finish().await;
+}
+
+/// What a terminal showed, read as it comes.
+struct Terminal {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    screen: String,
+}
+
+impl Terminal {
+    /// Wait (30 s at most) until the screen shows `what`.
+    async fn expect(&mut self, what: &str, log: impl Fn() -> String) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !self.screen.contains(what) {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(b)) => self.screen.push_str(&String::from_utf8_lossy(&b)),
+                _ => panic!(
+                    "no {what:?} on the terminal; it shows:\n{}\nlog:\n{}",
+                    self.screen,
+                    log()
+                ),
+            }
+        }
+    }
+}
+
+/// A pseudo-terminal pair; the slave end becomes kubectl's terminal.
+fn pty(rows: u16, cols: u16) -> (OwnedFd, OwnedFd) {
+    let ws = nix::pty::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let p = nix::pty::openpty(Some(&ws), None).expect("openpty");
+    (p.master, p.slave)
+}
+
+fn resize(master: &OwnedFd, rows: u16, cols: u16) {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: a valid pty master descriptor and a winsize that outlives
+    // the call.
+    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    assert_eq!(rc, 0, "TIOCSWINSZ");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_terminal_with_resize() {
+    let Some(env) = setup("vk-tty").await else {
+        return;
+    };
+    let (master, slave) = pty(30, 100);
+    let slave_fd = slave.as_raw_fd();
+    let mut cmd = std::process::Command::new(support::kubectl::path());
+    cmd.arg("--kubeconfig")
+        .arg(&env.cluster.kubeconfig)
+        .args(["-n", &env.ns, "exec", "-it", "p", "--", "sh"])
+        .env("TERM", "xterm")
+        .stdin(std::process::Stdio::from(slave.try_clone().expect("dup")))
+        .stdout(std::process::Stdio::from(slave.try_clone().expect("dup")))
+        .stderr(std::process::Stdio::from(slave));
+    // SAFETY: only async-signal-safe calls between fork and exec: a new
+    // session whose controlling terminal is the pty, so kubectl sees a
+    // terminal and gets SIGWINCH when it is resized.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let _ = slave_fd;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("kubectl exec -it");
+    // Read the terminal on a thread; write to it from here.
+    let reader = std::fs::File::from(master.try_clone().expect("dup master"));
+    let mut writer = std::fs::File::from(master.try_clone().expect("dup master"));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut reader = reader;
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut term = Terminal {
+        rx,
+        screen: String::new(),
+    };
+    let mut type_line = |line: &str| {
+        use std::io::Write;
+        writer.write_all(line.as_bytes()).expect("type");
+    };
+    let log = || tail(&env.vk.logs(), 20);
+    type_line("echo tty=$(tty | cut -c1-8) $((6*7))\r");
+    term.expect("42", log).await;
+    assert!(
+        term.screen.contains("tty=/dev/pts"),
+        "a real terminal: {}",
+        term.screen
+    );
+    type_line("stty size\r");
+    term.expect("30 100", log).await;
+    resize(&master, 40, 120);
+    // kubectl notices the SIGWINCH, the agent resizes on a second relay.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    type_line("stty size\r");
+    term.expect("40 120", log).await;
+    type_line("exit 7\r");
+    let status = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                return st;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("kubectl ends with the shell");
+    let screen = term.screen;
+    assert_eq!(status.code(), Some(7), "{screen}");
+    // The preamble (the guest shell's prompt and the injected line) never
+    // shows.
+    assert!(!screen.contains("printf"), "{screen}");
+    drop(master);
+    env.finish().await;
+}
+
+/// `kubectl port-forward` in the background; the local ports it listens on.
+async fn port_forward(
+    env: &Env,
+    specs: &[&str],
+    transport: &[(&str, &str)],
+) -> tokio::process::Child {
+    let mut child = tokio::process::Command::new(support::kubectl::path())
+        .arg("--kubeconfig")
+        .arg(&env.cluster.kubeconfig)
+        .args(["-n", &env.ns, "port-forward", "pod/p"])
+        .args(specs)
+        .envs(transport.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl port-forward");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut seen = String::new();
+    let mut buf = [0u8; 1024];
+    let want = specs.len();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while seen.matches("Forwarding from 127.0.0.1").count() < want {
+            let n = out.read(&mut buf).await.expect("read kubectl");
+            assert!(n > 0, "kubectl port-forward ended: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("kubectl port-forward not ready: {seen}"));
+    // Keep draining ("Handling connection for …") so kubectl never blocks.
+    tokio::spawn(async move { while out.read(&mut buf).await.is_ok_and(|n| n > 0) {} });
+    child
+}
+
+async fn http_get(port: u16) -> String {
+    let mut c = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    c.write_all(b"GET / HTTP/1.0\r\n\r\n").await.expect("send");
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(20), c.read_to_string(&mut out))
+        .await
+        .expect("an answer")
+        .expect("read");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn port_forward_and_stats() {
+    let Some(env) = setup("vk-pf").await else {
+        return;
+    };
+    let (a, b) = (support::process::free_port(), support::process::free_port());
+    let pf = port_forward(&env, &[&format!("{a}:8080"), &format!("{b}:8081")], &[]).await;
+    // An HTTP request through the first port.
+    let answer = http_get(a).await;
+    assert!(answer.starts_with("HTTP/1.0 200 OK"), "{answer}");
+    assert!(answer.ends_with("hello from the guest\n"), "{answer}");
+    // Two connections at once, each its own.
+    let mut c1 = TcpStream::connect(("127.0.0.1", a)).await.expect("c1");
+    let mut c2 = TcpStream::connect(("127.0.0.1", b)).await.expect("c2");
+    c1.write_all(b"one-").await.expect("c1 write");
+    c2.write_all(b"two-").await.expect("c2 write");
+    c1.write_all(b"1").await.expect("c1 write");
+    c2.write_all(b"2").await.expect("c2 write");
+    let mut got = [0u8; 5];
+    c2.read_exact(&mut got).await.expect("c2 echo");
+    assert_eq!(&got, b"two-2");
+    c1.read_exact(&mut got).await.expect("c1 echo");
+    assert_eq!(&got, b"one-1");
+    drop((c1, c2));
+    // 64 MiB there and back, byte for byte.
+    let size = 64 * 1024 * 1024;
+    let data: Vec<u8> = (0..size)
+        .map(|i: usize| (i * 31 + i / 7919) as u8)
+        .collect();
+    let c = TcpStream::connect(("127.0.0.1", b)).await.expect("connect");
+    let (mut r, mut w) = c.into_split();
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        w.write_all(&sent).await.expect("send 64 MiB");
+        w.shutdown().await.expect("half-close");
+    });
+    let mut back = Vec::with_capacity(size);
+    tokio::time::timeout(Duration::from_secs(300), r.read_to_end(&mut back))
+        .await
+        .expect("64 MiB back within 5 minutes")
+        .expect("read");
+    writer.await.expect("writer");
+    assert_eq!(back.len(), size);
+    assert!(back == data, "the 64 MiB came back byte for byte");
+    drop(pf);
+
+    // The same over SPDY (kubectl's fallback, and other clients' protocol).
+    let s = support::process::free_port();
+    let pf = port_forward(&env, &[&format!("{s}:8080")], &[SPDY_PORT_FORWARD]).await;
+    assert!(http_get(s).await.ends_with("hello from the guest\n"));
+    drop(pf);
+
+    // What metrics-server reads from a kubelet, read as it does: directly
+    // (the apiserver's node proxy refuses loopback addresses), with a
+    // token allowed nodes/stats and nodes/metrics.
+    let role = support::rbac::grant(
+        &env.cluster.client,
+        &env.ns,
+        "scraper",
+        json!({"apiGroups": [""], "resources": ["nodes/stats", "nodes/metrics"], "verbs": ["get"]}),
+    )
+    .await;
+    let token = support::rbac::sa_token(&env.cluster.client, &env.ns, "scraper").await;
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client");
+    let kubelet = format!("https://127.0.0.1:{}", env.vk.process.kubelet_port);
+    let summary: serde_json::Value = wait_for(
+        "the summary as the scraper",
+        Duration::from_secs(30),
+        || async {
+            let r = http
+                .get(format!("{kubelet}/stats/summary"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            if r.status() != reqwest::StatusCode::OK {
+                return Err(format!(
+                    "{}: {}",
+                    r.status(),
+                    r.text().await.unwrap_or_default()
+                ));
+            }
+            r.json().await.map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    let pod = summary["pods"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["podRef"]["name"] == "p"))
+        .unwrap_or_else(|| panic!("pod p in {summary}"));
+    let ws = pod["memory"]["workingSetBytes"]
+        .as_u64()
+        .expect("measured memory");
+    assert!(ws > 0, "{pod}");
+    assert_eq!(
+        pod["containers"][0]["memory"]["workingSetBytes"].as_u64(),
+        Some(ws)
+    );
+    assert!(pod.get("cpu").is_none(), "sandboxd measures no CPU: {pod}");
+    let text = http
+        .get(format!("{kubelet}/metrics/resource"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("metrics/resource")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        text.lines().any(|l| l
+            .starts_with("container_memory_working_set_bytes{container=\"agent\"")
+            && l.contains("pod=\"p\"")
+            && l.contains(&format!(" {ws}"))),
+        "{text}"
+    );
+    support::rbac::revoke(&env.cluster.client, &role).await;
+    env.finish().await;
+}
