@@ -730,6 +730,148 @@ async fn restart_adopts_persisted_claims() {
     env.finish().await;
 }
 
+/// vk-sandbox restarts while sandboxd's listing is down (sandboxd still
+/// starting, 503): every Pod already Running stays exactly as it is (same
+/// resourceVersion: no status write, whatever its restartPolicy), no
+/// Warning is recorded, the verification is one listing shared by all the
+/// Pods (with back-off), not one per Pod; once sandboxd answers, each Pod
+/// resumes its own claim, still without a write.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_during_a_listing_outage_leaves_running_pods_untouched() {
+    let Some(mut env) = setup("vk-outage", &[]).await else {
+        return;
+    };
+    let names: Vec<String> = (0..6).map(|i| format!("sb-out{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let owner = env.create_sandbox(name).await;
+        env.create_pod(&env.pod(name, Some(&owner), json!({}), i % 2 == 0))
+            .await;
+    }
+    let mut before = std::collections::BTreeMap::new();
+    for name in &names {
+        let p = env
+            .wait_phase(name, "Running", Duration::from_secs(60))
+            .await;
+        before.insert(name.clone(), p.metadata.resource_version.clone());
+    }
+    // One more status write per Pod may still be in flight (the echo of
+    // our own write writes nothing): settle, then read the versions again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in &names {
+        let p = env.pods().get(name).await.expect("get");
+        before.insert(name.clone(), p.metadata.resource_version.clone());
+    }
+    env.vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+    env.vk
+        .process
+        .wait_exit(Duration::from_secs(10))
+        .expect("exit after SIGTERM");
+    env.sim
+        .sim()
+        .arm_fault(sandboxd_sim::Fault::status(
+            sandboxd_sim::Endpoint::List,
+            503,
+        ))
+        .expect("arm");
+    let lists = |env: &Env| {
+        env.sim
+            .sim()
+            .requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == "/v1/sandboxes")
+            .count()
+    };
+    let lists_before = lists(&env);
+    env.restart_vk(&[]);
+    env.wait_restarted().await;
+    // Every Pod is reconciled: it fails its verification and is retried
+    // (or, were it written, the check below says so).
+    wait_for(
+        "every Pod reconciled after the restart",
+        Duration::from_secs(30),
+        || async {
+            let logs = env.vk.logs();
+            let mut done = 0;
+            for name in &names {
+                let pod = format!("pod={}/{name}", env.ns);
+                let failed = logs
+                    .lines()
+                    .any(|l| l.contains("reconcile failed") && l.contains(&pod));
+                let rv = env.pods().get(name).await.map_err(|e| e.to_string())?;
+                if failed || rv.metadata.resource_version != before[name] {
+                    done += 1;
+                }
+            }
+            if done == names.len() {
+                Ok(())
+            } else {
+                Err(format!("{done} of {} reconciled", names.len()))
+            }
+        },
+    )
+    .await;
+    let during = lists(&env) - lists_before;
+    assert!(
+        during < names.len(),
+        "{during} listings during the outage for {} Pods",
+        names.len()
+    );
+    let check_untouched = |when: &'static str| {
+        let env = &env;
+        let before = &before;
+        async move {
+            for (name, rv) in before {
+                let p = env.pods().get(name).await.expect("get");
+                assert_eq!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Running"),
+                    "{name} {when}"
+                );
+                assert_eq!(
+                    &p.metadata.resource_version,
+                    rv,
+                    "{name} was written {when}; vk-sandbox log:\n{}",
+                    tail(&env.vk.logs(), 20)
+                );
+            }
+        }
+    };
+    check_untouched("during the outage").await;
+    // sandboxd answers again: each Pod resumes its claim, nothing written.
+    env.sim.sim().clear_faults();
+    wait_for(
+        "every Pod resumed its own claim",
+        Duration::from_secs(90),
+        || async {
+            let logs = env.vk.logs();
+            let resumed = names
+                .iter()
+                .filter(|n| {
+                    let pod = format!("pod={}/{n}", env.ns);
+                    logs.lines()
+                        .any(|l| l.contains("resumed the Pod's own claim") && l.contains(&pod))
+                })
+                .count();
+            if resumed == names.len() {
+                Ok(())
+            } else {
+                Err(format!("{resumed} of {} resumed", names.len()))
+            }
+        },
+    )
+    .await;
+    check_untouched("after the outage").await;
+    let warnings: Vec<_> = events(&env)
+        .await
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .map(|e| (e.reason, e.note))
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(env.releases().is_empty());
+    env.finish().await;
+}
+
 fn event_reasons(events: &[k8s_openapi::api::events::v1::Event], pod: &str) -> Vec<String> {
     events
         .iter()

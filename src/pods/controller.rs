@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::{Context, reason};
+use super::failure::{FailedStatus, failed_status};
 use super::plan::{Step, Tracked, plan};
 use super::pod::Pod;
 use super::provider::{Created, Deleted};
@@ -142,7 +143,19 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             Ok(Action::requeue(RESYNC))
         }
         Err(failure) => {
-            let terminal = pod.never_restarts();
+            let terminal = match failed_status(&pod, failure.cause) {
+                // vk-sandbox's own trouble while the Pod runs: nothing is
+                // written or announced; retried with back-off.
+                FailedStatus::Untouched => {
+                    return Err(Error::PodCreate {
+                        pod: pod.key(),
+                        reason: failure.reason,
+                        message: failure.message,
+                    });
+                }
+                FailedStatus::Pending => false,
+                FailedStatus::Failed => true,
+            };
             let patch = status::create_failed(terminal, failure.reason, &failure.message);
             let written =
                 writes::write_status(&ctx.client, metrics, &pod, &patch, Guard::Uid).await?;
@@ -189,6 +202,8 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
 
 async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
     let k = pod.key();
+    // The side loops work on this key only between reconciles.
+    let _key = ctx.provider.lock_key(&k).await;
     let tracked = ctx.provider.tracked(&k);
     let plan = plan(
         &pod,

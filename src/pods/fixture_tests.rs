@@ -4,126 +4,11 @@
 
 use std::sync::Arc;
 
-use super::pod::Pod;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
-use super::context::Context;
 use super::controller::reconcile;
 use super::fixtures::*;
-
-const TOKEN: &str = "fixture-root-token";
-
-struct World {
-    api: ApiServer,
-    sim: sandboxd_sim::SimHandle,
-    ctx: Arc<Context>,
-    _dir: tempfile::TempDir,
-}
-
-/// The scripted apiserver answers `owner` for the Sandbox, 200 to every
-/// Pod status patch and delete, 201 to Events.
-async fn world(owner: Answer) -> World {
-    world_with(move |s| match (s.method.as_str(), s.path()) {
-        ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
-        ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb") => owner.clone(),
-        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => (200, pod_json()),
-        ("DELETE", "/api/v1/namespaces/ns/pods/sb") => (200, pod_json()),
-        ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
-        _ => (404, Value::Null),
-    })
-    .await
-}
-
-async fn world_with(answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static) -> World {
-    crate::crypto::install_provider();
-    let api = ApiServer::new(answer);
-    let sim = sim_with_pool(Some(TOKEN), 2).await;
-    let (provider, dir) = provider_over(&sim, Some(TOKEN), api.client.clone()).await;
-    let provider = Arc::new(provider);
-    let ctx = Arc::new(Context::new(
-        api.client.clone(),
-        provider,
-        "node-a",
-        crate::metrics::Metrics::new().expect("metrics"),
-    ));
-    World {
-        api,
-        sim,
-        ctx,
-        _dir: dir,
-    }
-}
-
-fn pod_json() -> Value {
-    serde_json::to_value(owned_pod("p1", "o1")).expect("json")
-}
-
-fn running_pod(claim_id: &str) -> Pod {
-    let mut p = owned_pod("p1", "o1");
-    p.metadata
-        .annotations
-        .get_or_insert_default()
-        .insert("sandbox.cocoonstack.io/claim-id".into(), claim_id.into());
-    p.status = serde_json::from_value(json!({"phase": "Running", "containerStatuses": [
-        {"name": "a", "ready": true, "restartCount": 0, "image": "base:24.04",
-         "imageID": format!("sandboxd://{claim_id}"), "state": {"running": {}}}]}))
-    .expect("status");
-    p
-}
-
-fn deleting(mut p: Pod, grace: i64) -> Pod {
-    p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        "2026-01-01T00:00:00Z".parse().expect("ts"),
-    ));
-    p.metadata.deletion_grace_period_seconds = Some(grace);
-    p
-}
-
-fn released(sim: &sandboxd_sim::SimHandle) -> Vec<String> {
-    sim.sim()
-        .requests()
-        .iter()
-        .filter(|r| r.path.ends_with("/release"))
-        .map(|r| r.path.clone())
-        .collect()
-}
-
-/// Claim, then the one Running write: only onto this Pod (its UID, no
-/// resourceVersion), with the field manager, carrying the claim id.
-async fn claimed(w: &World) -> String {
-    let action = within(reconcile(
-        Arc::new(owned_pod("p1", "o1")),
-        Arc::clone(&w.ctx),
-    ))
-    .await
-    .expect("reconcile");
-    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(300)));
-    let writes = w.api.writes();
-    assert_eq!(writes.len(), 1, "{writes:#?}");
-    let patch = &writes[0];
-    assert_eq!(
-        (patch.method.as_str(), patch.path()),
-        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status")
-    );
-    assert!(
-        patch.uri.contains("fieldManager=vk-sandbox"),
-        "{}",
-        patch.uri
-    );
-    assert_eq!(patch.body["metadata"]["uid"], "p1");
-    assert!(patch.body["metadata"].get("resourceVersion").is_none());
-    assert_eq!(patch.body["status"]["phase"], "Running");
-    let id = patch.body["metadata"]["annotations"]["sandbox.cocoonstack.io/claim-id"]
-        .as_str()
-        .expect("claim id")
-        .to_string();
-    assert!(
-        w.sim.sim().claims().iter().any(|c| c.id == id),
-        "the written id is the claimed sandbox"
-    );
-    id
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claim_is_written_once_onto_this_pod() {
@@ -253,7 +138,7 @@ async fn deletion_with_the_owner_alive_preserves() {
     .await
     .expect("delete");
     assert!(
-        released(&w.sim).is_empty(),
+        release_requests(&w.sim).is_empty(),
         "released while the owner lives"
     );
     assert!(
@@ -380,22 +265,40 @@ async fn preserved_world() -> (World, Arc<std::sync::atomic::AtomicBool>, String
 #[tokio::test(flavor = "multi_thread")]
 async fn a_preserved_claim_is_released_once_its_owner_goes_with_no_pod_here() {
     let (w, gone, id) = preserved_world().await;
-    assert!(released(&w.sim).is_empty(), "the owner lives: preserved");
+    assert!(
+        release_requests(&w.sim).is_empty(),
+        "the owner lives: preserved"
+    );
     assert!(w.ctx.provider.holds("ns/sb"));
 
-    within(w.ctx.provider.recheck_preserved()).await;
-    assert!(released(&w.sim).is_empty(), "the owner still lives");
+    within(
+        w.ctx
+            .provider
+            .recheck_preserved(&crate::periodic::Beat::none(), any_time()),
+    )
+    .await;
+    assert!(release_requests(&w.sim).is_empty(), "the owner still lives");
     assert!(w.ctx.provider.holds("ns/sb"));
 
     gone.store(true, std::sync::atomic::Ordering::SeqCst);
-    within(w.ctx.provider.recheck_preserved()).await;
+    within(
+        w.ctx
+            .provider
+            .recheck_preserved(&crate::periodic::Beat::none(), any_time()),
+    )
+    .await;
     assert_eq!(
-        released(&w.sim),
+        release_requests(&w.sim),
         vec![format!("/v1/sandboxes/{id}/release")]
     );
     assert!(!w.ctx.provider.holds("ns/sb"));
-    within(w.ctx.provider.recheck_preserved()).await;
-    assert_eq!(released(&w.sim).len(), 1, "released once");
+    within(
+        w.ctx
+            .provider
+            .recheck_preserved(&crate::periodic::Beat::none(), any_time()),
+    )
+    .await;
+    assert_eq!(release_requests(&w.sim).len(), 1, "released once");
 }
 
 /// A replacement Pod that arrives here takes the preserved claim back:
@@ -409,7 +312,15 @@ async fn a_replacement_pod_here_takes_a_preserved_claim_back() {
         .expect("adopt");
     assert!(matches!(created, super::provider::Created::Adopted { .. }));
     gone.store(true, std::sync::atomic::Ordering::SeqCst);
-    within(w.ctx.provider.recheck_preserved()).await;
-    assert!(released(&w.sim).is_empty(), "the replacement holds it");
+    within(
+        w.ctx
+            .provider
+            .recheck_preserved(&crate::periodic::Beat::none(), any_time()),
+    )
+    .await;
+    assert!(
+        release_requests(&w.sim).is_empty(),
+        "the replacement holds it"
+    );
     assert!(w.ctx.provider.holds("ns/sb"));
 }

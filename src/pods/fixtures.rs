@@ -8,11 +8,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::pod::Pod;
 use http::{Request, Response, StatusCode};
 use kube::Client;
 use kube::client::Body;
+use kube::runtime::controller::Action;
 use serde_json::{Value, json};
+
+use super::context::Context;
+use super::controller::reconcile;
+use super::pod::Pod;
 
 /// One request the fake apiserver saw.
 #[derive(Debug, Clone)]
@@ -42,6 +46,15 @@ pub struct ApiServer {
 
 impl ApiServer {
     pub fn new(answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static) -> ApiServer {
+        ApiServer::slow(answer, |_| Duration::ZERO)
+    }
+
+    /// [`ApiServer::new`] answering each request after `delay(request)`.
+    /// Requests are answered one at a time, as they come.
+    pub fn slow(
+        answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static,
+        delay: impl Fn(&Seen) -> Duration + Send + Sync + 'static,
+    ) -> ApiServer {
         let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&seen);
@@ -62,7 +75,11 @@ impl ApiServer {
                     body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
                 };
                 let (status, reply) = answer(&seen);
+                let wait = delay(&seen);
                 log.lock().expect("log").push(seen);
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
                 let (body, content_type) = if reply.is_null() {
                     (b"404 page not found\n".to_vec(), "text/plain")
                 } else {
@@ -144,6 +161,11 @@ pub fn owned_pod(uid: &str, owner: &str) -> Pod {
     .expect("pod")
 }
 
+/// A time at which every preserved claim is due for its recheck.
+pub fn any_time() -> std::time::Instant {
+    std::time::Instant::now() + Duration::from_secs(24 * 3600)
+}
+
 /// A bound at every await on the fake, so a conversation that waits for
 /// an answer never comes fails instead of hanging.
 pub async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -190,4 +212,117 @@ pub async fn provider_over(
         super::provider::Provider::new(client, sandboxd, claims),
         dir,
     )
+}
+
+/// The root token of the fixture world's sandboxd.
+pub const TOKEN: &str = "fixture-root-token";
+
+/// A scripted apiserver, the in-process sandboxd (root token [`TOKEN`],
+/// a warm pool of two) and a reconcile context over a fresh claims store.
+pub struct World {
+    pub api: ApiServer,
+    pub sim: sandboxd_sim::SimHandle,
+    pub ctx: Arc<Context>,
+    pub dir: tempfile::TempDir,
+}
+
+/// The scripted apiserver answers `owner` for the Sandbox, 200 to every
+/// Pod status patch and delete, 201 to Events.
+pub async fn world(owner: Answer) -> World {
+    world_with(move |s| match (s.method.as_str(), s.path()) {
+        ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
+        ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb") => owner.clone(),
+        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => (200, pod_json()),
+        ("DELETE", "/api/v1/namespaces/ns/pods/sb") => (200, pod_json()),
+        ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
+        _ => (404, Value::Null),
+    })
+    .await
+}
+
+pub async fn world_with(answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static) -> World {
+    crate::crypto::install_provider();
+    let api = ApiServer::new(answer);
+    let sim = sim_with_pool(Some(TOKEN), 2).await;
+    let (provider, dir) = provider_over(&sim, Some(TOKEN), api.client.clone()).await;
+    let provider = Arc::new(provider);
+    let ctx = Arc::new(Context::new(
+        api.client.clone(),
+        provider,
+        "node-a",
+        crate::metrics::Metrics::new().expect("metrics"),
+    ));
+    World { api, sim, ctx, dir }
+}
+
+pub fn pod_json() -> Value {
+    serde_json::to_value(owned_pod("p1", "o1")).expect("json")
+}
+
+/// `owned_pod("p1", "o1")` as our Running write left it on `claim_id`.
+pub fn running_pod(claim_id: &str) -> Pod {
+    let mut p = owned_pod("p1", "o1");
+    p.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("sandbox.cocoonstack.io/claim-id".into(), claim_id.into());
+    p.status = serde_json::from_value(json!({"phase": "Running", "containerStatuses": [
+        {"name": "a", "ready": true, "restartCount": 0, "image": "base:24.04",
+         "imageID": format!("sandboxd://{claim_id}"), "state": {"running": {}}}]}))
+    .expect("status");
+    p
+}
+
+pub fn deleting(mut p: Pod, grace: i64) -> Pod {
+    p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-01-01T00:00:00Z".parse().expect("ts"),
+    ));
+    p.metadata.deletion_grace_period_seconds = Some(grace);
+    p
+}
+
+/// The release requests sandboxd saw.
+pub fn release_requests(sim: &sandboxd_sim::SimHandle) -> Vec<String> {
+    sim.sim()
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/release"))
+        .map(|r| r.path.clone())
+        .collect()
+}
+
+/// Claim, then the one Running write: only onto this Pod (its UID, no
+/// resourceVersion), with the field manager, carrying the claim id.
+pub async fn claimed(w: &World) -> String {
+    let action = within(reconcile(
+        Arc::new(owned_pod("p1", "o1")),
+        Arc::clone(&w.ctx),
+    ))
+    .await
+    .expect("reconcile");
+    assert_eq!(action, Action::requeue(std::time::Duration::from_secs(300)));
+    let writes = w.api.writes();
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    let patch = &writes[0];
+    assert_eq!(
+        (patch.method.as_str(), patch.path()),
+        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status")
+    );
+    assert!(
+        patch.uri.contains("fieldManager=vk-sandbox"),
+        "{}",
+        patch.uri
+    );
+    assert_eq!(patch.body["metadata"]["uid"], "p1");
+    assert!(patch.body["metadata"].get("resourceVersion").is_none());
+    assert_eq!(patch.body["status"]["phase"], "Running");
+    let id = patch.body["metadata"]["annotations"]["sandbox.cocoonstack.io/claim-id"]
+        .as_str()
+        .expect("claim id")
+        .to_string();
+    assert!(
+        w.sim.sim().claims().iter().any(|c| c.id == id),
+        "the written id is the claimed sandbox"
+    );
+    id
 }

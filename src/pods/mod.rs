@@ -4,6 +4,7 @@
 //!
 //! - [`controller`]: the kube-runtime Controller wiring and the reconcile;
 //! - [`plan`]: what one reconcile does (pure);
+//! - [`failure`]: what a failed create does to the Pod's status (pure);
 //! - [`pod`]: the lean Pod type the watch cache holds, its key and
 //!   predicates;
 //! - [`synced`]: whether the watch has delivered its initial list;
@@ -21,6 +22,7 @@ pub mod authority;
 pub mod claim_ref;
 pub mod context;
 pub mod controller;
+pub mod failure;
 pub mod gauges;
 pub mod lifecycle;
 pub mod owner;
@@ -37,3 +39,7 @@ pub mod writes;
 mod fixture_tests;
 #[cfg(test)]
 pub(crate) mod fixtures;
+#[cfg(test)]
+mod restart_tests;
+#[cfg(test)]
+mod side_loop_tests;

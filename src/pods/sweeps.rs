@@ -1,16 +1,21 @@
-//! The Pod controller's side loops. Each runs as its own task, so a slow
-//! owner lookup or a sandboxd outage in one never holds up another, and
-//! each reports a heartbeat so `/livez` fails when one stalls:
+//! The Pod controller's side loops, on the one periodic loop
+//! (`crate::periodic`). Each runs as its own task, so a slow owner lookup
+//! or a sandboxd outage in one never holds up another, and each beats its
+//! heartbeat per unit of work, so `/livez` fails only when one stalls. Each
+//! unit of work runs under its key's lock (`Provider::lock_key`), as every
+//! reconcile does:
 //!
 //! - **vanished** (every 2 s): provider Delete for tracked Pods that left
-//!   the API; strays of Pods whose claim had an unknown outcome and that
-//!   left without having run; back-off entries of Pods that are gone; once
-//!   many Pods are gone, freed memory is handed back (`crate::memory`).
-//!   Failures back off per Pod (2 s doubling to 5 min).
+//!   the API, and the strays of Pods whose claim had an unknown outcome
+//!   that left (each looked at again in the watch cache under its lock: the
+//!   pass's snapshot may be older than a replacement); back-off entries of
+//!   Pods that are gone; once many Pods are gone, freed memory is handed
+//!   back (`crate::memory`). Failures back off per Pod (2 s doubling to
+//!   5 min).
 //! - **lease expiry** (every 30 s): settled claims past their deadline are
 //!   confirmed against sandboxd before their Pod is marked Failed; then the
-//!   owners of preserved claims with no Pod here are asked again
-//!   (`Provider::recheck_preserved`).
+//!   owners of preserved claims with no Pod here are asked again, each on
+//!   its own back-off (`Provider::recheck_preserved`).
 //! - **refresh** (every 15 s): lists sandboxd while claims of the previous
 //!   run are unverified or the last listing failed, so quarantined rows are
 //!   vouched for and stray keys recomputed as soon as sandboxd answers.
@@ -19,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -56,7 +61,7 @@ impl Default for Periods {
 
 /// Per-item retry schedule of the vanished sweep.
 #[derive(Default)]
-struct Retries(HashMap<String, (Instant, Backoff)>);
+pub(super) struct Retries(HashMap<String, (Instant, Backoff)>);
 
 impl Retries {
     fn due(&self, item: &str, now: Instant) -> bool {
@@ -103,7 +108,7 @@ impl Turn for Vanished {
             .iter()
             .map(|p| (p.key(), p.metadata.uid.clone()))
             .collect();
-        sweep_vanished(&self.ctx, &present, &mut self.retries, beat).await;
+        sweep_vanished(&self.ctx, &self.store, &present, &mut self.retries, beat).await;
         // Many Pods gone: their memory goes back to the system.
         if self.trim.observe(present.len()) {
             crate::memory::release();
@@ -112,22 +117,41 @@ impl Turn for Vanished {
     }
 }
 
+/// The UID of the Pod the watch cache has under `key`, if any.
+fn cached_uid(store: &Store<Pod>, key: &str) -> Option<String> {
+    let (ns, name) = key.split_once('/')?;
+    let pod = store.get(&ObjectRef::new(name).within(ns))?;
+    pod.metadata.uid.clone()
+}
+
 /// One pass of the vanished sweep. `present` maps the key of every Pod in
-/// the watch cache to its UID.
-async fn sweep_vanished(
+/// the watch cache to its UID, as it was when the pass began; each key it
+/// says is gone is looked at again under the key's lock, in the cache as
+/// it is then (a replacement may have come and been adopted meanwhile).
+pub(super) async fn sweep_vanished(
     ctx: &Context,
+    store: &Store<Pod>,
     present: &HashMap<String, Option<String>>,
     retries: &mut Retries,
     beat: &Beat,
 ) {
     let now = Instant::now();
     for k in ctx.provider.tracked_keys() {
+        let item = format!("tracked {k}");
+        let gone = |uid: Option<&str>| present.get(&k).is_none_or(|u| u.as_deref() != uid);
+        if !ctx
+            .provider
+            .tracked(&k)
+            .is_some_and(|old| gone(old.metadata.uid.as_deref()))
+            || !retries.due(&item, now)
+        {
+            continue;
+        }
+        let _key = ctx.provider.lock_key(&k).await;
         let Some(old) = ctx.provider.tracked(&k) else {
             continue;
         };
-        let gone = present.get(&k).is_none_or(|uid| *uid != old.metadata.uid);
-        let item = format!("tracked {k}");
-        if !gone || !retries.due(&item, now) {
+        if cached_uid(store, &k) == old.metadata.uid {
             continue;
         }
         match ctx.provider.delete(&old).await {
@@ -150,8 +174,16 @@ async fn sweep_vanished(
         if still || !retries.due(&item, now) {
             continue;
         }
-        match ctx.provider.return_strays(&k, &uid, None).await {
-            Ok(()) => retries.succeeded(&item),
+        let _key = ctx.provider.lock_key(&k).await;
+        if cached_uid(store, &k).as_deref() == Some(uid.as_str()) {
+            continue;
+        }
+        match ctx.provider.return_strays_of_gone(&k, &uid).await {
+            Ok(true) => retries.succeeded(&item),
+            // Too soon after the outcome to be sure: look again later.
+            Ok(false) => {
+                retries.failed(&item, now);
+            }
             Err(e) => {
                 let wait = retries.failed(&item, now);
                 warn!(pod = %k, error = %e, retry_in = ?wait,
@@ -181,7 +213,10 @@ struct LeaseExpiry {
 impl Turn for LeaseExpiry {
     async fn turn(&mut self, beat: &Beat) -> Next {
         lease_expiry_tick(&self.ctx, &self.store, beat).await;
-        self.ctx.provider.recheck_preserved().await;
+        self.ctx
+            .provider
+            .recheck_preserved(beat, Instant::now())
+            .await;
         Next::Period
     }
 }
@@ -200,6 +235,7 @@ async fn lease_expiry_tick(ctx: &Context, store: &Store<Pod>, beat: &Beat) {
     };
     for (k, claim) in candidates {
         beat.beat();
+        let _key = ctx.provider.lock_key(&k).await;
         if let Some(row) = listing.iter().find(|r| r.id == claim.id) {
             ctx.provider.take_listed_deadline(&k, &claim, row).await;
             continue;

@@ -2,13 +2,16 @@
 //! (adopted, resumed, claimed, or refused).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use jiff::Timestamp;
 use tracing::warn;
 
 use super::create_step::{CreateStep, adoption, next_step};
+use super::verification::Ask;
 use super::{CreateFailure, Created, Provider, view};
 use crate::claims::Claim;
+use crate::pods::failure::Cause;
 use crate::pods::pod::Pod;
 use crate::pods::{claim_ref, status};
 use crate::sandboxd::ClaimRequest;
@@ -18,6 +21,30 @@ use crate::sandboxd::ClaimRequest;
 const MAX_STEPS: usize = 6;
 
 impl Provider {
+    /// Lists sandboxd to vouch for the quarantined rows, sharing the
+    /// listing with the creates that asked meanwhile (`verification.rs`);
+    /// `Err` says why it could not.
+    async fn verify(&self) -> Result<(), String> {
+        let asked = Instant::now();
+        let mut v = self.verification.lock().await;
+        match v.ask(asked, Instant::now()) {
+            Ask::Verified => return Ok(()),
+            Ask::Failed(why) => return Err(why),
+            Ask::List => {}
+        }
+        let started = Instant::now();
+        match self.refresh().await {
+            Ok(_) => {
+                v.succeeded(started);
+                Ok(())
+            }
+            Err(e) => {
+                v.failed(Instant::now(), e.to_string());
+                Err(e.to_string())
+            }
+        }
+    }
+
     /// Create: adopt a held claim or claim a new sandbox.
     pub async fn create(&self, pod: &Arc<Pod>) -> Result<Created, CreateFailure> {
         let k = pod.key();
@@ -28,7 +55,7 @@ impl Provider {
             if done.contains(&step) {
                 // The step before did not change the row (e.g. a
                 // verification that could not be persisted): try later.
-                return Err(CreateFailure::provider(format!(
+                return Err(CreateFailure::ours(format!(
                     "the claim row for {k} is unchanged after {step:?}; retried later"
                 )));
             }
@@ -44,10 +71,10 @@ impl Provider {
                 };
             };
             match &step {
-                CreateStep::Refuse(why) => return Err(CreateFailure::provider(why.clone())),
+                CreateStep::Refuse(why) => return Err(CreateFailure::refused(why.clone())),
                 CreateStep::Verify => {
-                    self.refresh().await.map_err(|e| {
-                        CreateFailure::provider(format!(
+                    self.verify().await.map_err(|e| {
+                        CreateFailure::ours(format!(
                             "a claim from a previous run is unverified and sandboxd cannot be \
                              listed; refusing to claim over a possibly live sandbox: {e}"
                         ))
@@ -66,7 +93,7 @@ impl Provider {
                 }
                 CreateStep::ReturnStranded(token) => {
                     self.undo_release(&claim.id, token).await.map_err(|e| {
-                        CreateFailure::provider(format!(
+                        CreateFailure::ours(format!(
                             "a previous sandbox {} for {k} could not be returned and its \
                              credential is only in memory: {e}",
                             claim.id
@@ -79,7 +106,7 @@ impl Provider {
             }
             done.push(step);
         }
-        Err(CreateFailure::provider(format!(
+        Err(CreateFailure::ours(format!(
             "the claim path for {k} did not settle in {MAX_STEPS} steps; retried later"
         )))
     }
@@ -94,7 +121,7 @@ impl Provider {
         claim: &Claim,
     ) -> Result<Option<Created>, CreateFailure> {
         let listing = self.list().await.map_err(|e| {
-            CreateFailure::provider(format!(
+            CreateFailure::ours(format!(
                 "the claim for {k} is past its cached deadline and sandboxd cannot be \
                  listed; refusing to replace it: {e}"
             ))
@@ -130,8 +157,9 @@ impl Provider {
 
     /// No row: claim a new sandbox (`step` is [`CreateStep::Claim`], or
     /// why not), after returning strays of this Pod's earlier claims whose
-    /// reply was lost. Durable before it counts: a claim whose commit fails
-    /// is returned.
+    /// reply was lost; while no listing has succeeded (after a restart, or
+    /// since the last failure) any key may have one. Durable before it
+    /// counts: a claim whose commit fails is returned.
     async fn claim_new(
         &self,
         pod: &Arc<Pod>,
@@ -140,16 +168,16 @@ impl Provider {
     ) -> Result<Created, CreateFailure> {
         let request: ClaimRequest = match step {
             CreateStep::Claim(request) => request,
-            CreateStep::Refuse(why) => return Err(CreateFailure::provider(why)),
+            CreateStep::Refuse(why) => return Err(CreateFailure::refused(why)),
             other => {
-                return Err(CreateFailure::provider(format!(
+                return Err(CreateFailure::ours(format!(
                     "internal: no claim step for {k} without a row ({other:?})"
                 )));
             }
         };
-        if self.suspect(k) {
+        if self.suspect(k) || self.refresh_needed() {
             self.return_strays(k, pod.uid(), None).await.map_err(|e| {
-                CreateFailure::provider(format!(
+                CreateFailure::ours(format!(
                     "cannot check for, or return, a sandbox an earlier claim for {k} may \
                      have left behind; refusing to claim twice: {e}"
                 ))
@@ -173,6 +201,7 @@ impl Provider {
                 return Err(CreateFailure {
                     reason,
                     message: format!("claim sandbox for {k} (template {}): {e}", request.template),
+                    cause: Cause::Claim,
                 });
             }
         };
@@ -194,11 +223,11 @@ impl Provider {
             return match self.undo_release(&granted.id, &granted.token).await {
                 Ok(()) => {
                     let _ = self.claims.remove(k, &claim.id).await;
-                    Err(CreateFailure::provider(format!(
+                    Err(CreateFailure::ours(format!(
                         "persist claim for {k}: {persist}"
                     )))
                 }
-                Err(undo) => Err(CreateFailure::provider(format!(
+                Err(undo) => Err(CreateFailure::ours(format!(
                     "persist claim for {k}: {persist}; returning sandbox {} also failed: {undo}",
                     claim.id
                 ))),
@@ -229,7 +258,7 @@ impl Provider {
             return Ok(None);
         }
         let listing = self.list().await.map_err(|e| {
-            CreateFailure::provider(format!(
+            CreateFailure::ours(format!(
                 "{k} ran on sandbox {id}, which no stored claim holds, and sandboxd cannot be \
                  listed to check whether it lives; refusing to claim a second one: {e}"
             ))
@@ -259,7 +288,7 @@ impl Provider {
             // credential to lose): drop the row so the next try recovers it
             // again instead of finding a stranded claim it cannot return.
             let _ = self.claims.remove(k, id).await;
-            return Err(CreateFailure::provider(format!(
+            return Err(CreateFailure::ours(format!(
                 "persist the recovered claim of {k} on sandbox {id}: {e}"
             )));
         }

@@ -14,12 +14,16 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use super::authority::{self, OwnerResolver, Verdict};
+use super::failure::Cause;
 use super::status::{self, ClaimView};
 use crate::claims::{Claim, ClaimState, ClaimsStore};
 use crate::sandboxd::{
     Op, SandboxRow, SandboxdClient, SandboxdError, Token, pod_ip_from_owner_addr,
 };
+use keys::{KeyGuard, KeyLocks};
+use preserved::Preserved;
 use suspects::Suspects;
+use verification::Verification;
 
 /// Compensating releases run on their own deadline, detached from the
 /// caller: a claim whose commit or status failed is given back even if
@@ -32,13 +36,25 @@ pub struct CreateFailure {
     /// `ProviderFailed` or `NoWarmCapacity` (docs/pod-contract.md).
     pub reason: &'static str,
     pub message: String,
+    /// Whose trouble it is: decides what the Pod's status shows.
+    pub cause: Cause,
 }
 
 impl CreateFailure {
-    fn provider(message: impl Into<String>) -> Self {
+    /// vk-sandbox's own trouble (`ProviderFailed`): retried, never the Pod's.
+    fn ours(message: impl Into<String>) -> Self {
         CreateFailure {
             reason: "ProviderFailed",
             message: message.into(),
+            cause: Cause::Ours,
+        }
+    }
+
+    /// The Pod cannot be claimed for as it is (`ProviderFailed`).
+    fn refused(message: impl Into<String>) -> Self {
+        CreateFailure {
+            cause: Cause::Pod,
+            ..CreateFailure::ours(message)
         }
     }
 }
@@ -101,14 +117,16 @@ pub struct Provider {
     listing_ok: std::sync::atomic::AtomicBool,
     /// The tenant-token warning was logged (once per process).
     said_not_root: std::sync::atomic::AtomicBool,
-    /// Claims kept when their Pod was deleted with its owner alive, by key:
-    /// the claim id and that Pod. Until a replacement Pod of the key comes
-    /// here, [`Provider::recheck_preserved`] asks the owner again, so a
-    /// claim whose owner goes away while its replacement Pod never reaches
-    /// this node (unschedulable, deleted while Pending) is still released.
-    /// In memory only: after a restart such a claim waits for its key's
-    /// next Pod or its deadline.
-    preserved: Mutex<HashMap<String, (String, Pod)>>,
+    /// Claims kept when their Pod was deleted with its owner alive, by key
+    /// (see `preserved.rs`). In memory only: after a restart such a claim
+    /// waits for its key's next Pod or its deadline.
+    preserved: Mutex<HashMap<String, Preserved>>,
+    /// One lock per key, shared by reconciles and the side loops.
+    keys: KeyLocks,
+    /// The one verification listing creates share (see `verification.rs`).
+    verification: tokio::sync::Mutex<Verification>,
+    /// How long after an unknown claim outcome a listing settles it.
+    settle_after: Duration,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -142,7 +160,23 @@ impl Provider {
             listing_ok: std::sync::atomic::AtomicBool::new(false),
             said_not_root: std::sync::atomic::AtomicBool::new(false),
             preserved: Mutex::new(HashMap::new()),
+            keys: KeyLocks::default(),
+            verification: tokio::sync::Mutex::new(Verification::default()),
+            settle_after: suspects::SETTLE_AFTER,
         }
+    }
+
+    /// Settle unknown claim outcomes with listings taken `after` them
+    /// (tests shorten it).
+    pub fn settle_strays_after(mut self, after: Duration) -> Provider {
+        self.settle_after = after;
+        self
+    }
+
+    /// Waits until `key` is free and holds it: every reconcile, and each
+    /// unit of work of the side loops, runs under its key's lock.
+    pub async fn lock_key(&self, key: &str) -> KeyGuard {
+        self.keys.lock(key).await
     }
 
     /// Lists sandboxd. Every successful listing also recomputes which keys
@@ -353,8 +387,9 @@ impl Provider {
         !self.claims.quarantined().is_empty()
     }
 
-    /// Provider Delete: preserve unless the owner is
-    /// confirmed gone or tearing down; release with the claim's own token.
+    /// Provider Delete: preserve unless the owner is confirmed gone or
+    /// tearing down; release with the claim's own token. Either way, other
+    /// sandboxes made for this Pod (lost claim replies) go back.
     pub async fn delete(&self, pod: &Pod) -> Result<Deleted, SandboxdError> {
         let k = pod.key();
         if let Some(t) = self.tracked(&k)
@@ -378,8 +413,9 @@ impl Provider {
             Verdict::Preserve(reason) => {
                 info!(pod = %k, sandbox = %claim.id, %reason,
                       "preserving sandbox: pod deletion is not VM authority");
-                lock(&self.preserved).insert(k.clone(), (claim.id.clone(), pod.clone()));
+                lock(&self.preserved).insert(k.clone(), Preserved::new(&claim.id, pod));
                 self.untrack(&k, pod.uid());
+                self.return_others_of(pod, &claim.id).await;
                 Ok(Deleted::Preserved {
                     id: claim.id,
                     reason,
@@ -392,6 +428,7 @@ impl Provider {
                     warn!(pod = %k, error = %e, "release done but its record could not be removed");
                 }
                 self.untrack(&k, pod.uid());
+                self.return_others_of(pod, &claim.id).await;
                 if released {
                     info!(pod = %k, sandbox = %claim.id, %reason, "released sandbox");
                     Ok(Deleted::Released {
@@ -410,39 +447,15 @@ impl Provider {
             }
         }
     }
-
-    /// Asks the owner of every preserved claim whose key has no Pod here
-    /// again; one that is now gone or tearing down releases the claim as
-    /// the Pod's deletion would have. Each failure is logged and retried on
-    /// the next call.
-    pub async fn recheck_preserved(&self) {
-        let entries: Vec<(String, (String, Pod))> = lock(&self.preserved)
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (k, (id, pod)) in entries {
-            let held = self.claims.get(&k).is_some_and(|(c, _)| c.id == id);
-            if !held || self.tracked(&k).is_some() {
-                lock(&self.preserved).remove(&k);
-                continue;
-            }
-            let lookup = self.owners.lookup(&self.client, &pod).await;
-            if let Verdict::Release(reason) =
-                authority::decide(authority::controller_ref(&pod), &lookup)
-            {
-                info!(pod = %k, sandbox = %id, %reason,
-                      "the owner of a preserved sandbox went away with no Pod of its key on this node");
-                if let Err(e) = self.delete(&pod).await {
-                    warn!(pod = %k, sandbox = %id, error = %e, "releasing a preserved sandbox failed; retried later");
-                }
-            }
-        }
-    }
 }
 
 mod create;
 pub mod create_step;
+pub mod keys;
+mod preserved;
+mod recheck;
 mod strays;
 mod suspects;
 #[cfg(test)]
 mod tests;
+mod verification;

@@ -4,6 +4,7 @@
 //! (docs/reliability.md, "Lost claim replies among neighbours").
 
 use std::collections::HashSet;
+use std::time::Instant;
 
 use crate::pods::pod::Pod;
 use tracing::{info, warn};
@@ -48,7 +49,7 @@ impl Provider {
 
     pub(super) fn note_unknown_outcome(&self, k: &str, uid: &str) {
         if self.can_release_by_id() {
-            lock(&self.suspects).note_unknown(k, uid);
+            lock(&self.suspects).note_unknown(k, uid, Instant::now());
         } else {
             warn!(
                 pod = %k,
@@ -77,20 +78,20 @@ impl Provider {
 
     /// Returns, with the node token, the sandboxes sandboxd lists as
     /// claimed by this node for the Pod (`k`, `uid`) that no stored claim
-    /// holds: lost claim replies of that Pod. `running_on` (the Pod's
-    /// claim-id annotation) is never touched. Only called when the Pod is
-    /// known to run on none of them: right before claiming for it, or when
-    /// it goes away without having run. Rows of other clients (no tag) and
-    /// of other Pods are never touched.
+    /// holds: lost claim replies of that Pod. `running_on` (the sandbox the
+    /// Pod runs on) is never touched. Rows of other clients (no tag) and of
+    /// other Pods are never touched. Returns when the listing was taken. An
+    /// unknown outcome of the Pod is kept (the row may not be listed yet):
+    /// only [`Provider::return_strays_of_gone`] settles it.
     pub async fn return_strays(
         &self,
         k: &str,
         uid: &str,
         running_on: Option<&str>,
-    ) -> Result<(), SandboxdError> {
+    ) -> Result<Instant, SandboxdError> {
+        let listed_at = Instant::now();
         if !self.can_release_by_id() {
-            lock(&self.suspects).forget(k);
-            return Ok(());
+            return Ok(listed_at);
         }
         let mut listing = self.list().await?;
         let held = self.claims.held_ids();
@@ -110,20 +111,43 @@ impl Provider {
         // The listing as it stands now: the returned rows are gone.
         listing.retain(|r| !strays.contains(&r.id));
         self.note_listing(&listing);
-        lock(&self.suspects).settled(k, uid);
-        Ok(())
+        Ok(listed_at)
+    }
+
+    /// The Pod (`k`, `uid`) is gone: return its strays, and settle its
+    /// unknown claim outcome once the listing came long enough after it
+    /// (see `suspects.rs`). `Ok(false)`: not settled yet, look again later.
+    pub async fn return_strays_of_gone(&self, k: &str, uid: &str) -> Result<bool, SandboxdError> {
+        let listed_at = self.return_strays(k, uid, None).await?;
+        Ok(lock(&self.suspects).settle(k, uid, listed_at, self.settle_after))
     }
 
     /// A Pod that goes away without ever having run (deleted while
-    /// Pending, or vanished untracked): return what its lost claim replies
-    /// left behind, if it had any. Best effort: on failure the strays stay
-    /// listed and are retried by the vanished sweep.
+    /// Pending): return what its lost claim replies left behind, if it had
+    /// any. Best effort: on failure, or while its outcome cannot be settled
+    /// yet, the vanished sweep looks again once the Pod is gone.
     pub async fn forget_never_ran(&self, pod: &Pod) -> Result<(), SandboxdError> {
         let k = pod.key();
         if !self.suspect(&k) {
             return Ok(());
         }
         let running_on = pod.annotation(annotations::CLAIM_ID);
-        self.return_strays(&k, pod.uid(), running_on).await
+        let listed_at = self.return_strays(&k, pod.uid(), running_on).await?;
+        lock(&self.suspects).settle(&k, pod.uid(), listed_at, self.settle_after);
+        Ok(())
+    }
+
+    /// A Pod that ran is deleted: sandboxes made for it other than the one
+    /// it held (`held`) go back too, if the key is suspect (a lost reply
+    /// of this Pod, or an unheld row of ours listed under the key). Best
+    /// effort: the vanished sweep looks again once the Pod is gone.
+    pub(super) async fn return_others_of(&self, pod: &Pod, held: &str) {
+        let k = pod.key();
+        if !self.suspect(&k) {
+            return;
+        }
+        if let Err(e) = self.return_strays(&k, pod.uid(), Some(held)).await {
+            warn!(pod = %k, error = %e, "strays of a deleted Pod not returned yet; retried once it is gone");
+        }
     }
 }

@@ -480,5 +480,6 @@ async fn the_tracked_copy_is_the_newest_version_of_the_same_pod() {
     assert!(Arc::ptr_eq(&provider.newest(&untracked), &untracked));
 }
 
+mod leaks;
 mod strays;
 mod upkeep;

@@ -222,7 +222,11 @@ async fn a_preserved_claim_no_longer_held_is_forgotten_unasked() {
     assert_eq!(asked(), 1);
 
     provider.claims.remove("ns/sb", &id).await.expect("remove");
-    crate::pods::fixtures::within(provider.recheck_preserved()).await;
+    crate::pods::fixtures::within(provider.recheck_preserved(
+        &crate::periodic::Beat::none(),
+        crate::pods::fixtures::any_time(),
+    ))
+    .await;
     assert_eq!(asked(), 1, "the owner was asked for a claim no longer held");
     assert!(lock(&provider.preserved).is_empty());
 }

@@ -1,0 +1,53 @@
+//! Preserved claims whose key has no Pod here: their owners are asked
+//! again, so a claim whose owner goes away while its replacement never
+//! reaches this node (unschedulable, deleted while Pending) is still
+//! released.
+
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::{Provider, lock};
+use crate::periodic::Beat;
+use crate::pods::authority::{self, Verdict};
+
+impl Provider {
+    /// Asks the owner of every preserved claim due at `now` whose key has
+    /// no Pod here; one that is now gone or tearing down releases the
+    /// claim as the Pod's deletion would have. Each key is worked on under
+    /// its lock, and `beat` is beaten per owner asked. Failures are logged
+    /// and retried on a later call.
+    pub async fn recheck_preserved(&self, beat: &Beat, now: Instant) {
+        let due: Vec<String> = lock(&self.preserved)
+            .iter()
+            .filter(|(_, p)| p.due(now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in due {
+            beat.beat();
+            let _key = self.lock_key(&k).await;
+            let Some(entry) = lock(&self.preserved).get(&k).cloned() else {
+                continue;
+            };
+            let held = self.claims.get(&k).is_some_and(|(c, _)| c.id == entry.id);
+            if !held || self.tracked(&k).is_some() {
+                lock(&self.preserved).remove(&k);
+                continue;
+            }
+            let lookup = self.owners.lookup(&self.client, &entry.pod).await;
+            let verdict = authority::decide(authority::controller_ref(&entry.pod), &lookup);
+            let Verdict::Release(reason) = verdict else {
+                if let Some(p) = lock(&self.preserved).get_mut(&k) {
+                    p.asked(Instant::now());
+                }
+                continue;
+            };
+            info!(pod = %k, sandbox = %entry.id, %reason,
+                  "the owner of a preserved sandbox went away with no Pod of its key on this node");
+            if let Err(e) = self.delete(&entry.pod).await {
+                warn!(pod = %k, sandbox = %entry.id, error = %e,
+                      "releasing a preserved sandbox failed; retried later");
+            }
+        }
+    }
+}
