@@ -257,7 +257,10 @@ start_kube_scheduler() {
 }
 
 start_kube_controller_manager() {
+  # The flex-volume plugin directory defaults to /usr/libexec/kubernetes,
+  # which the controller-manager creates: keep it in the plane's folder.
   start kube-controller-manager \
+    --flex-volume-plugin-dir "$dir/volume-plugins" \
     --kubeconfig "$dir/kube-controller-manager.kubeconfig" \
     --authentication-kubeconfig "$dir/kube-controller-manager.kubeconfig" \
     --authorization-kubeconfig "$dir/kube-controller-manager.kubeconfig" \

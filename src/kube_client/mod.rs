@@ -68,11 +68,22 @@ pub async fn config(kubeconfig_flag: Option<PathBuf>) -> Result<(Config, Source)
             })?;
         return Ok((c, Source::Kubeconfig(path.clone())));
     }
-    Err(Error::Config(
-        "no Kubernetes credentials: not running in a cluster, no --kubeconfig, \
-         KUBECONFIG unset and no ~/.kube/config; pass --kubeconfig PATH"
-            .into(),
-    ))
+    Err(Error::Config(no_credentials(&candidates)))
+}
+
+/// The refusal when no kubeconfig was found: it names each file looked for
+/// (a `KUBECONFIG` naming a missing file is not "unset").
+fn no_credentials(looked_at: &[PathBuf]) -> String {
+    let tried = if looked_at.is_empty() {
+        "no --kubeconfig, KUBECONFIG unset and HOME unset".to_string()
+    } else {
+        let files: Vec<String> = looked_at.iter().map(|p| p.display().to_string()).collect();
+        format!(
+            "no --kubeconfig and none of these exist: {}",
+            files.join(", ")
+        )
+    };
+    format!("no Kubernetes credentials: not running in a cluster, {tried}; pass --kubeconfig PATH")
 }
 
 pub async fn client(settings: &crate::config::KubeClientConfig) -> Result<(Client, Source)> {
@@ -165,5 +176,21 @@ mod tests {
             format!("{err:?}").contains("DeadlineExceeded"),
             "want the deadline error, got {err:?}"
         );
+    }
+
+    #[test]
+    fn no_credentials_names_the_files_looked_for() {
+        let msg = no_credentials(&[
+            PathBuf::from("/etc/missing.kubeconfig"),
+            PathBuf::from("/root/.kube/config"),
+        ]);
+        assert!(
+            msg.contains("none of these exist: /etc/missing.kubeconfig, /root/.kube/config"),
+            "{msg}"
+        );
+        assert!(!msg.contains("KUBECONFIG unset"), "{msg}");
+        assert!(msg.ends_with("pass --kubeconfig PATH"), "{msg}");
+        let msg = no_credentials(&[]);
+        assert!(msg.contains("KUBECONFIG unset and HOME unset"), "{msg}");
     }
 }
