@@ -11,6 +11,11 @@
 #   e2e/agent-sandbox.sh crds KUBECONFIG
 #                                    apply its four CRDs server-side and wait
 #                                    until they are Established
+#   e2e/agent-sandbox.sh sdk         build (or reuse) agent-sandbox's in-sandbox
+#                                    runtime (packages/sandboxd) and the Go SDK
+#                                    driver of e2e/sdk-driver (the upstream Go
+#                                    SDK in port-forward mode); print both
+#                                    paths, one a line
 #   e2e/agent-sandbox.sh run KUBECONFIG [FLAG...]
 #                                    `crds`, then run the controller in the
 #                                    foreground (exec), out of cluster, with
@@ -125,6 +130,42 @@ cmd_build() {
   echo "$bin"
 }
 
+# The runtime and the SDK driver, cached by the hash of src/ and of
+# e2e/sdk-driver. The driver is its own module; a copy of it gets a
+# `replace` of sigs.k8s.io/agent-sandbox by the source folder, its go.sum
+# filled from the Go module proxy.
+cmd_sdk() {
+  need_upstream
+  local hash out runtime driver
+  hash=$( (source_hash; cd "$here/sdk-driver" && sha256sum go.mod main.go) | sha256sum | cut -c1-16)
+  out="$root/.cache/agent-sandbox-sdk-$hash"
+  runtime="$out/sandboxd-runtime"
+  driver="$out/sdk-driver"
+  if [[ -x "$runtime" && -x "$driver" && -f "$out/.built" ]]; then
+    printf '%s\n%s\n' "$runtime" "$driver"
+    return 0
+  fi
+  mkdir -p "$out"
+  local t0=$SECONDS work
+  log "building agent-sandbox's runtime and the SDK driver into $out (minutes cold)"
+  (cd "$src" && CGO_ENABLED=0 go build -o "$runtime.tmp" ./packages/sandboxd/cmd/sandboxd) >&2 \
+    || die "go build of the runtime (packages/sandboxd) failed (see above)"
+  work=$(mktemp -d)
+  cp "$here/sdk-driver/go.mod" "$here/sdk-driver/main.go" "$work/"
+  (
+    cd "$work"
+    go mod edit -replace "sigs.k8s.io/agent-sandbox=$(realpath "$src")"
+    go mod tidy >&2
+    CGO_ENABLED=0 go build -o "$driver.tmp" .
+  ) >&2 || { rm -rf "$work"; die "go build of the SDK driver failed (see above)"; }
+  rm -rf "$work"
+  mv "$runtime.tmp" "$runtime"
+  mv "$driver.tmp" "$driver"
+  echo "$hash" >"$out/.built"
+  log "built in $((SECONDS - t0))s"
+  printf '%s\n%s\n' "$runtime" "$driver"
+}
+
 cmd_which() {
   need_upstream
   local bin
@@ -176,6 +217,7 @@ case "${1:-}" in
   build) cmd_build ;;
   which) cmd_which ;;
   crds) shift; cmd_crds "$@" ;;
+  sdk) cmd_sdk ;;
   run) shift; cmd_run "$@" ;;
-  *) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -137,7 +137,11 @@ progress_step "upstream agent-sandbox controller"
 agent_status=0
 agent=$("$here/agent-sandbox.sh" build) || agent_status=$?
 case $agent_status in
-  0) done_agent="agent-sandbox controller: $agent" ;;
+  0)
+    done_agent="agent-sandbox controller: $agent"
+    # Its in-sandbox runtime and a driver of its Go SDK (tests/e2e_sdk.rs).
+    "$here/agent-sandbox.sh" sdk >/dev/null || die "building agent-sandbox's runtime and SDK driver failed"
+    ;;
   3) done_agent="note: $agent"; progress_note "$agent" ;;
   *) die "building the upstream agent-sandbox controller failed" ;;
 esac

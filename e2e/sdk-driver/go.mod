@@ -1,0 +1,5 @@
+module vk-sandbox.local/e2e/sdk-driver
+
+go 1.26.0
+
+require sigs.k8s.io/agent-sandbox v0.0.0
