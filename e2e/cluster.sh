@@ -43,6 +43,11 @@
 # The node lifecycle controller stops evicting in a "disrupted" zone; tests
 # leave dead virtual nodes behind, so partial disruption is turned off
 # (--unhealthy-zone-threshold 1) and only "no node Ready" pauses evictions.
+# Those dead nodes also queue for their NoExecute taint at the default 0.1
+# nodes/s (one every 10 s): after a suite's worth of tests the node a test
+# pauses was tainted minutes late (the eviction storm's 180 s wait ran out
+# just before its Pods were evicted), so the rate is lifted
+# (--node-eviction-rate 100).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -272,6 +277,7 @@ start_kube_controller_manager() {
     --controllers '*' \
     --node-monitor-period 2s --node-monitor-grace-period "$grace" \
     --unhealthy-zone-threshold 1 \
+    --node-eviction-rate 100 \
     --concurrent-gc-syncs 5
 }
 
