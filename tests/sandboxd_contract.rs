@@ -1179,9 +1179,13 @@ async fn list_failures_are_never_an_empty_list() {
 }
 
 #[tokio::test]
-async fn list_reply_over_1_mib_is_a_decode_error() {
+async fn list_reply_over_the_listing_limit_is_a_decode_error() {
     let h = sim(cfg()).await;
-    let big = format!(r#"{{"sandboxes":[],"pad":"{}"}}"#, "x".repeat(1024 * 1024));
+    // The listing limit (32 MiB) holds a full node's rows; one byte past it is refused.
+    let big = format!(
+        r#"{{"sandboxes":[],"pad":"{}"}}"#,
+        "x".repeat(decode::LIST_BODY_LIMIT)
+    );
     arm(&h, fault(Endpoint::List, raw_fault(200, &big), Some(1)));
     let err = client(&h).list().await.expect_err("too big");
     assert!(
