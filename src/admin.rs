@@ -177,6 +177,40 @@ mod tests {
         assert_eq!(get_path(&r, "/livez").await.0, StatusCode::OK);
     }
 
+    /// A Pod watch whose reply went silent after one event (no event, no
+    /// bookmark) fails `/livez` once it has been silent longer than the
+    /// server's watch timeout; it passed for ever before.
+    #[tokio::test(start_paused = true)]
+    async fn livez_fails_when_the_pod_watch_makes_no_progress() {
+        use crate::kube_client::progress::tests::{get, silent_after_one_event};
+        use crate::kube_client::progress::{ProgressLayer, STALL_LIMIT, WatchProgress};
+        use http_body_util::BodyExt;
+        use tower::{Layer, Service};
+
+        let health = Health::new();
+        let watches = WatchProgress::new();
+        watches.report_to(&health, STALL_LIMIT);
+        let r = router(health.clone(), Metrics::new().unwrap());
+        let mut client = ProgressLayer::new(watches).layer(silent_after_one_event());
+        let watch = client
+            .call(get(
+                "/api/v1/pods?fieldSelector=spec.nodeName%3Dn&watch=true",
+            ))
+            .await
+            .expect("watch");
+        let mut body = watch.into_body();
+        body.frame().await.expect("one event").expect("ok");
+        tokio::time::advance(Duration::from_secs(200)).await;
+        assert_eq!(get_path(&r, "/livez").await.0, StatusCode::OK);
+        tokio::time::advance(STALL_LIMIT).await;
+        let (code, text, _) = get_path(&r, "/livez").await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(text.contains("Pod watch made no progress"), "{text}");
+        // Ended (the watcher gives up on it and watches again): live.
+        drop(body);
+        assert_eq!(get_path(&r, "/livez").await.0, StatusCode::OK);
+    }
+
     #[tokio::test]
     async fn metrics_endpoint_serves_text_format() {
         let metrics = Metrics::new().unwrap();

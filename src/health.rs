@@ -8,7 +8,9 @@
 //! [`Health::register_loop`] (through `crate::periodic`) and beats it each
 //! turn and each unit of work, and every Pod reconcile holds a [`Working`]
 //! guard while it runs, so `/livez` fails when a loop has stalled or a
-//! reconcile hangs past its bound.
+//! reconcile hangs past its bound. Things that must keep moving without a
+//! loop of their own (the Pod watch) register a progress probe with
+//! [`Health::register_progress`].
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +35,28 @@ pub struct Health {
     /// Work in progress: id → (name, started, bound).
     working: Mutex<BTreeMap<u64, (&'static str, Instant, Duration)>>,
     next_work: AtomicU64,
+    progress: Mutex<Vec<Progress>>,
+}
+
+/// How long something has gone without progress (`None`: nothing to
+/// watch right now).
+type Silence = Box<dyn Fn() -> Option<Duration> + Send + Sync>;
+
+/// A progress probe: `/livez` fails while `silent` reports more than
+/// `limit`.
+struct Progress {
+    name: &'static str,
+    limit: Duration,
+    silent: Silence,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("name", &self.name)
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How long past its period a loop may stay silent before `/livez` fails:
@@ -129,6 +153,21 @@ impl Health {
         }
     }
 
+    /// Register something that must keep making progress: `/livez` fails
+    /// while `silent` says it has gone longer than `limit` without.
+    pub fn register_progress(
+        &self,
+        name: &'static str,
+        limit: Duration,
+        silent: impl Fn() -> Option<Duration> + Send + Sync + 'static,
+    ) {
+        lock(&self.progress).push(Progress {
+            name,
+            limit,
+            silent: Box::new(silent),
+        });
+    }
+
     /// Stop watching a loop (it ended on purpose).
     pub fn deregister_loop(&self, name: &str) {
         lock(&self.loops).remove(name);
@@ -170,6 +209,9 @@ impl Health {
                 ));
             }
         }
+        for p in lock(&self.progress).iter() {
+            stalled.extend(no_progress(p.name, (p.silent)(), p.limit));
+        }
         if stalled.is_empty() {
             Ok(())
         } else {
@@ -192,5 +234,33 @@ impl Health {
         } else {
             Err(missing)
         }
+    }
+}
+
+/// Why `/livez` fails for something registered with
+/// [`Health::register_progress`]: it has gone longer than `limit` without
+/// progress (`silent`; `None` when nothing is in flight). Pure.
+pub fn no_progress(name: &str, silent: Option<Duration>, limit: Duration) -> Option<String> {
+    let silent = silent.filter(|s| *s > limit)?;
+    Some(format!(
+        "{name} made no progress for {}s (limit {}s)",
+        silent.as_secs(),
+        limit.as_secs()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_fails_liveness_only_past_its_limit() {
+        let limit = Duration::from_secs(320);
+        assert_eq!(no_progress("Pod watch", None, limit), None, "no watch");
+        assert_eq!(no_progress("Pod watch", Some(limit), limit), None);
+        assert_eq!(
+            no_progress("Pod watch", Some(limit + Duration::from_secs(1)), limit).as_deref(),
+            Some("Pod watch made no progress for 321s (limit 320s)")
+        );
     }
 }

@@ -18,6 +18,7 @@ use vk_sandbox::claims::{self, ClaimsStore};
 use vk_sandbox::config::{self, Config};
 use vk_sandbox::health::Health;
 use vk_sandbox::inventory::Publisher;
+use vk_sandbox::kube_client::progress::{self, WatchProgress};
 use vk_sandbox::kubelet::{ClaimedSandboxes, KubeletApi, SandboxdPlane, Streaming};
 use vk_sandbox::metrics::Metrics;
 use vk_sandbox::node::lease::Renewal;
@@ -208,13 +209,19 @@ async fn run(cfg: Config) -> Result<()> {
     let mut tasks = Tasks::new();
     let (metrics, health) = (Metrics::new()?, Health::new());
     // One process per state path, before anything reads or writes it.
-    let _state_lock = StateLock::acquire(&cfg.state_path)?;
+    let state_lock = StateLock::acquire(&cfg.state_path)?;
     // The claims store loads and is written once before the Node exists (an
     // unwritable state path keeps the node out of scheduling), while the
     // Kubernetes credentials load.
+    // /livez fails on a Pod watch that makes no progress (no event, no
+    // bookmark) for longer than the server's watch timeout.
+    let watches = WatchProgress::new();
+    watches.report_to(&health, progress::STALL_LIMIT);
     let (client, claims) = tokio::join!(
-        kube_client::client(&cfg.kube),
-        ClaimsStore::open(&cfg.state_path)
+        kube_client::client(&cfg.kube, watches),
+        // The store's writer keeps the lock (and re-asserts it should the
+        // state directory be deleted).
+        ClaimsStore::open_locked(&cfg.state_path, state_lock)
     );
     let (client, source) = client?;
     info!(?source, node = %cfg.node_name, "Kubernetes credentials loaded");
@@ -300,12 +307,15 @@ async fn run(cfg: Config) -> Result<()> {
     let _ = ready_tx.send(true);
 
     let (uid_tx, uid_rx) = watch::channel(registered.node.metadata.uid.clone().unwrap_or_default());
+    // The Lease loop notices a deleted Node first (its Lease goes with it).
+    let node_gone = Arc::new(tokio::sync::Notify::new());
     let lease = Renewal::new(
         client.clone(),
         &cfg.node_name,
         uid_rx,
         metrics.clone(),
         health.clone(),
+        node_gone.clone(),
     );
     tasks.spawn_loop(lease.run(tasks.stop()));
     let status = StatusLoop {
@@ -316,6 +326,7 @@ async fn run(cfg: Config) -> Result<()> {
         interval: cfg.node_status_interval,
         node_uid: uid_tx,
         metrics: Arc::clone(&metrics),
+        node_gone,
     };
     tasks.spawn_loop(status.run(Arc::clone(&health), tasks.stop()));
     if cfg.inventory.publish {

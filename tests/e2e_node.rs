@@ -229,6 +229,70 @@ async fn deleted_node_is_registered_again() {
     vk.delete_node(&client).await;
 }
 
+/// With the default intervals (Lease every 10 s, Node status every 60 s),
+/// a Node deleted right after its registration is back before PodGC acts:
+/// PodGC force-deletes the Pods of a missing node about 40 s after it went,
+/// and the status heartbeat alone registered the Node again only after up
+/// to 60 s. The Lease loop notices (its Lease goes with the Node) and has
+/// the Node registered again at once, so a Pod bound to the node is still
+/// the same Pod well past PodGC's quarantine.
+#[tokio::test]
+async fn a_deleted_node_is_back_before_podgc_acts() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    let client = cluster.client.clone();
+    let ns = cluster.namespace("renode-gc").await;
+    let vk = VkUnderTest::start(&cluster, "vk-renode-gc", &[]).await;
+    let first = vk.wait_ready(&client, Duration::from_secs(30)).await;
+    let first_uid = first.metadata.uid.clone().expect("uid");
+    // Bound at creation (no scheduler): PodGC looks only at spec.nodeName.
+    let mut pod = pod_json("bound", &vk.node, true);
+    pod.spec.as_mut().expect("spec").node_name = Some(vk.node.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create the Pod");
+    let pod_uid = pod.metadata.uid.clone().expect("uid");
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .delete(&vk.node, &DeleteParams::default())
+        .await
+        .expect("delete the Node");
+    // Past PodGC's 40 s quarantine and its 20 s period.
+    tokio::time::sleep(Duration::from_secs(75)).await;
+    let again = nodes
+        .get_opt(&vk.node)
+        .await
+        .expect("get the Node")
+        .expect("the Node registered again");
+    assert_ne!(again.metadata.uid.as_deref(), Some(first_uid.as_str()));
+    let still = pods
+        .get_opt("bound")
+        .await
+        .expect("get the Pod")
+        .unwrap_or_else(|| {
+            panic!(
+                "PodGC deleted the Pod; vk-sandbox log:\n{}",
+                tail(&vk.logs(), 30)
+            )
+        });
+    assert_eq!(still.metadata.uid.as_deref(), Some(pod_uid.as_str()));
+    assert!(
+        still.metadata.deletion_timestamp.is_none(),
+        "PodGC is deleting the Pod; vk-sandbox log:\n{}",
+        tail(&vk.logs(), 30)
+    );
+    assert!(
+        vk.logs().contains("the node Lease was gone"),
+        "{}",
+        tail(&vk.logs(), 30)
+    );
+    vk.delete_node(&client).await;
+    cluster.drop_namespace(&ns).await;
+}
+
 /// One process per state path: a second vk-sandbox on the same
 /// `--state-path` refuses to start, naming the first one's PID, and the
 /// first keeps running.

@@ -55,6 +55,7 @@ use crate::error::{Error, Result};
 use crate::sandboxd::SandboxRow;
 pub use lifecycle::{Lifecycle, OwnerRef, VmState};
 pub use paths::StatePaths;
+use state_lock::StateLock;
 pub use types::{Claim, ClaimCounts, ClaimState, StoreOptions, StoreStats, VerifyReport};
 use writer::{Counters, Entry, Request, Table, Writer, lock};
 
@@ -104,14 +105,30 @@ impl ClaimsStore {
         Self::open_with(path, StoreOptions::default()).await
     }
 
+    /// [`ClaimsStore::open`] for the daemon, which holds the state lock:
+    /// the writer keeps it and locks the state again before writing into a
+    /// directory deleted and recreated while running.
+    pub async fn open_locked(path: &Path, lock: StateLock) -> Result<ClaimsStore> {
+        Self::open_inner(path, StoreOptions::default(), Some(lock)).await
+    }
+
     /// [`ClaimsStore::open`] with explicit options.
     pub async fn open_with(path: &Path, options: StoreOptions) -> Result<ClaimsStore> {
+        Self::open_inner(path, options, None).await
+    }
+
+    async fn open_inner(
+        path: &Path,
+        options: StoreOptions,
+        state_lock: Option<StateLock>,
+    ) -> Result<ClaimsStore> {
         let paths = StatePaths::new(path);
         let table = Arc::new(Mutex::new(Table::default()));
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = oneshot::channel::<Result<()>>();
-        let mut writer = Writer::new(paths.clone(), options, table.clone(), counters.clone());
+        let mut writer = Writer::new(paths.clone(), options, table.clone(), counters.clone())
+            .with_lock(state_lock);
         let thread_table = table.clone();
         std::thread::Builder::new()
             .name("claims-writer".into())

@@ -7,10 +7,17 @@
 //!
 //! Read-only tools (`vk-sandbox claims …`) never take it exclusively; they
 //! may take it shared to learn whether a daemon runs.
+//!
+//! The lock is a lock on one file: if the state directory is deleted while
+//! the daemon runs, the claims writer recreates the directory and its files,
+//! and a second process could then lock a new `.lock` of its own. So the
+//! writer holds the lock and re-asserts it ([`StateLock::reassert`]) before
+//! it writes into a recreated directory: it locks the new file, or, when
+//! another process got there first, refuses to write.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::paths::StatePaths;
@@ -21,12 +28,19 @@ use crate::error::{Error, Result};
 pub struct StateLock {
     _file: File,
     path: PathBuf,
+    /// (device, inode) of the locked file.
+    id: (u64, u64),
 }
 
 impl StateLock {
     /// Takes the lock for `state_path`, or says who holds it.
     pub fn acquire(state_path: &Path) -> Result<StateLock> {
         let path = StatePaths::new(state_path).lock;
+        Self::lock_file(state_path, path)
+    }
+
+    /// Locks the file at `path` (created if missing) and writes our PID in it.
+    fn lock_file(state_path: &Path, path: PathBuf) -> Result<StateLock> {
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -59,7 +73,44 @@ impl StateLock {
             .and_then(|()| writeln!(file, "{}", std::process::id()))
             .and_then(|()| file.flush())
             .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
-        Ok(StateLock { _file: file, path })
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+        Ok(StateLock {
+            _file: file,
+            path,
+            id: (meta.dev(), meta.ino()),
+        })
+    }
+
+    /// Whether the lock path still names the file this process locked.
+    pub fn intact(&self) -> bool {
+        std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id)
+    }
+
+    /// Makes sure this process holds the lock at its path again after the
+    /// file was removed or replaced (the state directory deleted): locks
+    /// the file now there (created if missing). `Err` when another process
+    /// holds it: two processes on one state path, so nothing may be
+    /// written.
+    pub fn reassert(&mut self, state_path: &Path) -> std::result::Result<(), String> {
+        if self.intact() {
+            return Ok(());
+        }
+        let again = Self::lock_file(state_path, self.path.clone()).map_err(|e| {
+            format!(
+                "the state lock {} was removed while running and {e}; refusing to write the \
+                 claims state",
+                self.path.display()
+            )
+        })?;
+        tracing::warn!(
+            lock = %self.path.display(),
+            "the state lock file was removed while running; locked it again"
+        );
+        // The old file's lock goes with its descriptor; nobody can reach it.
+        *self = again;
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {

@@ -31,6 +31,7 @@ use tracing::{debug, warn};
 
 use super::format::{self, JournalOp};
 use super::paths::StatePaths;
+use super::state_lock::StateLock;
 use super::types::{Claim, ClaimState, StoreOptions, StoreStats};
 use crate::error::{Error, Result};
 
@@ -134,6 +135,10 @@ pub(super) struct Writer {
     snapshot_base: String,
     /// The next batch must rewrite the snapshot.
     need_rewrite: bool,
+    /// The daemon's state lock, re-asserted before writing into a
+    /// directory that was deleted and recreated (`None` in tests and
+    /// tools that take no lock).
+    lock: Option<StateLock>,
 }
 
 /// What one batch writes.
@@ -160,7 +165,14 @@ impl Writer {
             snapshot_bytes: 0,
             snapshot_base: String::new(),
             need_rewrite: true,
+            lock: None,
         }
+    }
+
+    /// Holds `lock` for as long as the writer runs.
+    pub fn with_lock(mut self, lock: Option<StateLock>) -> Writer {
+        self.lock = lock;
+        self
     }
 
     /// The start-up write: the whole table as a snapshot, journal removed.
@@ -207,8 +219,9 @@ impl Writer {
     }
 
     fn batch(&mut self, first: Request, rx: &mut mpsc::UnboundedReceiver<Request>) {
+        let intact = self.files_intact() && self.lock.as_ref().is_none_or(StateLock::intact);
         let mut rewrite = self.need_rewrite || self.journal_too_big();
-        if !rewrite && !self.files_intact() {
+        if !rewrite && !intact {
             warn!(
                 path = %self.paths.snapshot.display(),
                 "claims state files were deleted or replaced while running; \
@@ -399,6 +412,9 @@ impl Writer {
     fn rewrite(&mut self, rows: &BTreeMap<String, Claim>) -> Outcome {
         self.journal = None;
         self.ensure_dir()?;
+        if let Some(lock) = self.lock.as_mut() {
+            lock.reassert(&self.paths.snapshot)?;
+        }
         let bytes = format::encode_snapshot(rows);
         let StatePaths {
             snapshot,

@@ -6,10 +6,12 @@
 //! ([`rate`]; the node's Lease and Node requests are never throttled).
 
 pub mod deadline;
+pub mod progress;
 pub mod rate;
 pub mod transport;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -86,7 +88,11 @@ fn no_credentials(looked_at: &[PathBuf]) -> String {
     format!("no Kubernetes credentials: not running in a cluster, {tried}; pass --kubeconfig PATH")
 }
 
-pub async fn client(settings: &crate::config::KubeClientConfig) -> Result<(Client, Source)> {
+/// The daemon's client; its watches report their progress to `watches`.
+pub async fn client(
+    settings: &crate::config::KubeClientConfig,
+    watches: Arc<progress::WatchProgress>,
+) -> Result<(Client, Source)> {
     let (cfg, source) = config(settings.kubeconfig.clone()).await?;
     let limits = Limits {
         call_deadline: deadline::DEFAULT,
@@ -95,7 +101,7 @@ pub async fn client(settings: &crate::config::KubeClientConfig) -> Result<(Clien
         event_qps: settings.event_qps,
         event_burst: settings.event_burst,
     };
-    Ok((build(cfg, limits)?, source))
+    Ok((build_watched(cfg, limits, watches)?, source))
 }
 
 /// The client-side limits of every request.
@@ -128,7 +134,16 @@ impl Limits {
 /// field manager of writes that name none after it), and every request but
 /// a watch rate-limited in its lane and bounded by its deadline from the
 /// call (the wait for a token included) to the end of the reply's body.
-pub fn build(mut cfg: Config, limits: Limits) -> Result<Client> {
+pub fn build(cfg: Config, limits: Limits) -> Result<Client> {
+    build_watched(cfg, limits, progress::WatchProgress::new())
+}
+
+/// [`build`], with the progress of its watches reported to `watches`.
+pub fn build_watched(
+    mut cfg: Config,
+    limits: Limits,
+    watches: Arc<progress::WatchProgress>,
+) -> Result<Client> {
     cfg.headers.push((
         http::header::USER_AGENT,
         http::HeaderValue::from_static(crate::identity::USER_AGENT),
@@ -137,6 +152,7 @@ pub fn build(mut cfg: Config, limits: Limits) -> Result<Client> {
     // Layers added later wrap the earlier ones: the deadline is outermost,
     // so the wait in a bucket counts against it.
     Ok(builder
+        .with_layer(&progress::ProgressLayer::new(watches))
         .with_layer(&rate::RateLimitLayer::new(
             (limits.qps, limits.burst),
             (limits.event_qps, limits.event_burst),

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
 
@@ -67,6 +67,15 @@ pub fn renewed(mut last: Lease, node: &str, node_uid: &str, now: Timestamp) -> L
     last
 }
 
+/// A renewal's outcome.
+#[derive(Debug, Clone)]
+pub struct Renewed {
+    /// The Lease as stored.
+    pub lease: Lease,
+    /// The Lease was gone and has been created.
+    pub created: bool,
+}
+
 /// One renewal: update from the last written object; on a conflict re-read
 /// and retry a few times; recreate when the Lease is gone.
 pub async fn renew_once(
@@ -74,7 +83,7 @@ pub async fn renew_once(
     node: &str,
     node_uid: &str,
     last: Option<Lease>,
-) -> Result<Lease> {
+) -> Result<Renewed> {
     let pp = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
@@ -88,7 +97,12 @@ pub async fn renew_once(
                 Ok(None) => {
                     let l = desired(node, node_uid, Timestamp::now());
                     match leases.create(&pp, &l).await {
-                        Ok(l) => return Ok(l),
+                        Ok(lease) => {
+                            return Ok(Renewed {
+                                lease,
+                                created: true,
+                            });
+                        }
                         Err(kube::Error::Api(ae)) if ae.code == 409 => continue,
                         Err(e) => {
                             return Err(Error::kube(format!("create Lease {NAMESPACE}/{node}"), e));
@@ -100,7 +114,12 @@ pub async fn renew_once(
         };
         let next = renewed(base, node, node_uid, Timestamp::now());
         match leases.replace(node, &pp, &next).await {
-            Ok(l) => return Ok(l),
+            Ok(lease) => {
+                return Ok(Renewed {
+                    lease,
+                    created: false,
+                });
+            }
             // Someone else wrote it, or it was deleted: re-read and retry.
             Err(kube::Error::Api(ae)) if ae.code == 409 || ae.code == 404 => {
                 debug!(code = ae.code, "lease renewal raced; re-reading");
@@ -122,6 +141,12 @@ pub async fn renew_once(
 /// panics or gives up. `node_uid` follows the Node (it changes when the
 /// Node is deleted and registered again), so the Lease is always owned by
 /// the Node that exists.
+///
+/// A Lease that vanished while the loop ran was, as a rule, collected
+/// with its owner, the Node: the loop then wakes the Node status loop
+/// (`node_gone`), which registers the Node again at once instead of at its
+/// next heartbeat (60 s), before PodGC force-deletes the node's Pods (about
+/// 40 s after the Node went).
 pub struct Renewal {
     leases: Api<Lease>,
     node: String,
@@ -130,6 +155,10 @@ pub struct Renewal {
     backoff: Backoff,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    node_gone: Arc<Notify>,
+    /// A renewal has succeeded in this process (the first one may create
+    /// the Lease of a new Node; a later creation means it vanished).
+    renewed_before: bool,
 }
 
 impl Renewal {
@@ -139,6 +168,7 @@ impl Renewal {
         node_uid: watch::Receiver<String>,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
+        node_gone: Arc<Notify>,
     ) -> Renewal {
         Renewal {
             leases: Api::namespaced(client, NAMESPACE),
@@ -148,6 +178,8 @@ impl Renewal {
             backoff: Backoff::new(BACKOFF_START, BACKOFF_CAP),
             metrics,
             health,
+            node_gone,
+            renewed_before: false,
         }
     }
 
@@ -169,8 +201,16 @@ impl Turn for Renewal {
         self.metrics.lease_renewed(renewal.is_ok());
         self.health.set_lease_ok(renewal.is_ok());
         match renewal {
-            Ok(l) => {
-                self.last = Some(l);
+            Ok(Renewed { lease, created }) => {
+                if vanished(self.renewed_before, created) {
+                    warn!(
+                        "the node Lease was gone (collected with a deleted Node?); asking the \
+                         Node status loop to check the Node now"
+                    );
+                    self.node_gone.notify_one();
+                }
+                self.renewed_before = true;
+                self.last = Some(lease);
                 self.backoff.reset();
                 Next::After(RENEW_INTERVAL)
             }
@@ -183,9 +223,23 @@ impl Turn for Renewal {
     }
 }
 
+/// Whether a renewal found the Lease gone after an earlier one had
+/// succeeded: its Node was probably deleted. Pure.
+pub fn vanished(renewed_before: bool, created: bool) -> bool {
+    renewed_before && created
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_lease_that_existed_can_vanish() {
+        assert!(!vanished(false, true), "a new Node's first Lease");
+        assert!(!vanished(true, false));
+        assert!(!vanished(false, false));
+        assert!(vanished(true, true));
+    }
 
     #[test]
     fn desired_lease_shape() {

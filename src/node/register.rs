@@ -7,7 +7,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, instrument, warn};
 
@@ -235,6 +235,10 @@ pub struct StatusLoop {
     pub interval: Duration,
     pub node_uid: watch::Sender<String>,
     pub metrics: Arc<Metrics>,
+    /// Notified by the Lease loop when the Lease vanished (the Node was
+    /// probably deleted): the status is applied at once, which registers
+    /// the Node again if it is gone.
+    pub node_gone: Arc<Notify>,
 }
 
 impl StatusLoop {
@@ -256,6 +260,8 @@ impl StatusLoop {
             interval: self.interval,
             node_uid: self.node_uid,
             metrics: self.metrics,
+            node_gone: self.node_gone,
+            check_now: false,
         };
         Periodic::new("Node status", turns.interval)
             .run(Some(&health), &stop, turns)
@@ -277,6 +283,9 @@ struct StatusTurns {
     node_uid: watch::Sender<String>,
     backoff: Backoff,
     metrics: Arc<Metrics>,
+    node_gone: Arc<Notify>,
+    /// The Lease loop asked for the Node to be checked now.
+    check_now: bool,
 }
 
 impl StatusTurns {
@@ -299,6 +308,9 @@ impl StatusTurns {
 impl Turn for StatusTurns {
     async fn turn(&mut self, _: &Beat) -> Next {
         let ready = *self.ready.borrow_and_update();
+        if std::mem::take(&mut self.check_now) {
+            self.applied = None;
+        }
         if let Some(wait) = heartbeat_due(self.applied, ready, self.interval, Instant::now()) {
             return Next::After(wait);
         }
@@ -323,8 +335,14 @@ impl Turn for StatusTurns {
     }
 
     async fn woken(&mut self) {
-        if self.ready.changed().await.is_err() {
-            std::future::pending::<()>().await
+        let gone = Arc::clone(&self.node_gone);
+        tokio::select! {
+            changed = self.ready.changed() => {
+                if changed.is_err() {
+                    std::future::pending::<()>().await
+                }
+            }
+            _ = gone.notified() => self.check_now = true,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The files: torn and corrupt journals, rewrites, compaction, a deleted directory.
 
 use super::*;
+use crate::claims::state_lock::StateLock;
 
 #[tokio::test]
 async fn torn_last_journal_line_is_ignored() {
@@ -254,4 +255,60 @@ async fn directory_deleted_while_running_self_heals() {
         rows(&fresh).keys().cloned().collect::<Vec<_>>(),
         vec!["ns/a", "ns/b", "ns/c"]
     );
+}
+
+/// A store opened as the daemon opens it, holding the state lock of
+/// `<dir>/state/claims.json`.
+async fn locked_store() -> (tempfile::TempDir, ClaimsStore) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state/claims.json");
+    fs::create_dir_all(dir.path().join("state")).expect("mkdir");
+    let lock = StateLock::acquire(&path).expect("lock");
+    let store = ClaimsStore::open_locked(&path, lock).await.expect("open");
+    (dir, store)
+}
+
+/// The state lock survives the state directory being deleted: the writer
+/// recreates the directory and locks the new lock file before writing, so
+/// a second process cannot take the state over (it could before: the lock
+/// was on the deleted file, and a new `.lock` was free).
+#[tokio::test]
+async fn the_state_lock_survives_the_directory_being_deleted() {
+    let (dir, store) = locked_store().await;
+    let state_dir = dir.path().join("state");
+    let path = state_dir.join("claims.json");
+    store.commit("ns/a", claim("sb_1")).await.expect("commit");
+    assert!(StateLock::acquire(&path).is_err(), "held");
+    fs::remove_dir_all(&state_dir).expect("rm -rf");
+    store
+        .commit("ns/b", claim("sb_2"))
+        .await
+        .expect("commit heals");
+    let second = StateLock::acquire(&path);
+    assert!(
+        second.is_err(),
+        "a second process locked the recreated state: {second:?}"
+    );
+    // Only the lock file removed: locked again at the next write.
+    fs::remove_file(state_dir.join("claims.json.lock")).expect("rm lock");
+    store.commit("ns/c", claim("sb_3")).await.expect("commit");
+    assert!(StateLock::acquire(&path).is_err(), "lock re-asserted");
+}
+
+/// When another process holds the recreated lock first, the writer refuses
+/// to write rather than share the state.
+#[tokio::test]
+async fn a_state_taken_over_meanwhile_is_not_written() {
+    let (dir, store) = locked_store().await;
+    let state_dir = dir.path().join("state");
+    let path = state_dir.join("claims.json");
+    fs::remove_dir_all(&state_dir).expect("rm -rf");
+    fs::create_dir_all(&state_dir).expect("mkdir");
+    let _other = StateLock::acquire(&path).expect("another process locks the new file");
+    let err = store
+        .commit("ns/a", claim("sb_1"))
+        .await
+        .expect_err("must not write a state another process holds");
+    assert!(err.to_string().contains("state lock"), "{err}");
+    assert!(!path.exists(), "nothing written");
 }

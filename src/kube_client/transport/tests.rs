@@ -12,16 +12,19 @@ use super::*;
 #[derive(Default)]
 pub(crate) struct Seen {
     connections: AtomicUsize,
-    http2: AtomicUsize,
+    pub(crate) http2: AtomicUsize,
     http1: AtomicUsize,
     authorized: AtomicUsize,
+    /// Watches are never answered (no headers) while set.
+    pub(crate) hold_watches: std::sync::atomic::AtomicBool,
 }
 
 /// A TLS server on loopback with a self-signed certificate for
 /// 127.0.0.1, offering `alpn`, answering every request with a
 /// ConfigMap after `delay`, and a watch with one ConfigMap event after
 /// which it stays silent with the connection open (a half-open connection
-/// as the client sees it); returns its kubeconfig-like `Config`.
+/// as the client sees it), or, with `Seen::hold_watches`, a watch not at
+/// all; returns its kubeconfig-like `Config`.
 pub(crate) async fn apiserver(alpn: &[&[u8]], delay: Duration, seen: Arc<Seen>) -> Config {
     crate::crypto::install_provider();
     let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("cert");
@@ -60,10 +63,13 @@ pub(crate) async fn apiserver(alpn: &[&[u8]], delay: Duration, seen: Arc<Seen>) 
                             seen.authorized.fetch_add(1, Ordering::SeqCst);
                         }
                         tokio::time::sleep(delay).await;
+                        let watch = crate::kube_client::deadline::is_watch(req.uri());
+                        if watch && seen.hold_watches.load(Ordering::SeqCst) {
+                            futures::future::pending::<()>().await;
+                        }
                         let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
                             "metadata": {"name": "cm", "namespace": "default",
                                 "resourceVersion": "1"}});
-                        let watch = crate::kube_client::deadline::is_watch(req.uri());
                         let body = if watch {
                             let event = serde_json::json!({"type": "ADDED", "object": cm});
                             let first = futures::stream::once(async move {
