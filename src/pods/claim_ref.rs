@@ -67,12 +67,6 @@ pub fn made_for(row_ref: &str, key: &str, uid: &str) -> bool {
     p.key == key && p.ours == Some(uid)
 }
 
-/// Whether `row_ref` names the Pod `key`, tagged (any UID) or bare (rows
-/// written before the tag, or by the Go implementation).
-pub fn names_key(row_ref: &str, key: &str) -> bool {
-    parse(row_ref).key == key
-}
-
 fn is_pod_key(s: &str) -> bool {
     s.split_once('/')
         .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
@@ -97,7 +91,6 @@ mod tests {
         assert!(made_for(&r, "team-a/worker-0", "3f2a-uid"));
         assert!(!made_for(&r, "team-a/worker-0", "other-uid"));
         assert!(!made_for(&r, "team-a/worker-1", "3f2a-uid"));
-        assert!(names_key(&r, "team-a/worker-0"));
     }
 
     /// What neighbours and older writers put there is never ours.
@@ -120,8 +113,6 @@ mod tests {
             assert_eq!(p.key, r, "{r:?}: the key of a foreign ref is the ref");
             assert!(!made_for(r, "team-a/worker-0", "uid"), "{r:?}");
         }
-        assert!(names_key("team-a/worker-0", "team-a/worker-0"));
-        assert!(!names_key("team-a/worker-00", "team-a/worker-0"));
     }
 
     #[test]

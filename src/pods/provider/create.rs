@@ -244,9 +244,11 @@ impl Provider {
         })
     }
 
-    /// The Pod names (claim-id annotation) a sandbox sandboxd lists under
-    /// this Pod's key, and no stored claim holds it: its credential is gone
-    /// but the VM is the Pod's. Recorded without a token;
+    /// The Pod names (claim-id annotation) a sandbox sandboxd lists as
+    /// claimed for this Pod (its key and UID in the tag), and no stored
+    /// claim holds it: its credential is gone but the VM is the Pod's. An
+    /// untagged row under the key may be a neighbour's Sandbox of the same
+    /// name, and another UID's row an earlier Pod's: neither is recovered. Recorded without a token;
     /// [`Provider::delete`] releases it with the node token.
     async fn recover_lost_claim(
         &self,
@@ -265,7 +267,7 @@ impl Provider {
         })?;
         let Some(row) = listing
             .iter()
-            .find(|r| r.id == id && claim_ref::names_key(&r.claim_ref, k))
+            .find(|r| r.id == id && claim_ref::made_for(&r.claim_ref, k, pod.uid()))
         else {
             return Ok(None);
         };

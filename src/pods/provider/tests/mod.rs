@@ -166,7 +166,7 @@ async fn lost_credential_is_recovered_not_released() {
     let first = sandboxd
         .claim(&crate::sandboxd::ClaimRequest {
             template: "base:24.04".into(),
-            claim_ref: "ns/p".into(),
+            claim_ref: claim_ref::for_pod("ns/p", "u1"),
             ..Default::default()
         })
         .await

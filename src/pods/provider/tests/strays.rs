@@ -185,6 +185,32 @@ async fn a_claim_id_annotation_naming_another_keys_sandbox_is_not_recovered() {
     assert!(released(&sim).is_empty(), "{:?}", released(&sim));
 }
 
+/// A claim-id annotation naming a sandbox listed under this Pod's key but
+/// not tagged for this Pod recovers nothing: an untagged `ns/p` is what
+/// sandbox-operator writes for its Sandbox `ns/p` (or a Go-era row), and a
+/// row tagged for another UID was claimed for an earlier Pod of that name
+/// (an annotation copied through a template). Recording either would put
+/// the Pod on another owner's VM and release it with the node token.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_id_annotation_naming_a_row_not_tagged_for_the_pod_is_not_recovered() {
+    for other in ["ns/p".to_string(), claim_ref::for_pod("ns/p", "u0")] {
+        let (sim, provider, _dir) = provider_with_token().await;
+        let theirs = neighbour_claims(&sim, &other).await;
+        let copied = pod_with_claim("u1", &theirs, None);
+        let created = provider.create(&Arc::new(copied)).await.expect("create");
+        assert!(
+            matches!(&created, Created::Claimed { id, .. } if *id != theirs),
+            "the sandbox claimed as {other} was taken: {created:?}"
+        );
+        assert!(!provider.claims.held_ids().contains(&theirs), "{other}");
+        assert!(released(&sim).is_empty(), "{:?}", released(&sim));
+        assert!(
+            sim.sim().claims().iter().any(|c| c.id == theirs),
+            "{other}: its sandbox is gone"
+        );
+    }
+}
+
 /// Suspects (keys to check for strays before claiming again): unheld rows
 /// carrying this node's tag, and Pods whose last claim had an unknown
 /// outcome. Held rows and other clients' rows never count.
