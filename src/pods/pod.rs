@@ -17,6 +17,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ContainerState, HostIP, PodCondition, PodIP};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -188,6 +189,22 @@ pub fn version_order(a: &str, b: &str) -> Option<Ordering> {
         return None;
     }
     Some(a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
+}
+
+/// How long the watch cache may show an older version of a Pod than our
+/// own last write to it before that write is taken for history the
+/// apiserver no longer has (etcd restored from a snapshot: its revisions,
+/// and so resourceVersions, went back). Our write's echo comes within
+/// seconds; the Pods controller resyncs every 300 s, so the second resync
+/// after a restore replaces it.
+pub const BEHIND_LIMIT: Duration = Duration::from_secs(120);
+
+/// Whether the watch cache's version of a Pod replaces the tracked copy
+/// (our last write to the same Pod): unless the tracked copy is newer, and
+/// then only once the cache has shown older versions for [`BEHIND_LIMIT`]
+/// (`behind_for`: since the cache first did). Pure.
+pub fn cached_replaces_tracked(tracked_is_newer: bool, behind_for: Duration) -> bool {
+    !tracked_is_newer || behind_for >= BEHIND_LIMIT
 }
 
 /// `<namespace>/<name>`: a Pod's key (the claim's `claim_ref` adds the

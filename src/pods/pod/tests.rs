@@ -281,3 +281,17 @@ fn key_uid_annotations_and_predicates() {
     assert!(!running.terminal() && !running.has_running_container());
     assert_eq!(key_of(None, "x"), "default/x");
 }
+
+#[test]
+fn the_cache_replaces_our_write_once_it_stayed_behind_long_enough() {
+    assert!(cached_replaces_tracked(false, Duration::ZERO), "not older");
+    assert!(
+        !cached_replaces_tracked(true, Duration::ZERO),
+        "the echo lags"
+    );
+    assert!(!cached_replaces_tracked(
+        true,
+        BEHIND_LIMIT - Duration::from_millis(1)
+    ));
+    assert!(cached_replaces_tracked(true, BEHIND_LIMIT), "etcd restored");
+}

@@ -5,9 +5,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::pod::Pod;
+use super::pod::{Pod, cached_replaces_tracked};
 use jiff::Timestamp;
 use kube::Client;
 use serde_json::Value;
@@ -109,6 +109,9 @@ pub struct Provider {
     /// Pods this provider has claimed for or adopted, by key. Shared with
     /// the watch cache (the same `Arc`), not a second copy of each Pod.
     tracked: Mutex<HashMap<String, Arc<Pod>>>,
+    /// Since when the watch cache has shown an older version of a tracked
+    /// Pod than the tracked copy, by key (locked after `tracked`).
+    behind: Mutex<HashMap<String, Instant>>,
     /// Keys to check for strays before claiming for them again.
     suspects: Mutex<Suspects>,
     /// Whether the last sandboxd listing succeeded; while it has not,
@@ -156,6 +159,7 @@ impl Provider {
             claims,
             owners: OwnerResolver::default(),
             tracked: Mutex::new(HashMap::new()),
+            behind: Mutex::new(HashMap::new()),
             suspects: Mutex::new(Suspects::default()),
             listing_ok: std::sync::atomic::AtomicBool::new(false),
             said_not_root: std::sync::atomic::AtomicBool::new(false),
@@ -249,13 +253,16 @@ impl Provider {
         let k = pod.key();
         // A Pod of the key is here: the claim's fate is its Pod's again.
         lock(&self.preserved).remove(&k);
-        lock(&self.tracked).insert(k, Arc::clone(pod));
+        let mut t = lock(&self.tracked);
+        lock(&self.behind).remove(&k);
+        t.insert(k, Arc::clone(pod));
     }
 
     fn untrack(&self, key: &str, uid: &str) {
         let mut t = lock(&self.tracked);
         if t.get(key).is_some_and(|p| p.uid() == uid) {
             t.remove(key);
+            lock(&self.behind).remove(key);
         }
     }
 
@@ -267,15 +274,40 @@ impl Provider {
     /// Replaces the tracked copy with `pod`, a version of the same Pod
     /// (same UID) that is not older than it: the watch cache's copy, or the
     /// Pod as our own status write stored it, which the cache may not show
-    /// yet.
+    /// yet. An older one replaces it too once the cache has shown older
+    /// versions for [`super::pod::BEHIND_LIMIT`]: the apiserver's history went back
+    /// (etcd restored), and our write is in none of it.
     pub fn update_tracked(&self, pod: &Arc<Pod>) {
+        self.update_tracked_at(pod, Instant::now());
+    }
+
+    fn update_tracked_at(&self, pod: &Arc<Pod>, now: Instant) {
         let k = pod.key();
         let mut t = lock(&self.tracked);
-        if t.get(&k)
-            .is_some_and(|p| p.uid() == pod.uid() && !p.is_newer_than(pod))
-        {
-            t.insert(k, Arc::clone(pod));
+        let Some(current) = t.get(&k).filter(|p| p.uid() == pod.uid()) else {
+            return;
+        };
+        let newer = current.is_newer_than(pod);
+        let mut behind = lock(&self.behind);
+        let since = if newer {
+            *behind.entry(k.clone()).or_insert(now)
+        } else {
+            now
+        };
+        if !cached_replaces_tracked(newer, now.saturating_duration_since(since)) {
+            return;
         }
+        if newer {
+            warn!(
+                pod = %k,
+                ours = ?current.metadata.resource_version,
+                cached = ?pod.metadata.resource_version,
+                "the Pod's resourceVersion stayed behind our own last write (etcd restored?); \
+                 deciding from the apiserver's version"
+            );
+        }
+        behind.remove(&k);
+        t.insert(k, Arc::clone(pod));
     }
 
     /// The newest version of `pod` known here: the tracked copy when it is

@@ -480,6 +480,58 @@ async fn the_tracked_copy_is_the_newest_version_of_the_same_pod() {
     assert!(Arc::ptr_eq(&provider.newest(&untracked), &untracked));
 }
 
+/// After an etcd restore the Pod's resourceVersions go back: the watch
+/// cache shows versions older than our own last write, for good. The
+/// tracked copy (that write) gives way once the cache has shown an older
+/// version for a resync period; until then it is the echo still on its
+/// way. Before, it stayed "newest" for ever and drift was never written
+/// again until a restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_older_version_cached_for_a_resync_period_replaces_the_tracked_copy() {
+    let (_sim, provider, _dir) = provider_with_token().await;
+    let at = |rv: &str| {
+        let mut p = pod_named("a", "ua");
+        p.metadata.resource_version = Some(rv.into());
+        Arc::new(p)
+    };
+    provider.create(&at("7")).await.expect("claim");
+    let written = at("1000");
+    provider.update_tracked(&written);
+    let t0 = Instant::now();
+    // The restored history: versions below our write.
+    let restored = at("900");
+    provider.update_tracked_at(&restored, t0);
+    assert!(
+        Arc::ptr_eq(&provider.newest(&restored), &written),
+        "the echo may lag"
+    );
+    provider.update_tracked_at(&restored, t0 + Duration::from_secs(30));
+    assert!(Arc::ptr_eq(&provider.newest(&restored), &written));
+    let later = at("901");
+    provider.update_tracked_at(&later, t0 + crate::pods::pod::BEHIND_LIMIT);
+    assert!(
+        Arc::ptr_eq(&provider.newest(&later), &later),
+        "the cache's history is the Pod's now"
+    );
+    assert!(Arc::ptr_eq(
+        &provider.tracked("ns/a").expect("tracked"),
+        &later
+    ));
+    // From then on the tracked copy follows the restored history, and an
+    // older version caught up with is a fresh lag again.
+    provider.update_tracked_at(&at("950"), t0 + crate::pods::pod::BEHIND_LIMIT * 2);
+    let lagging = at("949");
+    provider.update_tracked_at(&lagging, t0 + crate::pods::pod::BEHIND_LIMIT * 2);
+    assert_eq!(
+        provider
+            .newest(&lagging)
+            .metadata
+            .resource_version
+            .as_deref(),
+        Some("950")
+    );
+}
+
 mod leaks;
 mod strays;
 mod upkeep;
