@@ -29,7 +29,7 @@ use vk_sandbox::pods::provider::Provider;
 use vk_sandbox::pods::source::NodePods;
 use vk_sandbox::pods::{self, controller};
 use vk_sandbox::runtime::Threads;
-use vk_sandbox::sandboxd::{Observer, SandboxdClient};
+use vk_sandbox::sandboxd::{Observer, SandboxRow, SandboxdClient};
 use vk_sandbox::{Error, Result, kube_client, orphan, telemetry};
 
 /// `--features mimalloc`: mimalloc instead of the C library's allocator.
@@ -204,6 +204,60 @@ fn sandboxd_client(cfg: &Config, metrics: &Arc<Metrics>) -> Result<SandboxdClien
     Ok(sandboxd)
 }
 
+/// The kubelet API, its certificate and client CA prepared: exec,
+/// port-forward and stats reach each Pod's sandbox through sandboxd's relays
+/// with the claim's token (docs/streaming.md).
+async fn kubelet_api(
+    cfg: &Config,
+    client: &kube::Client,
+    pods: Arc<NodePods>,
+    claims: &Arc<ClaimsStore>,
+    sandboxd: &SandboxdClient,
+    metrics: &Arc<Metrics>,
+) -> Result<KubeletApi> {
+    let streaming = Streaming::new(
+        Arc::new(ClaimedSandboxes::new(pods.clone(), claims.clone())),
+        Arc::new(SandboxdPlane::new(sandboxd.clone())),
+    );
+    let settings = cfg.kubelet();
+    KubeletApi::prepare(&settings, client, pods, metrics.clone(), Some(streaming)).await
+}
+
+/// What the reporting loops share.
+struct Shared {
+    client: kube::Client,
+    sandboxd: SandboxdClient,
+    claims: Arc<ClaimsStore>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+/// The loops that report rather than act: the NodeInventory publisher
+/// (seeded with the start-up listing) and the orphan audit.
+fn spawn_reports(tasks: &mut Tasks, cfg: &Config, s: Shared, listing: Option<Vec<SandboxRow>>) {
+    if cfg.inventory.publish {
+        let publisher = Publisher::new(
+            s.client,
+            cfg.inventory.group.as_deref(),
+            s.sandboxd.clone(),
+            Arc::clone(&s.claims),
+            &cfg.node_name,
+            &cfg.sandboxd.advertise_addr,
+            Arc::clone(&s.metrics),
+        );
+        let publisher = publisher.seeded(listing);
+        let every = cfg.inventory.interval;
+        tasks.spawn_loop(publisher.run(every, Arc::clone(&s.health), tasks.stop()));
+    }
+    match cfg.orphan_scan_interval {
+        Some(every) => {
+            let scanner = orphan::Scanner::new(s.sandboxd, s.claims, s.metrics);
+            tasks.spawn_loop(scanner.run(every, s.health, tasks.stop()));
+        }
+        None => info!("orphan audit scan disabled (--orphan-scan-interval <= 0)"),
+    }
+}
+
 async fn run(cfg: Config) -> Result<()> {
     let signal = shutdown_signal();
     let mut tasks = Tasks::new();
@@ -255,25 +309,10 @@ async fn run(cfg: Config) -> Result<()> {
     // strays and seeds the first NodeInventory (a failure leaves the rows
     // quarantined; the refresh loop lists again). The kubelet API's
     // certificate and client CA are prepared meanwhile.
-    let (pods, kubelet_settings) = (
-        Arc::new(NodePods::new(store, provider.clone())),
-        cfg.kubelet(),
-    );
-    // exec, port-forward and stats reach each Pod's sandbox through
-    // sandboxd's relays with the claim's token (docs/streaming.md).
-    let streaming = Streaming::new(
-        Arc::new(ClaimedSandboxes::new(pods.clone(), claims.clone())),
-        Arc::new(SandboxdPlane::new(sandboxd.clone())),
-    );
+    let pods = Arc::new(NodePods::new(store, provider.clone()));
     let (listed, kubelet) = tokio::join!(
         provider.refresh(),
-        KubeletApi::prepare(
-            &kubelet_settings,
-            &client,
-            pods,
-            metrics.clone(),
-            Some(streaming)
-        ),
+        kubelet_api(&cfg, &client, pods, &claims, &sandboxd, &metrics),
     );
     let start_listing = listed
         .inspect_err(
@@ -329,26 +368,14 @@ async fn run(cfg: Config) -> Result<()> {
         node_gone,
     };
     tasks.spawn_loop(status.run(Arc::clone(&health), tasks.stop()));
-    if cfg.inventory.publish {
-        let publisher = Publisher::new(
-            client.clone(),
-            cfg.inventory.group.as_deref(),
-            sandboxd.clone(),
-            Arc::clone(&claims),
-            &cfg.node_name,
-            &cfg.sandboxd.advertise_addr,
-            Arc::clone(&metrics),
-        );
-        let publisher = publisher.seeded(start_listing);
-        tasks.spawn_loop(publisher.run(cfg.inventory.interval, Arc::clone(&health), tasks.stop()));
-    }
-    match cfg.orphan_scan_interval {
-        Some(every) => {
-            let scanner = orphan::Scanner::new(sandboxd, Arc::clone(&claims), Arc::clone(&metrics));
-            tasks.spawn_loop(scanner.run(every, Arc::clone(&health), tasks.stop()));
-        }
-        None => info!("orphan audit scan disabled (--orphan-scan-interval <= 0)"),
-    }
+    let shared = Shared {
+        client,
+        sandboxd,
+        claims: Arc::clone(&claims),
+        metrics,
+        health,
+    };
+    spawn_reports(&mut tasks, &cfg, shared, start_listing);
     info!(node = %cfg.node_name, "virtual node ready");
 
     tasks.supervise(&mut signal).await?;
