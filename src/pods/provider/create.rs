@@ -7,11 +7,10 @@ use std::time::Instant;
 use jiff::Timestamp;
 use tracing::warn;
 
-use super::create_step::{CreateStep, adoption, next_step};
+use super::create_step::{CreateStep, adoption, claim_failed, next_step};
 use super::verification::Ask;
 use super::{CreateFailure, Created, Provider, view};
 use crate::claims::Claim;
-use crate::pods::failure::Cause;
 use crate::pods::pod::Pod;
 use crate::pods::{claim_ref, status};
 use crate::sandboxd::ClaimRequest;
@@ -193,16 +192,7 @@ impl Provider {
                 if e.is_outcome_unknown() {
                     self.note_unknown_outcome(k, pod.uid());
                 }
-                let reason = if e.is_capacity_miss() {
-                    "NoWarmCapacity"
-                } else {
-                    "ProviderFailed"
-                };
-                return Err(CreateFailure {
-                    reason,
-                    message: format!("claim sandbox for {k} (template {}): {e}", request.template),
-                    cause: Cause::Claim,
-                });
+                return Err(claim_failed(k, &request.template, &e));
             }
         };
         let claim = Claim {

@@ -1,13 +1,16 @@
 //! What a provider create does next for a Pod, decided from the claim row
-//! its key holds (if any), the Pod and the time. Pure; `create.rs` carries
-//! each step out and asks again, until a step ends the create.
+//! its key holds (if any), the Pod and the time, and what a failed claim
+//! call makes of the create. Pure; `create.rs` carries each step out and
+//! asks again, until a step ends the create.
 
 use jiff::Timestamp;
 
+use super::CreateFailure;
 use crate::claims::{Claim, ClaimState};
 use crate::pods::annotations;
+use crate::pods::failure::Cause;
 use crate::pods::pod::Pod;
-use crate::sandboxd::{ClaimRequest, Token};
+use crate::sandboxd::{ClaimRequest, SandboxdError, Token};
 
 /// One step of a create.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,10 +87,28 @@ pub fn adoption(claim: &Claim, pod: &Pod) -> CreateStep {
     }
 }
 
+/// A claim call for `k` (template `template`) that failed with `e`: the
+/// claim's trouble ([`Cause::Claim`]), never vk-sandbox's. A capacity miss
+/// (no warm VM, a quota, a draining node) is `NoWarmCapacity`, which the
+/// Pod waits out; any other failure is `ProviderFailed`.
+pub fn claim_failed(k: &str, template: &str, e: &SandboxdError) -> CreateFailure {
+    let reason = if e.is_capacity_miss() {
+        "NoWarmCapacity"
+    } else {
+        "ProviderFailed"
+    };
+    CreateFailure {
+        reason,
+        message: format!("claim sandbox for {k} (template {template}): {e}"),
+        cause: Cause::Claim,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pods::annotations::{CLAIM_ID, RUNTIME, TEMPLATE};
+    use crate::sandboxd::Op;
 
     fn ts(s: &str) -> Timestamp {
         s.parse().expect("ts")
@@ -253,6 +274,48 @@ mod tests {
         ];
         for (name, row, pod, want) in cases {
             assert_eq!(next_step(row, pod, now), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_failed_claim_is_the_claims_trouble_and_only_a_miss_waits_for_capacity() {
+        let cases = [
+            (
+                SandboxdError::CapacityMiss {
+                    message: "node claim quota reached".into(),
+                },
+                "NoWarmCapacity",
+                "sandboxd claim: node at capacity or draining: node claim quota reached",
+            ),
+            (
+                SandboxdError::Http {
+                    op: Op::Claim,
+                    status: 500,
+                    message: "boot failed".into(),
+                },
+                "ProviderFailed",
+                "sandboxd claim: unexpected status 500: boot failed",
+            ),
+            (
+                SandboxdError::Decode {
+                    op: Op::Claim,
+                    status: 200,
+                    message: "reply body is not a JSON object".into(),
+                },
+                "ProviderFailed",
+                "sandboxd claim: decode (status 200): reply body is not a JSON object",
+            ),
+        ];
+        for (e, reason, why) in cases {
+            assert_eq!(
+                claim_failed("ns/p", "base", &e),
+                CreateFailure {
+                    reason,
+                    message: format!("claim sandbox for ns/p (template base): {why}"),
+                    cause: Cause::Claim,
+                },
+                "{e}"
+            );
         }
     }
 }

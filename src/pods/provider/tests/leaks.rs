@@ -1,8 +1,8 @@
 //! Strays never leak: an unknown claim outcome is kept per (key, Pod UID)
 //! until that Pod is gone, a listing that does not show the row yet
 //! settles nothing, a deleted Pod that ran returns the other rows made for
-//! it, and a claim made before any listing succeeded looks for strays
-//! first.
+//! it, a claim made before any listing succeeded looks for strays first,
+//! and a claim refused for capacity leaves nothing behind.
 
 use std::time::Duration;
 
@@ -158,5 +158,35 @@ async fn a_claim_before_any_listing_succeeded_looks_for_strays_first() {
     let created = provider.create(&p).await.expect("claimed");
     assert!(matches!(created, Created::Claimed { .. }), "{created:?}");
     assert_eq!(released(&sim), vec![stray.clone()]);
+    assert_eq!(live_for(&sim, "ns/p#vk-sandbox:u1").len(), 1);
+}
+
+/// A claim refused for capacity (`429`) creates nothing: the Pod waits
+/// with `NoWarmCapacity` (the claim's trouble, not vk-sandbox's), no
+/// unknown outcome is noted, no row is kept, and the next try claims.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_capacity_miss_waits_and_leaves_nothing_behind() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    sim.sim()
+        .arm_fault(Fault::status(Endpoint::Claim, 429).times(1))
+        .expect("arm");
+    let p = Arc::new(pod("u1"));
+    let missed = provider.create(&p).await.expect_err("no capacity");
+    assert_eq!(
+        (missed.reason, missed.cause),
+        ("NoWarmCapacity", crate::pods::failure::Cause::Claim),
+        "{missed:?}"
+    );
+    assert!(
+        missed
+            .message
+            .starts_with("claim sandbox for ns/p (template base:24.04): "),
+        "{missed:?}"
+    );
+    assert!(provider.unknown_outcomes().is_empty());
+    assert!(provider.claims.get("ns/p").is_none());
+    assert!(live(&sim).is_empty(), "{:?}", live(&sim));
+    let created = provider.create(&p).await.expect("claimed");
+    assert!(matches!(created, Created::Claimed { .. }), "{created:?}");
     assert_eq!(live_for(&sim, "ns/p#vk-sandbox:u1").len(), 1);
 }
