@@ -128,6 +128,44 @@ async fn the_vanished_sweep_checks_the_key_before_acting_on_its_snapshot() {
     assert!(release_requests(&w.sim).is_empty());
 }
 
+/// A claim whose reply timed out while sandboxd persisted it later: the
+/// Pod claimed again and runs, then the late row appears, tagged for that
+/// same Pod. The vanished sweep returns it while the Pod runs; before, it
+/// was returned only once the Pod was gone, so a Pod that lives for days
+/// kept an idle VM as long, and the orphan audit reported a stray.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_stray_of_a_running_pod_is_returned_while_it_runs() {
+    let w = world(sandbox("o1", false)).await;
+    // The first claim's reply timed out; the row was not listed yet.
+    w.ctx.provider.note_unknown_outcome("ns/sb", "p1");
+    let held = claimed(&w).await;
+    let late = crate::sandboxd::SandboxdClient::builder(w.sim.base_url())
+        .token(Some(TOKEN.into()))
+        .build()
+        .expect("client")
+        .claim(&crate::sandboxd::ClaimRequest {
+            template: "base:24.04".into(),
+            claim_ref: super::claim_ref::for_pod("ns/sb", "p1"),
+            ..Default::default()
+        })
+        .await
+        .expect("the late claim")
+        .id;
+    let tracked = w.ctx.provider.tracked("ns/sb").expect("tracked");
+    let (store, mut writer) = reflector::store::<Pod>();
+    writer.apply_watcher_event(&watcher::Event::Apply((*tracked).clone()));
+    let present = std::collections::HashMap::from([("ns/sb".to_string(), Some("p1".to_string()))]);
+    let mut retries = sweeps::Retries::default();
+    sweeps::sweep_vanished(&w.ctx, &store, &present, &mut retries, &Beat::none()).await;
+    assert_eq!(
+        release_requests(&w.sim),
+        vec![format!("/v1/sandboxes/{late}/release")]
+    );
+    let live: Vec<String> = w.sim.sim().claims().into_iter().map(|c| c.id).collect();
+    assert_eq!(live, vec![held.clone()], "the Pod's own sandbox is kept");
+    assert!(w.ctx.provider.holds_id("ns/sb", &held));
+}
+
 /// The Pod `ns/<name>` owned by Sandbox `<name>`.
 fn owned(name: &str) -> Pod {
     let mut p = owned_pod(&format!("u-{name}"), &format!("o-{name}"));

@@ -171,14 +171,22 @@ pub(super) async fn sweep_vanished(
             .get(&k)
             .is_some_and(|u| u.as_deref() == Some(uid.as_str()));
         let item = format!("unknown {k} {uid}");
-        if still || !retries.due(&item, now) {
+        // A Pod still here is looked at once it runs: a claim sandboxd
+        // persisted after its reply timed out may show up beside the one
+        // it runs on.
+        if (still && ctx.provider.running_on(&k, &uid).is_none()) || !retries.due(&item, now) {
             continue;
         }
         let _key = ctx.provider.lock_key(&k).await;
-        if cached_uid(store, &k).as_deref() == Some(uid.as_str()) {
-            continue;
-        }
-        match ctx.provider.return_strays_of_gone(&k, &uid).await {
+        let returned = if cached_uid(store, &k).as_deref() == Some(uid.as_str()) {
+            let Some(held) = ctx.provider.running_on(&k, &uid) else {
+                continue;
+            };
+            ctx.provider.return_strays_of_running(&k, &uid, &held).await
+        } else {
+            ctx.provider.return_strays_of_gone(&k, &uid).await
+        };
+        match returned {
             Ok(true) => retries.succeeded(&item),
             // Too soon after the outcome to be sure: look again later.
             Ok(false) => {
@@ -187,7 +195,7 @@ pub(super) async fn sweep_vanished(
             Err(e) => {
                 let wait = retries.failed(&item, now);
                 warn!(pod = %k, error = %e, retry_in = ?wait,
-                      "strays of a vanished Pod whose claim outcome was unknown not returned yet");
+                      "strays of a Pod whose claim outcome was unknown not returned yet");
             }
         }
         beat.beat();

@@ -88,7 +88,8 @@ pub async fn eviction(w: &mut World, size: Size) {
 }
 
 /// Scenario 3: sandboxd faults: 429 bursts, slow claims past the client timeout
-/// that succeed server-side, persist-then-drop replies, release 500s of
+/// that succeed server-side, persist-then-drop replies, claims persisted
+/// after their reply timed out (`persist_late`), release 500s of
 /// both kinds, list failures during start-up verification, sandboxd
 /// restarts, token rotation.
 pub async fn sandboxd_faults(w: &mut World, size: Size) {
@@ -114,6 +115,19 @@ pub async fn sandboxd_faults(w: &mut World, size: Size) {
             json!({"endpoint": "claim", "kind": "drop_after", "times": 1}),
         );
         w.create(1).await;
+        // The reply times out (10 s) and sandboxd persists the claim 15 s
+        // after it was asked, once the Pod has claimed again and runs: the
+        // late row is a stray of a running Pod. The world settles again
+        // after it appeared, so it must have been returned (a stray still
+        // live is "not converged", and a leak at the end).
+        arm(
+            w,
+            json!({"endpoint": "claim", "kind": "persist_late", "ms": 15000, "times": 1}),
+        );
+        let late_at = tokio::time::Instant::now() + Duration::from_secs(16);
+        w.create(1).await;
+        settle(w, Duration::from_secs(120)).await;
+        tokio::time::sleep_until(late_at).await;
         settle(w, Duration::from_secs(120)).await;
 
         arm(

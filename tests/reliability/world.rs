@@ -393,6 +393,17 @@ impl World {
                     ));
                 }
             }
+            // A sandbox claimed by this node for one of this world's Pods
+            // and run by none of its owners is a stray still to be returned.
+            let ours = format!("{}/", self.ns);
+            for c in self.sim.sim().claims() {
+                if c.claim_ref.starts_with(&ours)
+                    && c.claim_ref.contains("#vk-sandbox:")
+                    && !self.owners.iter().any(|o| o.claim.as_ref() == Some(&c.id))
+                {
+                    problems.push(format!("stray {} ({}) not returned", c.id, c.claim_ref));
+                }
+            }
             match self.list_pods().await {
                 Err(e) => problems.push(format!("list Pods: {e}")),
                 Ok(pods) => {
@@ -540,21 +551,23 @@ impl World {
         // (b) Every live sandbox is held by a stored claim, or was
         // reported by the orphan audit.
         let logs = self.vk.logs();
-        let reported: BTreeSet<String> = logs
-            .lines()
-            .filter(|l| {
-                l.contains("possible orphan sandbox")
-                    || l.contains("claimed outside this provider")
-                    || l.contains("stray sandbox")
-            })
-            .filter_map(|l| l.split("sandbox=").nth(1))
-            .map(|s| {
-                s.split(|c: char| c.is_whitespace() || c == '"' || c == ',')
-                    .next()
-                    .unwrap_or("")
-                    .to_string()
-            })
-            .collect();
+        let reported_as = |what: &[&str]| -> BTreeSet<String> {
+            logs.lines()
+                .filter(|l| what.iter().any(|w| l.contains(w)))
+                .filter_map(|l| l.split("sandbox=").nth(1))
+                .map(|s| {
+                    s.split(|c: char| c.is_whitespace() || c == '"' || c == ',')
+                        .next()
+                        .unwrap_or("")
+                        .to_string()
+                })
+                .collect()
+        };
+        // Rows of other clients the audit reports are not ours to judge;
+        // a row it reports as this node's `stray` still live at the end
+        // is a leak.
+        let reported = reported_as(&["possible orphan sandbox", "claimed outside this provider"]);
+        let strays = reported_as(&["stray sandbox"]);
         let alive_claims: BTreeSet<&str> = self
             .owners
             .iter()
@@ -627,6 +640,12 @@ impl World {
                     "credential of live {} ({}) not stored",
                     c.id, c.claim_ref
                 ));
+            } else if strays.contains(&c.id) {
+                t.leaked += 1;
+                t.notes.push(format!(
+                    "stray {} (claim_ref {:?}) reported by the orphan audit and never returned",
+                    c.id, c.claim_ref
+                ));
             } else if !reported.contains(&c.id) {
                 t.leaked += 1;
                 t.notes.push(format!(
@@ -635,7 +654,7 @@ impl World {
                 ));
             } else {
                 t.notes.push(format!(
-                    "stray {} (claim_ref {:?}) reported by the orphan audit",
+                    "{} (claim_ref {:?}) another client's, reported by the orphan audit",
                     c.id, c.claim_ref
                 ));
             }

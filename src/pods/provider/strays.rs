@@ -47,7 +47,7 @@ impl Provider {
         lock(&self.suspects).unknown()
     }
 
-    pub(super) fn note_unknown_outcome(&self, k: &str, uid: &str) {
+    pub(crate) fn note_unknown_outcome(&self, k: &str, uid: &str) {
         if self.can_release_by_id() {
             lock(&self.suspects).note_unknown(k, uid, Instant::now());
         } else {
@@ -120,6 +120,30 @@ impl Provider {
     pub async fn return_strays_of_gone(&self, k: &str, uid: &str) -> Result<bool, SandboxdError> {
         let listed_at = self.return_strays(k, uid, None).await?;
         Ok(lock(&self.suspects).settle(k, uid, listed_at, self.settle_after))
+    }
+
+    /// The Pod (`k`, `uid`) runs on `held`: rows made for it other than
+    /// that one are lost claim replies (sandboxd persisted a claim after
+    /// its reply timed out, and the Pod claimed again). Return them now,
+    /// not once the Pod is gone, and settle its unknown outcome once the
+    /// listing came long enough after it. `Ok(false)`: not settled yet.
+    pub async fn return_strays_of_running(
+        &self,
+        k: &str,
+        uid: &str,
+        held: &str,
+    ) -> Result<bool, SandboxdError> {
+        let listed_at = self.return_strays(k, uid, Some(held)).await?;
+        Ok(lock(&self.suspects).settle(k, uid, listed_at, self.settle_after))
+    }
+
+    /// The sandbox the Pod (`k`, `uid`) runs on: the key's settled claim,
+    /// made or last adopted for that Pod.
+    pub fn running_on(&self, k: &str, uid: &str) -> Option<String> {
+        self.claims
+            .get(k)
+            .filter(|(c, state)| *state == crate::claims::ClaimState::Settled && c.pod_uid == uid)
+            .map(|(c, _)| c.id)
     }
 
     /// A Pod that goes away without ever having run (deleted while
