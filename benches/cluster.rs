@@ -16,7 +16,7 @@
 //! - `BENCH_VK_LOG`: RUST_LOG for the vk-sandbox processes (default info;
 //!   their logs are under target/bench-cluster/<node>/);
 //! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load`,
-//!   `fleet` to run only those parts (to study one figure; the doc is then not
+//!   `fleet`, `stream` to run only those parts (to study one figure; the doc is then not
 //!   written unless `BENCH_DOC` names a file);
 //! - `BENCH_BURSTS`: a comma list of burst sizes to run instead of the
 //!   plan's (then without the sandboxd-delay bursts).
@@ -60,6 +60,10 @@ mod fleet;
 /// The node Lease's renewals, timed during the bursts.
 #[path = "cluster/lease.rs"]
 mod lease;
+
+/// `BENCH_ONLY=stream`: exec round trips and port-forward throughput.
+#[path = "cluster/stream.rs"]
+mod stream;
 
 use report::Report;
 use support::TestCluster;
@@ -142,7 +146,11 @@ fn planned_steps(plan: &Plan) -> usize {
     if wants("claim") {
         total += plan.repeats + plan.bursts.len() * 3 + 1 + plan.delayed_bursts.len();
     }
-    total + usize::from(wants("startup")) + usize::from(wants("load")) + usize::from(wants("fleet"))
+    total
+        + usize::from(wants("startup"))
+        + usize::from(wants("load"))
+        + usize::from(wants("fleet"))
+        + usize::from(wants("stream"))
 }
 
 impl Plan {
@@ -246,11 +254,16 @@ async fn start_sim(delay_us: u64) -> SimHandle {
 
 /// A simulator whose one pool keeps `warm` sandboxes ready.
 async fn start_sim_with(delay_us: u64, warm: usize) -> SimHandle {
-    let cfg = SimConfig {
+    start_sim_cfg(SimConfig {
         refill_delay_ms: 10,
         claim_delay_us: delay_us,
         ..support::sim::config(TOKEN, &[&format!("{TEMPLATE}={warm}")])
-    };
+    })
+    .await
+}
+
+/// The simulator of `cfg`, on a runtime thread of its own.
+async fn start_sim_cfg(cfg: SimConfig) -> SimHandle {
     // sandboxd is a daemon of its own: the simulator gets its own runtime
     // thread, so the bench's watch and Pod creation do not delay its replies
     // inside one scheduler (they still share the machine's cores).
@@ -1423,9 +1436,9 @@ fn only() -> Option<Vec<String>> {
     let v = std::env::var("BENCH_ONLY").ok()?;
     let parts: Vec<String> = v.split(',').map(|p| p.trim().to_string()).collect();
     for p in &parts {
-        if !["claim", "memory", "startup", "load", "fleet"].contains(&p.as_str()) {
+        if !["claim", "memory", "startup", "load", "fleet", "stream"].contains(&p.as_str()) {
             die(&format!(
-                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load, fleet)"
+                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load, fleet, stream)"
             ));
         }
     }
@@ -1576,6 +1589,15 @@ async fn run() -> Report {
     } else {
         None
     };
+    let stream = if wants("stream") {
+        let n = ((50.0 * k).round() as usize).clamp(10, 500);
+        progress.step(&format!(
+            "streaming: {n} exec round trips per path, 256 MiB port-forwards"
+        ));
+        Some(stream::run(&env, n, 256).await)
+    } else {
+        None
+    };
     env.cluster.drop_namespace(&ns).await;
     Api::<Node>::all(env.cluster.client.clone())
         .delete(&node, &DeleteParams::default())
@@ -1595,6 +1617,7 @@ async fn run() -> Report {
         startup,
         load,
         fleet,
+        stream,
     }
 }
 

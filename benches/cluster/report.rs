@@ -9,6 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::fleet::Fleet;
+use super::stream::StreamFigures;
 use super::support::controller;
 use super::{BurstResult, HistQ, Load, MIB, Quantiles, Startup, env_scale, median, only, repo};
 
@@ -121,6 +122,7 @@ pub struct Report {
     pub startup: Option<Startup>,
     pub load: Option<Load>,
     pub fleet: Option<Fleet>,
+    pub stream: Option<StreamFigures>,
 }
 
 /// Median across repeats of each figure.
@@ -346,12 +348,39 @@ pub fn render(r: &Report) -> String {
     if let Some(f) = &r.fleet {
         render_fleet(&mut s, f);
     }
+    if let Some(st) = &r.stream {
+        render_stream(&mut s, st);
+    }
 
     let _ = writeln!(s, "\n### Goals\n\n| goal | measured | |\n|---|---|---|");
     for (t, m, ok) in goals(r) {
         let _ = writeln!(s, "| {t} | {m} | {} |", met(ok));
     }
     s
+}
+
+/// The streaming section: exec round trips and port-forward throughput.
+fn render_stream(s: &mut String, st: &StreamFigures) {
+    let _ = writeln!(
+        s,
+        "\n### exec and port-forward (docs/streaming.md)\n\n\
+         | exec of `true`, new connection each | p50 | p90 | p99 | max |\n|---|---|---|---|---|"
+    );
+    for (label, q) in &st.exec {
+        let _ = writeln!(
+            s,
+            "| {label} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+            q.p50, q.p90, q.p99, q.max
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n| port-forward, {} MiB one way (best of 3) | MiB/s |\n|---|---|",
+        st.mib
+    );
+    for (label, rate) in &st.throughput {
+        let _ = writeln!(s, "| {label} | {rate:.0} |");
+    }
 }
 
 /// The fleet section: per node, as the fleet grows.
@@ -670,6 +699,24 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
         lease500.map_or("–".into(), |v| format!("{v:.0} ms (slowest)")),
         lease500.map(|v| v <= 1000.0),
     ));
+    // Streaming: what vk-sandbox adds to an exec, what it keeps of a
+    // port-forward's throughput.
+    if let Some(st) = &r.stream {
+        let added = st.exec_added_ms();
+        out.push((
+            "exec: vk-sandbox adds < 1 ms p50 over the sandboxd relay it drives".to_string(),
+            added.map_or("–".into(), |a| format!("{a:.2} ms")),
+            added.map(|a| a < 1.0),
+        ));
+        let ratios = st.pf_ratios();
+        out.push((
+            "port-forward keeps ≥ 1/2 of the direct /ports relay's throughput".to_string(),
+            ratios.map_or("–".into(), |(k, c)| {
+                format!("{k:.2} through vk-sandbox's kubelet API, {c:.2} through kubectl and the apiserver")
+            }),
+            ratios.map(|(k, _)| k >= 0.5),
+        ));
+    }
     out
 }
 

@@ -87,6 +87,12 @@ async fn serve_connection(
     router: Router,
     stop: CancellationToken,
 ) {
+    // Streams write small frames back to back (a status after the last
+    // output, a terminal's echo): without this, Nagle holds the second until
+    // the peer's delayed ACK, up to 40 ms each time. Go's kubelet has it on.
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "kubelet API: TCP_NODELAY not set");
+    }
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {

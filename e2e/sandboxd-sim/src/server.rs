@@ -303,6 +303,12 @@ async fn record(State(sim): State<Arc<Sim>>, req: Request, next: Next) -> Respon
 /// Serve one accepted connection until it ends, a handler asks to drop it,
 /// or all connections are killed.
 fn spawn_connection(stream: TcpStream, app: Router, sim: &Arc<Sim>) {
+    // sandboxd is a Go program, and Go turns Nagle off on every TCP
+    // connection: the agent relay's frames (output, then the exit) go out at
+    // once instead of waiting out the client's delayed ACK (40 ms).
+    if let Err(e) = stream.set_nodelay(true) {
+        debug!(error = %e, "sandboxd-sim: TCP_NODELAY not set");
+    }
     let mut kill = sim.kill.subscribe();
     tokio::spawn(async move {
         let ctl = ConnCtl::default();

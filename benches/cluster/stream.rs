@@ -1,0 +1,547 @@
+//! `BENCH_ONLY=stream`: what vk-sandbox adds to an exec and to a
+//! port-forward (docs/streaming.md).
+//!
+//! Exec round trips of `true` (each a new connection, as kubectl makes):
+//! sandboxd's buffered `/exec` alone; the guest agent relay (`/agent`) as
+//! vk-sandbox drives it, in this process; vk-sandbox's kubelet API over
+//! WebSocket v5 (TLS, token auth, the relay); the same through the
+//! apiserver; and `kubectl exec`. vk-sandbox's addition is the kubelet API
+//! figure minus the relay's.
+//!
+//! Port-forward throughput, one way into a guest service that counts what
+//! it reads: sandboxd's `/ports` relay alone; vk-sandbox's kubelet API over
+//! SPDY (in-process client); and `kubectl port-forward` (apiserver
+//! included).
+
+use kube::client::ConfigExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use vk_sandbox::kubelet::SandboxdPlane;
+use vk_sandbox::kubelet::exec::{self, Channels, ExecRequest, Output};
+use vk_sandbox::kubelet::sandbox::{DataPlane, SandboxRef};
+use vk_sandbox::sandboxd::{SandboxdClient, Secret};
+
+use super::*;
+
+/// The guest port of the counting service.
+const SINK_PORT: u16 = 9000;
+
+/// What the stream part measured.
+pub struct StreamFigures {
+    /// Exec round trips (ms), by path.
+    pub exec: Vec<(String, Quantiles)>,
+    /// Port-forward throughput (MiB/s), by path, and the bytes moved.
+    pub throughput: Vec<(String, f64)>,
+    pub mib: usize,
+}
+
+impl StreamFigures {
+    fn p50(&self, label: &str) -> Option<f64> {
+        self.exec
+            .iter()
+            .find(|(l, _)| l == label)
+            .map(|(_, q)| q.p50)
+    }
+
+    /// kubelet API p50 minus the relay's p50 (ms).
+    pub fn exec_added_ms(&self) -> Option<f64> {
+        Some(self.p50(KUBELET_WS)? - self.p50(AGENT)?)
+    }
+
+    fn rate(&self, label: &str) -> Option<f64> {
+        self.throughput
+            .iter()
+            .find(|(l, _)| l == label)
+            .map(|(_, r)| *r)
+    }
+
+    /// (kubelet API, kubectl) throughput over the direct relay's.
+    pub fn pf_ratios(&self) -> Option<(f64, f64)> {
+        let direct = self.rate(RELAY)?;
+        Some((
+            self.rate(KUBELET_SPDY)? / direct,
+            self.rate(KUBECTL_PF)? / direct,
+        ))
+    }
+}
+
+pub const EXEC_DIRECT: &str = "sandboxd POST /exec alone";
+pub const AGENT: &str = "sandboxd /agent relay (exec frames, as vk-sandbox drives it)";
+pub const KUBELET_WS: &str = "vk-sandbox kubelet API, WebSocket v5 (TLS, token)";
+pub const APISERVER_WS: &str = "apiserver → vk-sandbox, WebSocket v5";
+pub const KUBECTL_EXEC: &str = "kubectl exec (process start included)";
+pub const RELAY: &str = "sandboxd /ports relay alone";
+pub const KUBELET_SPDY: &str = "vk-sandbox kubelet API, SPDY port-forward";
+pub const KUBECTL_PF: &str = "kubectl port-forward (apiserver → vk-sandbox)";
+
+/// Reads everything until EOF, answers with the count (8 bytes, big
+/// endian), closes.
+async fn sink() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| die(&format!("bind the sink: {e}")));
+    let addr = l
+        .local_addr()
+        .unwrap_or_else(|e| die(&format!("sink address: {e}")));
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 256 * 1024];
+                let mut n: u64 = 0;
+                loop {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => n += k as u64,
+                    }
+                }
+                let _ = c.write_all(&n.to_be_bytes()).await;
+                let _ = c.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// Write `mib` MiB into `io`, half-close, read the count; MiB/s.
+async fn push<IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(io: IO, mib: usize) -> f64 {
+    let (mut r, mut w) = tokio::io::split(io);
+    let chunk = vec![0x5au8; 256 * 1024];
+    let t = Instant::now();
+    for _ in 0..mib * 4 {
+        w.write_all(&chunk)
+            .await
+            .unwrap_or_else(|e| die(&format!("push: {e}")));
+    }
+    w.shutdown()
+        .await
+        .unwrap_or_else(|e| die(&format!("half-close: {e}")));
+    let mut count = [0u8; 8];
+    r.read_exact(&mut count)
+        .await
+        .unwrap_or_else(|e| die(&format!("the sink's count: {e}")));
+    let secs = t.elapsed().as_secs_f64();
+    let n = u64::from_be_bytes(count);
+    if n != (mib * 1024 * 1024) as u64 {
+        die(&format!("the sink read {n} bytes of {mib} MiB"));
+    }
+    mib as f64 / secs
+}
+
+struct Discard;
+
+impl Output for Discard {
+    fn write(&self, _: bytes::Bytes) -> futures::future::BoxFuture<'_, Result<(), ()>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn finish(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// One WebSocket v5 exec of `true` at `url`; its wall time (ms).
+async fn ws_exec(
+    tls: Arc<rustls::ClientConfig>,
+    port: u16,
+    path: &str,
+    bearer: Option<&str>,
+) -> f64 {
+    let t = Instant::now();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap_or_else(|e| die(&format!("connect: {e}")));
+    tcp.set_nodelay(true).ok();
+    let name =
+        rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap_or_else(|e| die(&e.to_string()));
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .unwrap_or_else(|e| die(&format!("TLS: {e}")));
+    let mut req = format!("wss://127.0.0.1:{port}{path}")
+        .into_client_request()
+        .unwrap_or_else(|e| die(&format!("request: {e}")));
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        http::HeaderValue::from_static("v5.channel.k8s.io"),
+    );
+    if let Some(token) = bearer {
+        req.headers_mut().insert(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_str(&format!("Bearer {token}"))
+                .unwrap_or_else(|e| die(&e.to_string())),
+        );
+    }
+    let (mut ws, _) = tokio_tungstenite::client_async(req, stream)
+        .await
+        .unwrap_or_else(|e| die(&format!("WebSocket upgrade of {path}: {e}")));
+    let mut status = None;
+    while let Some(Ok(m)) = ws.next().await {
+        match m {
+            Message::Binary(b) if b.first() == Some(&3) => {
+                status = Some(String::from_utf8_lossy(&b[1..]).to_string());
+            }
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    match status {
+        Some(s) if s.contains("Success") => ms,
+        other => die(&format!("exec through {path} did not succeed: {other:?}")),
+    }
+}
+
+fn any_cert() -> Arc<rustls::ClientConfig> {
+    #[derive(Debug)]
+    struct AnyCert;
+    impl rustls::client::danger::ServerCertVerifier for AnyCert {
+        fn verify_server_cert(
+            &self,
+            _: &rustls_pki_types::CertificateDer<'_>,
+            _: &[rustls_pki_types::CertificateDer<'_>],
+            _: &rustls_pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls_pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &rustls_pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        }
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &rustls_pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            rustls::crypto::ring::default_provider()
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+    let mut cfg = rustls::ClientConfig::builder()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert))
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(cfg)
+}
+
+/// The admin kubeconfig's TLS (client certificate, cluster CA), HTTP/1.1.
+async fn admin_tls(kubeconfig: &Path) -> Arc<rustls::ClientConfig> {
+    let kc = Kubeconfig::read_from(kubeconfig).unwrap_or_else(|e| die(&e.to_string()));
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap_or_else(|e| die(&e.to_string()));
+    let mut tls = cfg
+        .rustls_client_config()
+        .unwrap_or_else(|e| die(&format!("admin TLS: {e}")));
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(tls)
+}
+
+async fn timed_kubectl(kubeconfig: &Path, args: &[&str]) -> f64 {
+    let t = Instant::now();
+    let out = tokio::process::Command::new(support::kubectl::path())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap_or_else(|e| die(&format!("kubectl: {e}")));
+    if !out.status.success() {
+        die(&format!(
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
+    let sink = sink().await;
+    let mut cfg = support::sim::config(TOKEN, &[&format!("{TEMPLATE}=2")]);
+    cfg.wake_delay_ms = 0;
+    cfg.port_map.push(sandboxd_sim::PortMapping {
+        sandbox: None,
+        template: Some(TEMPLATE.into()),
+        guest_port: SINK_PORT,
+        target: sink,
+    });
+    let sim = start_sim_cfg(cfg).await;
+    let node = format!("bench-stream-{}", support::suffix());
+    let vk = Vk::start(env, &node, &sim, &env.sa_kubeconfig, None);
+    vk.wait_ready(&env.cluster.client, Duration::from_secs(60))
+        .await;
+    let ns = env.cluster.namespace("bench-stream").await;
+    let pods: Api<Pod> = Api::namespaced(env.cluster.client.clone(), &ns);
+    pods.create(&PostParams::default(), &pod("p", &node, None))
+        .await
+        .unwrap_or_else(|e| die(&format!("create the Pod: {e}")));
+    let id = support::wait_for("the Pod Running", Duration::from_secs(60), || async {
+        let p = pods.get("p").await.map_err(|e| e.to_string())?;
+        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        let id = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("sandbox.cocoonstack.io/claim-id").cloned());
+        match (running, id) {
+            (true, Some(id)) => Ok(id),
+            _ => Err("not Running yet".to_string()),
+        }
+    })
+    .await;
+    let token = sim
+        .sim()
+        .claims()
+        .into_iter()
+        .find(|c| c.id == id)
+        .map(|c| c.token)
+        .unwrap_or_else(|| die("the claim's token"));
+    let sandbox = SandboxRef {
+        id: id.clone(),
+        token: Secret::new(token.clone()),
+    };
+    let client = SandboxdClient::builder(sim.base_url())
+        .token(Some(TOKEN.into()))
+        .build()
+        .unwrap_or_else(|e| die(&format!("sandboxd client: {e}")));
+    let plane = Arc::new(SandboxdPlane::new(client.clone()));
+    // A token allowed to exec and port-forward on this node.
+    let role = support::rbac::grant(
+        &env.cluster.client,
+        &ns,
+        "bench-streamer",
+        json!({"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get", "create"]}),
+    )
+    .await;
+    let bearer = support::rbac::sa_token(&env.cluster.client, &ns, "bench-streamer").await;
+    let kubelet = vk.process.kubelet_port;
+    let exec_path = format!("/exec/{ns}/p/agent?command=true&output=1&error=1");
+    // Wait out RBAC propagation (a denial is cached for 30 s).
+    support::wait_for("the exec grant", Duration::from_secs(60), || async {
+        let r = reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()
+            .map_err(|e| e.to_string())?
+            .get(format!("https://127.0.0.1:{kubelet}/pods"))
+            .bearer_auth(&bearer)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        (r.status() == reqwest::StatusCode::OK)
+            .then_some(())
+            .ok_or(r.status().to_string())
+    })
+    .await;
+
+    let http = reqwest::Client::new();
+    let exec_url = format!("{}/v1/sandboxes/{id}/exec", sim.base_url());
+    let direct = || async {
+        let t = Instant::now();
+        let r = http
+            .post(&exec_url)
+            .bearer_auth(&token)
+            .json(&json!({"argv": ["true"]}))
+            .send()
+            .await
+            .unwrap_or_else(|e| die(&format!("sandboxd /exec: {e}")));
+        if !r.status().is_success() {
+            die(&format!("sandboxd /exec: {}", r.status()));
+        }
+        let _ = r.bytes().await;
+        t.elapsed().as_secs_f64() * 1000.0
+    };
+    let agent = || async {
+        let t = Instant::now();
+        let ch = Channels {
+            stdin: None,
+            stdout: Some(Box::new(Discard)),
+            stderr: Some(Box::new(Discard)),
+            resize: None,
+            hangup: tokio_util::sync::CancellationToken::new(),
+        };
+        let req = ExecRequest {
+            argv: vec!["true".into()],
+            tty: false,
+        };
+        let outcome = exec::run(
+            plane.clone() as Arc<dyn DataPlane>,
+            sandbox.clone(),
+            req,
+            ch,
+        )
+        .await;
+        if outcome != exec::Outcome::Exited(0) {
+            die(&format!("agent exec: {outcome:?}"));
+        }
+        t.elapsed().as_secs_f64() * 1000.0
+    };
+    let kubelet_tls = any_cert();
+    let admin = admin_tls(&env.cluster.kubeconfig).await;
+    let api_port: u16 = env
+        .cluster
+        .kubeconfig
+        .to_str()
+        .and_then(|_| {
+            let kc = Kubeconfig::read_from(&env.cluster.kubeconfig).ok()?;
+            let server = kc.clusters.first()?.cluster.as_ref()?.server.clone()?;
+            server
+                .rsplit(':')
+                .next()?
+                .trim_end_matches('/')
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| die("the apiserver's port in the admin kubeconfig"));
+    let api_path =
+        format!("/api/v1/namespaces/{ns}/pods/p/exec?command=true&stdout=true&stderr=true");
+    let kubeconfig = env.cluster.kubeconfig.clone();
+    let ns_s = ns.clone();
+
+    // Warm-up, then n of each, interleaved so that load drifts hit all.
+    let _ = (direct().await, agent().await);
+    let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for _ in 0..n {
+        samples.entry(EXEC_DIRECT).or_default().push(direct().await);
+        samples.entry(AGENT).or_default().push(agent().await);
+        samples
+            .entry(KUBELET_WS)
+            .or_default()
+            .push(ws_exec(kubelet_tls.clone(), kubelet, &exec_path, Some(&bearer)).await);
+        samples
+            .entry(APISERVER_WS)
+            .or_default()
+            .push(ws_exec(admin.clone(), api_port, &api_path, None).await);
+    }
+    for _ in 0..n.min(20) {
+        samples
+            .entry(KUBECTL_EXEC)
+            .or_default()
+            .push(timed_kubectl(&kubeconfig, &["-n", &ns_s, "exec", "p", "--", "true"]).await);
+    }
+    let exec = [EXEC_DIRECT, AGENT, KUBELET_WS, APISERVER_WS, KUBECTL_EXEC]
+        .iter()
+        .map(|l| {
+            (
+                l.to_string(),
+                quantiles(samples.remove(l).unwrap_or_default()),
+            )
+        })
+        .collect();
+
+    // Throughput: best of three of each path.
+    let mut throughput = Vec::new();
+    let mut best = |label: &str, v: Vec<f64>| {
+        throughput.push((label.to_string(), v.into_iter().fold(0.0, f64::max)));
+    };
+    let mut relay = Vec::new();
+    for _ in 0..3 {
+        let io = client
+            .port(&id, &Secret::new(token.clone()), SINK_PORT)
+            .await
+            .unwrap_or_else(|e| die(&format!("/ports relay: {e}")));
+        relay.push(push(io, mib).await);
+    }
+    best(RELAY, relay);
+    let mut spdy = Vec::new();
+    for i in 0..3u32 {
+        let auth = format!("Bearer {bearer}");
+        let c = support::spdy::connect(
+            kubelet,
+            "POST",
+            &format!("/portForward/{ns}/p"),
+            &[
+                ("X-Stream-Protocol-Version", "portforward.k8s.io"),
+                ("Authorization", auth.as_str()),
+            ],
+        )
+        .await
+        .unwrap_or_else(|h| die(&format!("port-forward upgrade: {}", h.text)));
+        spdy.push(spdy_push(&c, i, mib).await);
+    }
+    best(KUBELET_SPDY, spdy);
+    let local = free_port();
+    let mut pf = tokio::process::Command::new(support::kubectl::path())
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args([
+            "-n",
+            &ns_s,
+            "port-forward",
+            "pod/p",
+            &format!("{local}:{SINK_PORT}"),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| die(&format!("kubectl port-forward: {e}")));
+    let mut via = Vec::new();
+    for _ in 0..3 {
+        let io = support::wait_for("kubectl port-forward", Duration::from_secs(30), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", local))
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        via.push(push(io, mib).await);
+    }
+    let _ = pf.kill().await;
+    best(KUBECTL_PF, via);
+
+    support::rbac::revoke(&env.cluster.client, &role).await;
+    env.cluster.drop_namespace(&ns).await;
+    vk.delete_node(&env.cluster.client).await;
+    StreamFigures {
+        exec,
+        throughput,
+        mib,
+    }
+}
+
+/// `mib` MiB over one port-forward connection of `c`; MiB/s.
+async fn spdy_push(c: &support::spdy::Client, request: u32, mib: usize) -> f64 {
+    use support::spdy::Event;
+    let (port, rid) = (SINK_PORT.to_string(), request.to_string());
+    let mut error = c
+        .open(&[
+            ("streamType", "error"),
+            ("port", &port),
+            ("requestID", &rid),
+        ])
+        .await;
+    let _ = error.next().await;
+    c.finish(error.id).await;
+    let mut data = c
+        .open(&[("streamType", "data"), ("port", &port), ("requestID", &rid)])
+        .await;
+    let _ = data.next().await;
+    let chunk = vec![0x5au8; 32 * 1024];
+    let t = Instant::now();
+    for _ in 0..mib * 32 {
+        c.write(data.id, &chunk).await;
+    }
+    c.finish(data.id).await;
+    let (got, end) = data.read_to_end().await;
+    let secs = t.elapsed().as_secs_f64();
+    let n = got
+        .get(..8)
+        .map(|b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
+        .unwrap_or(0);
+    if n != (mib * 1024 * 1024) as u64 || end != Event::Fin {
+        die(&format!("port-forward sink read {n} bytes ({end:?})"));
+    }
+    mib as f64 / secs
+}
