@@ -682,3 +682,221 @@ async fn port_forward_and_stats() {
     support::rbac::revoke(&env.cluster.client, &role).await;
     env.finish().await;
 }
+
+/// metrics-server built from its Go module (e2e/metrics-server.sh), or
+/// `None` (the reason printed) where it cannot be built here.
+fn metrics_server_or_skip() -> Option<std::path::PathBuf> {
+    let out = std::process::Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/e2e/metrics-server.sh"
+    ))
+    .arg("build")
+    .stdin(std::process::Stdio::null())
+    .stderr(std::process::Stdio::inherit())
+    .output()
+    .expect("run e2e/metrics-server.sh build");
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    match out.status.code() {
+        Some(0) => Some(text.into()),
+        Some(3) => {
+            eprintln!("SKIPPED: kubectl top through metrics-server: {text}");
+            None
+        }
+        _ => panic!("e2e/metrics-server.sh build: {:?} {text}", out.status),
+    }
+}
+
+/// metrics-server as an aggregated API of the plane: the process on
+/// loopback, an ExternalName Service naming `localhost`, the APIService
+/// `v1beta1.metrics.k8s.io`. Dropping it deregisters the APIService first
+/// (even when the test panics: a dead aggregated API would stall namespace
+/// deletion for every other test), then stops the process.
+struct MetricsServer {
+    child: std::process::Child,
+    kubeconfig: std::path::PathBuf,
+    /// The ClusterRole and binding of its ServiceAccount.
+    role: String,
+}
+
+const METRICS_API: &str = "v1beta1.metrics.k8s.io";
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(support::kubectl::path())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["delete", "apiservice", METRICS_API, "--ignore-not-found"])
+            .stdin(std::process::Stdio::null())
+            .output();
+        for kind in ["clusterrolebinding", "clusterrole"] {
+            let _ = std::process::Command::new(support::kubectl::path())
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(["delete", kind, &self.role, "--ignore-not-found"])
+                .stdin(std::process::Stdio::null())
+                .output();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_metrics_server(env: &Env, bin: &std::path::Path) -> MetricsServer {
+    let sa = "metrics-server";
+    let _ = support::rbac::sa_token(&env.client(), &env.ns, sa).await;
+    let role = support::rbac::grant(
+        &env.client(),
+        &env.ns,
+        sa,
+        json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}),
+    )
+    .await;
+    let dir = support::vk::test_dir("metrics-server");
+    let kubeconfig = support::rbac::token_kubeconfig(
+        &env.client(),
+        &env.cluster.kubeconfig,
+        &env.ns,
+        sa,
+        &dir.join("kubeconfig"),
+    )
+    .await
+    .expect("metrics-server's kubeconfig");
+    let port = support::process::free_port();
+    let log = std::fs::File::create(dir.join("metrics-server.log")).expect("log file");
+    let child = std::process::Command::new(bin)
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!(
+            "--authentication-kubeconfig={}",
+            kubeconfig.display()
+        ))
+        .arg(format!(
+            "--authorization-kubeconfig={}",
+            kubeconfig.display()
+        ))
+        .arg(format!("--cert-dir={}", dir.join("certs").display()))
+        .args(["--bind-address=127.0.0.1", &format!("--secure-port={port}")])
+        // vk-sandbox's serving certificate is self-signed; its address
+        // (127.0.0.1) and kubelet port are the Node's status.
+        .args([
+            "--kubelet-insecure-tls",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--kubelet-use-node-status-port",
+            "--kubelet-request-timeout=5s",
+            "--metric-resolution=10s",
+        ])
+        // Only this test's node: the plane may hold dead ones.
+        .arg(format!(
+            "--node-selector=kubernetes.io/hostname={}",
+            env.vk.node
+        ))
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().expect("log file"))
+        .stderr(log)
+        .spawn()
+        .expect("start metrics-server");
+    let ms = MetricsServer {
+        child,
+        kubeconfig: env.cluster.kubeconfig.clone(),
+        role,
+    };
+    // Registered only once it serves: an aggregated API that does not
+    // answer stalls namespace deletion for the other tests meanwhile.
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .expect("client");
+    wait_for(
+        "metrics-server's /livez",
+        Duration::from_secs(60),
+        || async {
+            let r = http
+                .get(format!("https://127.0.0.1:{port}/livez"))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            (r.status() == reqwest::StatusCode::OK)
+                .then_some(())
+                .ok_or(r.status().to_string())
+        },
+    )
+    .await;
+    let manifest = format!(
+        r#"{{"apiVersion": "v1", "kind": "Service",
+  "metadata": {{"name": "metrics-server", "namespace": "{ns}"}},
+  "spec": {{"type": "ExternalName", "externalName": "localhost"}}}}
+---
+{{"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+  "metadata": {{"name": "{METRICS_API}"}},
+  "spec": {{"group": "metrics.k8s.io", "version": "v1beta1",
+    "service": {{"namespace": "{ns}", "name": "metrics-server", "port": {port}}},
+    "insecureSkipTLSVerify": true, "groupPriorityMinimum": 100, "versionPriority": 100}}}}
+"#,
+        ns = env.ns
+    );
+    let file = dir.join("apiservice.yaml");
+    std::fs::write(&file, manifest).expect("write the manifests");
+    let (ok, out) = support::kubectl::run(
+        &env.cluster.kubeconfig,
+        &["apply", "-f", file.to_str().expect("utf-8 path")],
+    )
+    .await;
+    assert!(ok, "register metrics-server: {out}");
+    ms
+}
+
+/// `kubectl top pod`, with metrics-server built from its Go module, scraping
+/// vk-sandbox's `/metrics/resource` as it scrapes any kubelet.
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_top_pod_through_metrics_server() {
+    let Some(bin) = metrics_server_or_skip() else {
+        return;
+    };
+    let Some(env) = setup("vk-top").await else {
+        return;
+    };
+    let ms = start_metrics_server(&env, &bin).await;
+    let line = wait_for("kubectl top pod p", Duration::from_secs(120), || async {
+        let (ok, out) = support::kubectl::run(
+            &env.cluster.kubeconfig,
+            &["-n", &env.ns, "top", "pod", "p", "--no-headers"],
+        )
+        .await;
+        if ok && out.starts_with("p ") {
+            Ok(out)
+        } else {
+            Err(out)
+        }
+    })
+    .await;
+    eprintln!("kubectl top pod: {}", line.trim());
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    // NAME CPU(cores) MEMORY(bytes): CPU is not measured (a constant
+    // counter reads as 0), memory is sandboxd's figure for the VM.
+    assert_eq!(cols.len(), 3, "{line}");
+    assert_eq!(cols[1], "0m", "{line}");
+    let mib: u64 = cols[2]
+        .strip_suffix("Mi")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("memory in Mi: {line}"));
+    let reply: serde_json::Value = reqwest::Client::new()
+        .get(format!(
+            "{}/v1/sandboxes/{}/stats",
+            env.sim.base_url(),
+            env.id
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("sandboxd /stats")
+        .json()
+        .await
+        .expect("sandboxd /stats JSON");
+    let stats = reply["mem_used_bytes"].as_u64().expect("mem_used_bytes");
+    let expected = stats / (1024 * 1024);
+    assert!(
+        mib == expected || mib == expected + 1,
+        "kubectl top shows {mib} Mi; sandboxd measures {stats} bytes"
+    );
+    drop(ms);
+    env.finish().await;
+}
