@@ -209,6 +209,23 @@ mod tests {
         let d =
             decode_renew(&r(200, r#"{"deadline":"2026-07-06T00:05:00.5+08:00"}"#)).expect("renew");
         assert!(matches!(d, Deadline::At(_)));
+        // Go's zero time is sandboxd's "no expiry": a deadline granted, not
+        // a missing one.
+        assert_eq!(
+            decode_renew(&r(200, r#"{"deadline":"0001-01-01T00:00:00Z"}"#)).expect("no expiry"),
+            Deadline::Never
+        );
+        for (body, why) in [
+            ("{}", "renew reply carries no deadline"),
+            (r#"{"deadline":null}"#, "renew reply carries no deadline"),
+            (r#"{"deadline":"soon"}"#, r#"unparseable deadline "soon""#),
+            (r#"{"deadline":7}"#, r#"unparseable deadline "7""#),
+        ] {
+            assert_eq!(
+                decode_renew(&r(200, body)).expect_err(body).to_string(),
+                format!("sandboxd renew: decode (status 200): {why}")
+            );
+        }
         for body in [
             "{}",
             r#"{"deadline":null}"#,
