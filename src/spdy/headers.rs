@@ -281,6 +281,45 @@ mod tests {
     }
 
     #[test]
+    fn incompressible_blocks_round_trip_across_buffer_growth() {
+        // Values that barely compress make the deflater's output outgrow its
+        // first buffer and the inflater's outgrow 256 bytes many times.
+        let mut d = Deflater::new().unwrap();
+        let mut i = Inflater::new();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut noise = |n: usize| -> String {
+            (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    char::from(b'!' + (x % 94) as u8)
+                })
+                .collect()
+        };
+        for n in [10, 300, 5_000, 20_000, 60_000, 40] {
+            let v = noise(n);
+            let raw = encode_block(&[("k", v.as_str())]);
+            let packed = d.compress(&raw).unwrap();
+            assert!(packed.len() > raw.len() / 2, "{n}: noise compressed");
+            assert_eq!(i.decompress(&packed).unwrap(), raw, "{n}");
+        }
+    }
+
+    #[test]
+    fn refusals_say_what_is_wrong() {
+        let e = decode_block(&[0, 0, 0, 2, 0, 0, 0, 1, b'a', 0, 0, 0, 0]).unwrap_err();
+        assert_eq!(e.to_string(), "header block: 2 pairs announced in 9 bytes");
+        let e = decode_block(&[0, 0, 0, 1, 0, 0, 0, 1, b'a', 0, 0, 0, 0, 9]).unwrap_err();
+        assert_eq!(e.to_string(), "header block: 1 bytes after the last pair");
+        assert_eq!(format!("{:?}", Deflater::new().unwrap()), "Deflater { .. }");
+        assert_eq!(format!("{:?}", Inflater::new()), "Inflater { .. }");
+        // Not zlib at all: the inflater's own reason, not a dictionary one.
+        let e = Inflater::new().decompress(b"not zlib").unwrap_err();
+        assert!(e.to_string().starts_with("header block: inflate: "), "{e}");
+    }
+
+    #[test]
     fn malformed_blocks_are_errors() {
         for bad in [
             &b""[..],
