@@ -135,6 +135,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub state: StateArg,
     #[command(flatten)]
+    pub lifecycle: LifecycleArgs,
+    #[command(flatten)]
     pub audit: AuditArgs,
     #[command(flatten)]
     pub inventory: InventoryArgs,
@@ -298,6 +300,40 @@ pub struct StateArg {
     /// with mode 0700 if missing and must be writable.
     #[arg(long, env = "VK_STATE_PATH", default_value = defaults::STATE_PATH, value_name = "FILE")]
     pub state_path: String,
+}
+
+/// The Sandbox lifecycle: suspend, resume, lease renewal
+/// (docs/pod-contract.md, "Lifecycle").
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Sandbox lifecycle")]
+pub struct LifecycleArgs {
+    /// Hibernate the VM of a Pod deleted because its owner is suspended
+    /// (agent-sandbox operatingMode: Suspended), and wake it for the Pod
+    /// that comes back; false keeps it running while suspended.
+    #[arg(
+        long,
+        env = "VK_HIBERNATE_ON_SUSPEND",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = BoolishValueParser::new(),
+        value_name = "BOOL"
+    )]
+    pub hibernate_on_suspend: bool,
+
+    /// Renew a claim's sandboxd lease once less than this remains (at most
+    /// half the lease), while its owner lives (Go duration); 0 renews
+    /// nothing.
+    #[arg(
+        long,
+        env = "VK_LEASE_RENEW_MARGIN",
+        default_value = defaults::LEASE_RENEW_MARGIN,
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
+    pub lease_renew_margin: String,
 }
 
 /// The orphan audit (report only).

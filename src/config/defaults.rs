@@ -21,3 +21,4 @@ pub const STATE_PATH: &str = "/var/lib/vk-sandbox/claims.json";
 pub const ORPHAN_SCAN_INTERVAL: &str = "60s";
 pub const PUBLISH_INTERVAL: &str = "30s";
 pub const NODE_LABELS: &str = "sandbox.cocoonstack.io/runtime=sandboxd";
+pub const LEASE_RENEW_MARGIN: &str = "12h";

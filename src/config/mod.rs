@@ -44,12 +44,12 @@ mod tests;
 
 pub use cli::{
     AdminArgs, AuditArgs, ClaimsArgs, ClaimsCommand, Cli, Command, InventoryArgs, KubeArgs,
-    KubeletArgs, LogFormat, NodeArgs, Output, RunArgs, SandboxdArgs, StateArg, ViewArgs, command,
-    parse_from, parse_process_args,
+    KubeletArgs, LifecycleArgs, LogFormat, NodeArgs, Output, RunArgs, SandboxdArgs, StateArg,
+    ViewArgs, command, parse_from, parse_process_args,
 };
 pub use settings::{
     Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, KubeletSettings,
-    SandboxdConfig, TlsFiles,
+    LifecycleConfig, SandboxdConfig, TlsFiles,
 };
 pub use values::{
     ListenAddr, advertise_default, parse_go_duration, parse_node_labels, validate_quantity,

@@ -74,6 +74,14 @@ pub struct InventoryConfig {
     pub group: Option<String>,
 }
 
+/// The Sandbox lifecycle (docs/configuration.md, "Sandbox lifecycle").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LifecycleConfig {
+    pub hibernate_on_suspend: bool,
+    /// Zero renews nothing.
+    pub renew_margin: Duration,
+}
+
 /// Everything validated, ready to run.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -88,6 +96,7 @@ pub struct Config {
     pub sandboxd: SandboxdConfig,
     /// The claims file; its directory exists and is writable.
     pub state_path: PathBuf,
+    pub lifecycle: LifecycleConfig,
     /// `None` = the orphan audit is disabled (`<= 0`).
     pub orphan_scan_interval: Option<Duration>,
     pub inventory: InventoryConfig,

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::cli::RunArgs;
 use super::settings::{
-    Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, SandboxdConfig,
-    TlsFiles,
+    Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, LifecycleConfig,
+    SandboxdConfig, TlsFiles,
 };
 use super::values::{
     ListenAddr, advertise_default, check_label_key, check_label_value, nanos_to_duration,
@@ -168,6 +168,29 @@ impl Config {
                     "give e.g. 60s or 5m (0 disables the scan)",
                 );
                 None
+            }
+        };
+        let renew_margin = match parse_go_duration(&args.lifecycle.lease_renew_margin) {
+            Ok(n) if n >= 0 => nanos_to_duration(n),
+            Ok(_) => {
+                p.push(
+                    "lease-renew-margin",
+                    Some("VK_LEASE_RENEW_MARGIN"),
+                    &args.lifecycle.lease_renew_margin,
+                    "must not be negative",
+                    "give e.g. 12h, or 0 to renew nothing",
+                );
+                Duration::ZERO
+            }
+            Err(why) => {
+                p.push(
+                    "lease-renew-margin",
+                    Some("VK_LEASE_RENEW_MARGIN"),
+                    &args.lifecycle.lease_renew_margin,
+                    &format!("not a Go duration: {why}"),
+                    "give e.g. 12h, or 0 to renew nothing",
+                );
+                Duration::ZERO
             }
         };
         let node_status_interval = match parse_go_duration(&args.node.node_status_interval) {
@@ -341,6 +364,10 @@ impl Config {
                 token_file,
             },
             state_path: state_path.ok_or_else(missing)?,
+            lifecycle: LifecycleConfig {
+                hibernate_on_suspend: args.lifecycle.hibernate_on_suspend,
+                renew_margin,
+            },
             orphan_scan_interval,
             inventory: InventoryConfig {
                 publish: args.inventory.publish_inventory,

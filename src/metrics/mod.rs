@@ -114,6 +114,16 @@ pub struct Metrics {
     /// was read; re-read, never overwritten), `gone`, `error`. Writes found
     /// unnecessary (the Pod already shows the status) are not sent or counted.
     pod_status_writes: IntCounterVec,
+    /// `vk_sandbox_claim_renewals_total{result}`: sandboxd lease renewals
+    /// (`renewed`, `failed`, `archived`, `gone`, `no_credential`).
+    claim_renewals: IntCounterVec,
+    /// `vk_sandbox_claim_transitions_total{action,result}`: hibernates and
+    /// wakes (`hibernate`/`wake`; `ok`, `refused`, `failed`, `gone`,
+    /// `no_credential`).
+    claim_transitions: IntCounterVec,
+    /// `vk_sandbox_claim_lease_remaining_min_seconds`: time left on the
+    /// nearest lease vk-sandbox renews (none held: not set).
+    claim_lease_remaining_min: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -354,7 +364,31 @@ impl Metrics {
             &["result"],
         )?;
 
+        let claim_renewals = counter_vec(
+            &registry,
+            "vk_sandbox_claim_renewals_total",
+            "sandboxd lease renewals of claims, by result (renewed, failed, archived, gone, no_credential).",
+            &["result"],
+        )?;
+        let claim_transitions = counter_vec(
+            &registry,
+            "vk_sandbox_claim_transitions_total",
+            "Hibernates and wakes of claims' VMs, by action and result (ok, refused, failed, gone, no_credential).",
+            &["action", "result"],
+        )?;
+        let claim_lease_remaining_min = register(
+            &registry,
+            Gauge::with_opts(Opts::new(
+                "vk_sandbox_claim_lease_remaining_min_seconds",
+                "Seconds left on the nearest sandboxd lease vk-sandbox renews (negative: already past).",
+            ))
+            .map_err(metric_error)?,
+        )?;
+
         Ok(Arc::new(Metrics {
+            claim_renewals,
+            claim_transitions,
+            claim_lease_remaining_min,
             pod_status_writes,
             sandboxd_requests,
             sandboxd_request_duration,

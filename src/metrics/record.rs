@@ -168,3 +168,22 @@ impl Observer for Metrics {
             .observe(elapsed.as_secs_f64());
     }
 }
+
+impl Metrics {
+    /// One sandboxd lease renewal of a claim, by result.
+    pub fn claim_renewed(&self, result: &str) {
+        self.claim_renewals.with_label_values(&[result]).inc();
+    }
+
+    /// One hibernate or wake of a claim's VM, by result.
+    pub fn claim_transition(&self, action: &str, result: &str) {
+        self.claim_transitions
+            .with_label_values(&[action, result])
+            .inc();
+    }
+
+    /// The time left on the nearest lease vk-sandbox renews.
+    pub fn claim_lease_remaining_min(&self, seconds: f64) {
+        self.claim_lease_remaining_min.set(seconds);
+    }
+}

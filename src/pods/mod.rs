@@ -12,6 +12,8 @@
 //! - [`writes`]: every write to a Pod, each conditional on that Pod;
 //! - [`sweeps`]: the side loops (vanished Pods, lease expiry, refresh);
 //! - [`owner`]: what a Pod's owner asks of its VM, read at a served version;
+//! - [`upkeep`]: the lifecycle's side loop (renewals, pending hibernates,
+//!   owners of claims with no Pod here);
 //! - [`lifecycle`]: suspend, resume, renewal, expiry and moves of a claim's VM;
 //! - [`provider`]: claims and releases against sandboxd and the claims store;
 //! - [`source`]: the Pods the kubelet API reports;
@@ -33,6 +35,7 @@ pub mod source;
 pub mod status;
 pub mod sweeps;
 pub mod synced;
+pub mod upkeep;
 pub mod writes;
 
 #[cfg(test)]

@@ -79,7 +79,18 @@ pub fn running(pod: &Pod, c: &ClaimView) -> Value {
 /// claim and its deadline has passed. Terminal. The dead VM's address and
 /// the Running conditions are removed (sent as `null`).
 pub fn expired(pod: &Pod, c: &ClaimView, deadline: Timestamp) -> Value {
-    let ended = ts(deadline);
+    let message = format!(
+        "sandbox lease ended at {}; the microVM is reaped at the deadline",
+        ts(deadline)
+    );
+    ended(pod, c, deadline, "SandboxLeaseExpired", &message)
+}
+
+/// The VM is gone for good (its lease ended, or it was released because
+/// its owner is gone while the Pod stayed): `Failed` with `reason`, each
+/// container terminated at `at`, the address and conditions removed.
+pub fn ended(pod: &Pod, c: &ClaimView, at: Timestamp, reason: &str, message: &str) -> Value {
+    let ended = ts(at);
     let statuses: Vec<Value> = containers(pod)
         .into_iter()
         .map(|(name, image)| {
@@ -87,7 +98,7 @@ pub fn expired(pod: &Pod, c: &ClaimView, deadline: Timestamp) -> Value {
                 "name": name, "ready": false, "started": false, "restartCount": 0,
                 "image": image, "imageID": format!("sandboxd://{}", c.id),
                 "state": {"terminated": {
-                    "exitCode": 1, "reason": "SandboxLeaseExpired",
+                    "exitCode": 1, "reason": reason,
                     "startedAt": ts(c.claimed_at), "finishedAt": ended,
                 }},
             })
@@ -97,10 +108,8 @@ pub fn expired(pod: &Pod, c: &ClaimView, deadline: Timestamp) -> Value {
         "metadata": {"annotations": {CLAIM_ID: c.id}},
         "status": {
             "phase": "Failed",
-            "reason": "SandboxLeaseExpired",
-            "message": format!(
-                "sandbox lease ended at {ended}; the microVM is reaped at the deadline"
-            ),
+            "reason": reason,
+            "message": message,
             "startTime": ts(c.claimed_at),
             // The VM is gone: its address is no longer the Pod's.
             "hostIP": null,

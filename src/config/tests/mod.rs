@@ -64,6 +64,8 @@ fn defaults_match_the_documented_defaults() {
     assert_eq!(r.kubelet.client_ca_file, "");
     assert_eq!(r.admin.log_format, LogFormat::Text);
     assert_eq!(r.kube.kubeconfig, None);
+    assert!(r.lifecycle.hibernate_on_suspend);
+    assert_eq!(r.lifecycle.lease_renew_margin, "12h");
 }
 
 // An explicit flag beats its environment variable; an empty variable is unset.
@@ -104,6 +106,8 @@ fn every_env_var_supplies_a_default() {
         ("VK_KUBELET_AUTH", "false"),
         ("VK_ANONYMOUS_AUTH", "true"),
         ("VK_LOG_FORMAT", "json"),
+        ("VK_HIBERNATE_ON_SUSPEND", "false"),
+        ("VK_LEASE_RENEW_MARGIN", "1h"),
     ];
     let r = parse(&[], &env).run;
     assert_eq!(r.node.node_name, "n1");
@@ -124,6 +128,8 @@ fn every_env_var_supplies_a_default() {
     assert!(!r.kubelet.kubelet_auth);
     assert!(r.kubelet.anonymous_auth);
     assert_eq!(r.admin.log_format, LogFormat::Json);
+    assert!(!r.lifecycle.hibernate_on_suspend);
+    assert_eq!(r.lifecycle.lease_renew_margin, "1h");
 }
 
 #[test]
@@ -220,6 +226,11 @@ fn help_names_every_env_var_and_default() {
         "[env: VK_CLIENT_CA_FILE]",
         "--anonymous-auth",
         "[env: VK_LOG_FORMAT]",
+        "--hibernate-on-suspend",
+        "[env: VK_HIBERNATE_ON_SUSPEND]",
+        "--lease-renew-margin",
+        "[env: VK_LEASE_RENEW_MARGIN]",
+        "[default: 12h]",
         "--version",
     ] {
         assert!(help.contains(needle), "help lacks {needle:?}:\n{help}");
@@ -266,6 +277,38 @@ fn valid_defaults_build_a_config() {
         }
     );
     assert_eq!(cfg.tls, TlsFiles::default());
+    assert_eq!(
+        cfg.lifecycle,
+        LifecycleConfig {
+            hibernate_on_suspend: true,
+            renew_margin: Duration::from_secs(12 * 3600),
+        }
+    );
+}
+
+#[test]
+fn lease_renew_margin_is_a_duration_zero_or_more() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (flag, want) in [
+        ("--lease-renew-margin=0", Duration::ZERO),
+        ("--lease-renew-margin=90m", Duration::from_secs(5400)),
+        ("--lease-renew-margin=1h30m", Duration::from_secs(5400)),
+    ] {
+        let cfg = Config::from_args(&valid(dir.path(), &[flag])).expect(flag);
+        assert_eq!(cfg.lifecycle.renew_margin, want, "{flag}");
+    }
+    let cfg =
+        Config::from_args(&valid(dir.path(), &["--hibernate-on-suspend=false"])).expect("bool");
+    assert!(!cfg.lifecycle.hibernate_on_suspend);
+    for bad in ["--lease-renew-margin=-1h", "--lease-renew-margin=soon"] {
+        let err = Config::from_args(&valid(dir.path(), &[bad]))
+            .expect_err(bad)
+            .to_string();
+        assert!(
+            err.contains("--lease-renew-margin (env VK_LEASE_RENEW_MARGIN)") && err.contains("12h"),
+            "{bad}: {err}"
+        );
+    }
 }
 
 // An explicitly empty `--state-path` refuses to start.

@@ -10,3 +10,23 @@
 
 pub mod decide;
 pub mod schedule;
+
+/// Event reasons (docs/pod-contract.md lists them with their actions).
+pub mod reason {
+    pub const HIBERNATED: &str = "SandboxHibernated";
+    pub const HIBERNATE_FAILED: &str = "SandboxHibernateFailed";
+    /// Actions of a `SandboxHibernateFailed`.
+    pub const HIBERNATE_REFUSED: &str = "HibernateRefused";
+    pub const HIBERNATE_ERROR: &str = "HibernateFailed";
+    pub const WOKEN: &str = "SandboxWoken";
+    /// The action of a `ProviderCreateFailed` whose wake failed.
+    pub const WAKE_FAILED: &str = "WakeFailed";
+    /// The Pod's status reason while its VM cannot be woken.
+    pub const WAKE_FAILED_STATUS: &str = "SandboxWakeFailed";
+    pub const LOST: &str = "SandboxLost";
+    pub const RENEW_FAILED: &str = "SandboxRenewFailed";
+    pub const RENEW_ERROR: &str = "RenewFailed";
+    /// The action of a `SandboxReleased` for a Sandbox that moved.
+    pub const MOVED: &str = "SandboxMoved";
+    pub const OWNER_GONE: &str = "SandboxOwnerGone";
+}

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
+use crate::claims::VmState;
+
 /// sandboxd's longest lease: it clamps every request to this.
 pub const MAX_LEASE_SECONDS: u64 = 86_400;
 /// sandboxd's default lease, what it grants for a TTL of 0.
@@ -104,6 +106,80 @@ pub fn renew_ttl(
     match lease.deadline {
         Some(deadline) if new_end <= deadline => None,
         _ => Some(ttl),
+    }
+}
+
+/// How often the owner of a claim with no Pod of its key here is asked
+/// while its VM runs (an evicted Pod's VM costs its memory), and while it
+/// is hibernated or archived (a suspended Sandbox's costs little).
+pub const RECHECK_RUNNING: Duration = Duration::from_secs(30);
+pub const RECHECK_HIBERNATED: Duration = Duration::from_secs(300);
+/// How often the owner of a Pod here is asked when the Pod's reference
+/// names a version the apiserver does not serve (the garbage collector
+/// will not delete the Pod when the owner goes).
+pub const RECHECK_UNSERVED_REFERENCE: Duration = Duration::from_secs(60);
+
+/// Whether a Pod of the claim's key is on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodHere {
+    No,
+    Running,
+    /// Being deleted: its reconcile decides, not the upkeep.
+    Deleting,
+}
+
+/// What the upkeep knows of a claim without asking anyone.
+#[derive(Debug, Clone)]
+pub struct Facts<'a> {
+    pub lease: Lease<'a>,
+    pub vm: &'a VmState,
+    pub pod: PodHere,
+    /// An owner is recorded for the claim (it can be asked with no Pod).
+    pub owner_recorded: bool,
+    /// The Pod's reference names a version the apiserver does not serve.
+    pub reference_unserved: bool,
+    /// The claim's own schedule: not looked at before this (its cadence, or
+    /// its back-off after a failure).
+    pub not_before: Option<Timestamp>,
+}
+
+/// Why a claim's upkeep turn has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    Renewal,
+    PendingHibernate,
+    NoPodHere,
+    UnservedReference,
+}
+
+/// Whether (and why) a claim's upkeep turn has come at `now`.
+pub fn due(f: &Facts<'_>, margin: Duration, now: Timestamp) -> Option<Due> {
+    if f.pod == PodHere::Deleting || f.not_before.is_some_and(|t| t > now) {
+        return None;
+    }
+    if matches!(f.vm, VmState::Hibernating { .. }) {
+        return Some(Due::PendingHibernate);
+    }
+    if renew_at(&f.lease, margin).is_some_and(|at| at <= now) {
+        return Some(Due::Renewal);
+    }
+    match f.pod {
+        PodHere::No if f.owner_recorded => Some(Due::NoPodHere),
+        PodHere::Running if f.reference_unserved => Some(Due::UnservedReference),
+        _ => None,
+    }
+}
+
+/// When a claim is looked at again after a turn that went through: `None`
+/// when only its lease's renewal time brings it back.
+pub fn cadence(vm: &VmState, pod: PodHere, reference_unserved: bool) -> Option<Duration> {
+    match pod {
+        PodHere::No if matches!(vm, VmState::Running | VmState::Hibernating { .. }) => {
+            Some(RECHECK_RUNNING)
+        }
+        PodHere::No => Some(RECHECK_HIBERNATED),
+        PodHere::Running if reference_unserved => Some(RECHECK_UNSERVED_REFERENCE),
+        _ => None,
     }
 }
 
@@ -246,5 +322,130 @@ mod tests {
         // A far shutdownTime does not lengthen past sandboxd's cap.
         let far = renew_ttl(&l, Some(ts("2026-12-09T00:00:00Z")), now).map(NonZeroU64::get);
         assert_eq!(far, Some(86_400));
+    }
+
+    fn facts<'a>(lease: Lease<'a>, vm: &'a VmState, pod: PodHere) -> Facts<'a> {
+        Facts {
+            lease,
+            vm,
+            pod,
+            owner_recorded: true,
+            reference_unserved: false,
+            not_before: None,
+        }
+    }
+
+    #[test]
+    fn due_table() {
+        let now = ts("2026-12-02T12:00:00Z");
+        let since = ts("2026-12-02T10:00:00Z");
+        let running = VmState::Running;
+        let hibernated = VmState::Hibernated {
+            why: "suspended".into(),
+            since,
+        };
+        let pending = VmState::Hibernating {
+            why: "suspended".into(),
+            since,
+        };
+        let due_soon = || lease("sb_1", "2026-12-02T14:00:00Z", None, Some(86_400));
+        let fresh = || lease("sb_1", "2026-12-03T10:00:00Z", None, Some(86_400));
+        let margin = 12 * HOUR;
+        let d = |f: Facts<'_>| due(&f, margin, now);
+        assert_eq!(
+            d(facts(due_soon(), &running, PodHere::Running)),
+            Some(Due::Renewal)
+        );
+        assert_eq!(d(facts(fresh(), &running, PodHere::Running)), None);
+        assert_eq!(
+            d(facts(due_soon(), &hibernated, PodHere::No)),
+            Some(Due::Renewal)
+        );
+        assert_eq!(
+            d(facts(fresh(), &hibernated, PodHere::No)),
+            Some(Due::NoPodHere)
+        );
+        assert_eq!(
+            d(facts(fresh(), &pending, PodHere::No)),
+            Some(Due::PendingHibernate)
+        );
+        assert_eq!(
+            d(facts(due_soon(), &running, PodHere::Deleting)),
+            None,
+            "a Pod being deleted is its reconcile's"
+        );
+        let unknown_owner = Facts {
+            owner_recorded: false,
+            ..facts(fresh(), &running, PodHere::No)
+        };
+        assert_eq!(d(unknown_owner), None, "no one to ask");
+        let unserved = Facts {
+            reference_unserved: true,
+            ..facts(fresh(), &running, PodHere::Running)
+        };
+        assert_eq!(d(unserved.clone()), Some(Due::UnservedReference));
+        // Its own schedule holds everything back, a renewal included.
+        let later = Some(ts("2026-12-02T12:00:01Z"));
+        for f in [
+            facts(due_soon(), &running, PodHere::Running),
+            facts(fresh(), &pending, PodHere::No),
+            Facts {
+                not_before: later,
+                ..unserved
+            },
+        ] {
+            let held = Facts {
+                not_before: later,
+                ..f
+            };
+            assert_eq!(d(held), None);
+        }
+        let reached = Facts {
+            not_before: Some(now),
+            ..facts(fresh(), &pending, PodHere::No)
+        };
+        assert_eq!(d(reached), Some(Due::PendingHibernate), "at its time");
+        // Renewal off: only the rest.
+        assert_eq!(
+            due(
+                &facts(due_soon(), &running, PodHere::Running),
+                Duration::ZERO,
+                now
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn cadence_follows_what_the_vm_costs() {
+        let since = ts("2026-12-02T10:00:00Z");
+        let hibernated = VmState::Hibernated {
+            why: "suspended".into(),
+            since,
+        };
+        let archived = VmState::Archived { since };
+        let pending = VmState::Hibernating {
+            why: "suspended".into(),
+            since,
+        };
+        assert_eq!(
+            cadence(&VmState::Running, PodHere::No, false),
+            Some(RECHECK_RUNNING)
+        );
+        assert_eq!(cadence(&pending, PodHere::No, false), Some(RECHECK_RUNNING));
+        assert_eq!(
+            cadence(&hibernated, PodHere::No, false),
+            Some(RECHECK_HIBERNATED)
+        );
+        assert_eq!(
+            cadence(&archived, PodHere::No, false),
+            Some(RECHECK_HIBERNATED)
+        );
+        assert_eq!(cadence(&VmState::Running, PodHere::Running, false), None);
+        assert_eq!(
+            cadence(&VmState::Running, PodHere::Running, true),
+            Some(RECHECK_UNSERVED_REFERENCE)
+        );
+        assert_eq!(cadence(&VmState::Running, PodHere::Deleting, true), None);
     }
 }

@@ -484,6 +484,7 @@ impl Provider {
 mod create;
 pub mod create_step;
 pub mod keys;
+pub mod lifecycle;
 mod preserved;
 mod recheck;
 mod strays;

@@ -1,0 +1,349 @@
+//! The provider's side of the Sandbox lifecycle (docs/architecture.md,
+//! "Sandbox lifecycle"): hibernate, wake and renew a claim's VM against
+//! sandboxd, each outcome recorded in the claims store; reading a stored
+//! owner, and where the owner's Pod runs now. What to do is decided by
+//! [`crate::pods::lifecycle`].
+
+use std::num::NonZeroU64;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Api;
+use kube::api::ListParams;
+use tracing::{info, warn};
+
+use super::Provider;
+use crate::claims::{Claim, OwnerRef, VmState};
+use crate::pods::authority::{self, OwnerLookup};
+use crate::pods::lifecycle::decide::Whereabouts;
+use crate::pods::pod::Pod;
+use crate::sandboxd::{Refusal, SandboxAuth, SandboxdError};
+
+/// What a hibernate did.
+#[derive(Debug)]
+pub enum Hibernation {
+    /// The VM is hibernated (sandboxd's 204), and recorded so.
+    Hibernated,
+    /// sandboxd refused (409: an egress-lane VM, or one with volumes): it
+    /// keeps running, and is never asked again.
+    Refused(String),
+    /// sandboxd no longer has it (404): the claim was dropped.
+    Gone,
+    /// It failed (500, timeout, transport): the VM is (probably) still
+    /// running; recorded as a hibernate pending, retried.
+    Failed(SandboxdError),
+    /// A recovered claim without its token, and no node token: sandboxd
+    /// cannot be asked.
+    NoCredential,
+}
+
+/// What a renewal did.
+#[derive(Debug)]
+pub enum Renewal {
+    /// The new deadline, recorded.
+    Renewed(Option<Timestamp>),
+    /// sandboxd archived the VM (409, confirmed by its single read): not
+    /// renewable until woken; recorded.
+    Archived,
+    /// sandboxd no longer has it (404).
+    Gone,
+    /// Failed; retried.
+    Failed(SandboxdError),
+    NoCredential,
+}
+
+/// The reference a stored owner stands for (always the controller).
+pub fn reference(owner: &OwnerRef) -> OwnerReference {
+    OwnerReference {
+        api_version: owner.api_version.clone(),
+        kind: owner.kind.clone(),
+        name: owner.name.clone(),
+        uid: owner.uid.clone(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
+/// The owner to record for a Pod: its controller reference.
+pub fn owner_of(pod: &Pod) -> Option<OwnerRef> {
+    authority::controller_ref(pod).map(|r| OwnerRef {
+        api_version: r.api_version.clone(),
+        kind: r.kind.clone(),
+        name: r.name.clone(),
+        uid: r.uid.clone(),
+    })
+}
+
+/// The namespace of a `<namespace>/<name>` key.
+fn namespace_of(key: &str) -> &str {
+    key.split_once('/').map_or("default", |(ns, _)| ns)
+}
+
+impl Provider {
+    /// The credential a verb on `claim` carries: its own token, or the node
+    /// token for a claim recovered without one.
+    fn auth<'a>(&self, claim: &'a Claim) -> Option<SandboxAuth<'a>> {
+        match &claim.token {
+            Some(token) => Some(SandboxAuth::Token(token)),
+            None if self.sandboxd.has_token() => Some(SandboxAuth::Node),
+            None => None,
+        }
+    }
+
+    /// Hibernates `claim`'s VM for `why` and records the outcome (the owner
+    /// with it, so a restart can ask it again).
+    pub async fn hibernate_claim(
+        &self,
+        key: &str,
+        claim: &Claim,
+        owner: Option<OwnerRef>,
+        why: &str,
+    ) -> Hibernation {
+        let Some(auth) = self.auth(claim) else {
+            return Hibernation::NoCredential;
+        };
+        let result = self.sandboxd.hibernate(&claim.id, auth).await;
+        let now = Timestamp::now();
+        let (outcome, vm, refused) = match result {
+            Ok(()) => (
+                Hibernation::Hibernated,
+                VmState::Hibernated {
+                    why: why.to_string(),
+                    since: now,
+                },
+                false,
+            ),
+            Err(e) if e.refusal() == Some(Refusal::Conflict) => {
+                (Hibernation::Refused(e.to_string()), VmState::Running, true)
+            }
+            Err(e) if e.is_unknown_sandbox() => {
+                if let Err(e) = self.claims.remove(key, &claim.id).await {
+                    warn!(pod = %key, error = %e, "the gone sandbox's record could not be removed");
+                }
+                return Hibernation::Gone;
+            }
+            Err(e) => (
+                Hibernation::Failed(e),
+                VmState::Hibernating {
+                    why: why.to_string(),
+                    since: now,
+                },
+                false,
+            ),
+        };
+        let recorded = self
+            .claims
+            .update_lifecycle(key, &claim.id, |l, _| {
+                if l.owner.is_none() {
+                    l.owner = owner;
+                }
+                // A pending hibernate keeps the time it was first asked.
+                let pending_again = matches!(
+                    (&l.vm, &vm),
+                    (VmState::Hibernating { .. }, VmState::Hibernating { .. })
+                );
+                if !pending_again {
+                    l.vm = vm;
+                }
+                l.hibernate_refused |= refused;
+            })
+            .await;
+        if let Err(e) = recorded {
+            warn!(pod = %key, sandbox = %claim.id, error = %e,
+                  "the hibernate's outcome could not be persisted; kept in memory");
+        }
+        outcome
+    }
+
+    /// Wakes `claim`'s VM (sandboxd's 204, also when it was running). The
+    /// caller records it, with the adoption.
+    pub async fn wake_claim(&self, claim: &Claim) -> Result<(), WakeError> {
+        let auth = self.auth(claim).ok_or(WakeError::NoCredential)?;
+        self.sandboxd
+            .wake(&claim.id, auth)
+            .await
+            .map_err(|e| match e.is_unknown_sandbox() {
+                true => WakeError::Gone,
+                false => WakeError::Failed(e),
+            })
+    }
+
+    /// Renews `claim`'s lease for `ttl` seconds and records the deadline
+    /// sandboxd granted (and how long it was).
+    pub async fn renew_claim(&self, key: &str, claim: &Claim, ttl: NonZeroU64) -> Renewal {
+        let Some(auth) = self.auth(claim) else {
+            return Renewal::NoCredential;
+        };
+        let asked_at = Timestamp::now();
+        match self.sandboxd.renew(&claim.id, auth, ttl).await {
+            Ok(deadline) => {
+                let deadline = deadline.expires_at();
+                let granted = deadline
+                    .map(|d| d.duration_since(asked_at).as_secs())
+                    .and_then(|s| u64::try_from(s).ok())
+                    .filter(|s| *s > 0);
+                let recorded = self
+                    .claims
+                    .update_lifecycle(key, &claim.id, |l, d| {
+                        *d = deadline;
+                        l.ttl_seconds.get_or_insert(ttl.get());
+                        if granted.is_some() {
+                            l.granted_seconds = granted;
+                        }
+                    })
+                    .await;
+                if let Err(e) = recorded {
+                    warn!(pod = %key, sandbox = %claim.id, error = %e,
+                          "the renewed deadline could not be persisted; kept in memory");
+                }
+                Renewal::Renewed(deadline)
+            }
+            Err(e) if e.refusal() == Some(Refusal::Conflict) => {
+                // Archived (or being archived): sandboxd's single read says.
+                match self.sandboxd.get(&claim.id).await {
+                    Ok(info) if info.archived => {
+                        let since = Timestamp::now();
+                        let recorded = self
+                            .claims
+                            .update_lifecycle(key, &claim.id, |l, d| {
+                                l.vm = VmState::Archived { since };
+                                *d = info.deadline.expires_at();
+                            })
+                            .await;
+                        if let Err(e) = recorded {
+                            warn!(pod = %key, error = %e, "archived state not persisted");
+                        }
+                        info!(pod = %key, sandbox = %claim.id,
+                              "sandboxd archived this sandbox: not renewable until woken");
+                        Renewal::Archived
+                    }
+                    _ => Renewal::Failed(e),
+                }
+            }
+            Err(e) if e.is_unknown_sandbox() => Renewal::Gone,
+            Err(e) => Renewal::Failed(e),
+        }
+    }
+
+    /// Reads a stored owner (no Pod of the key here), at a served version.
+    pub async fn lookup_owner(&self, key: &str, owner: &OwnerRef) -> OwnerLookup {
+        self.owners
+            .lookup_ref(&self.client, namespace_of(key), &reference(owner))
+            .await
+    }
+
+    /// Whether the reference's own version is served, from discovery's
+    /// cache (`Some(false)`: the garbage collector cannot resolve it).
+    pub fn owner_version_served(&self, owner: &OwnerRef) -> Option<bool> {
+        self.owners.own_version_served(&reference(owner))
+    }
+
+    /// Where the Pod of `key` runs now, for a claim whose owner lives and
+    /// runs with no Pod of the key here: on another node, under the same
+    /// owner, means the Sandbox moved. A `list` by name (the grant the Pod
+    /// watch holds), not a `get`.
+    pub async fn whereabouts(
+        &self,
+        key: &str,
+        owner: &OwnerRef,
+        node: &str,
+    ) -> Result<Whereabouts, kube::Error> {
+        let (ns, name) = key.split_once('/').unwrap_or(("default", key));
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let pods = api
+            .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+            .await?;
+        let elsewhere = pods.items.iter().find_map(|p| {
+            let bound = p.spec.as_ref()?.node_name.as_deref()?;
+            let same_owner = authority::controller_ref(p).is_some_and(|r| r.uid == owner.uid);
+            (same_owner && bound != node && p.metadata.deletion_timestamp.is_none())
+                .then(|| bound.to_string())
+        });
+        Ok(elsewhere.map_or(Whereabouts::NotElsewhere, Whereabouts::Elsewhere))
+    }
+}
+
+/// Why a wake did not happen.
+#[derive(Debug)]
+pub enum WakeError {
+    /// sandboxd no longer has the sandbox (its lease ended, or its archive
+    /// was deleted).
+    Gone,
+    Failed(SandboxdError),
+    NoCredential,
+}
+
+impl std::fmt::Display for WakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WakeError::Gone => f.write_str("sandboxd no longer has this sandbox"),
+            WakeError::Failed(e) => write!(f, "{e}"),
+            WakeError::NoCredential => f.write_str(
+                "the claim was recovered without its token and no node token is configured",
+            ),
+        }
+    }
+}
+
+impl Provider {
+    /// The settled claims (the ones the upkeep looks after), by key.
+    pub fn settled_claims(&self) -> Vec<(String, Claim)> {
+        self.claims
+            .all()
+            .into_iter()
+            .filter(|(_, _, state)| *state == crate::claims::ClaimState::Settled)
+            .map(|(k, c, _)| (k, c))
+            .collect()
+    }
+
+    /// Records the owner a claim serves, if none is recorded yet.
+    pub async fn record_owner(
+        &self,
+        key: &str,
+        id: &str,
+        owner: OwnerRef,
+    ) -> crate::error::Result<()> {
+        self.claims
+            .update_lifecycle(key, id, |l, _| {
+                if l.owner.is_none() {
+                    l.owner = Some(owner);
+                }
+            })
+            .await
+            .map(drop)
+    }
+
+    /// Reads the controller owner of a Pod here, at a served version.
+    pub async fn owner_of_pod(&self, pod: &Pod) -> OwnerLookup {
+        self.owners.lookup(&self.client, pod).await
+    }
+
+    /// Releases `claim` for the upkeep (its owner is gone, expired or moved)
+    /// and forgets it. `Ok(false)`: no credential can release it (recovered
+    /// claim, no node token); the row is dropped and the VM ends at its
+    /// deadline.
+    pub async fn release_held(&self, key: &str, claim: &Claim) -> Result<bool, SandboxdError> {
+        if self.claims.get(key).is_none_or(|(c, _)| c.id != claim.id) {
+            return Ok(true);
+        }
+        let released = self.release_claim(claim).await?;
+        if let Err(e) = self.claims.remove(key, &claim.id).await {
+            warn!(pod = %key, error = %e, "release done but its record could not be removed");
+        }
+        Ok(released)
+    }
+
+    /// sandboxd no longer has a claim whose Pod runs here (a renewal
+    /// answered 404): its deadline becomes now, so the lease-expiry watch
+    /// confirms it with the listing and reports the Pod's lease ended.
+    pub async fn lease_gone(&self, key: &str, claim: &Claim) {
+        let now = Timestamp::now();
+        if let Err(e) = self
+            .claims
+            .update_lifecycle(key, &claim.id, |_, d| *d = Some(now))
+            .await
+        {
+            warn!(pod = %key, error = %e, "the ended lease could not be recorded");
+        }
+    }
+}

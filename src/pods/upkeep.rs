@@ -1,0 +1,535 @@
+//! The lifecycle upkeep loop (docs/architecture.md, "Sandbox lifecycle"):
+//! each turn (every 2 s) picks the claims whose turn has come — a lease due
+//! for renewal, a hibernate pending, a claim with no Pod of its key here
+//! (every 30 s while its VM runs, every 5 min while hibernated), a Pod whose
+//! owner reference names a version the apiserver does not serve (every
+//! minute) — asks the owner, and does what [`upkeep`] decides: renew,
+//! hibernate, release. At most [`AT_ONCE`] claims at a time, each with its
+//! own back-off after a failure (2 s doubling to 5 min).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource;
+use kube::api::PostParams;
+use kube::runtime::events::{Event, EventType};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::authority;
+use super::context::{Context, once_event};
+use super::lifecycle::decide::{
+    OwnerState, Settings, Turn as Facts, Upkeep, Whereabouts, owner_state, upkeep,
+};
+use super::lifecycle::reason;
+use super::lifecycle::schedule::{self, Due, Lease, PodHere};
+use super::pod::Pod;
+use super::provider::lifecycle::{Hibernation, Renewal, owner_of, reference};
+use super::provider::view;
+use super::status;
+use super::writes::{self, Guard};
+use crate::claims::{Claim, OwnerRef, VmState};
+use crate::identity::FIELD_MANAGER;
+use crate::periodic::{Beat, Next, Turn};
+
+/// The loop's period.
+pub const PERIOD: Duration = Duration::from_secs(2);
+/// Claims looked after at once.
+pub const AT_ONCE: usize = 8;
+const BACKOFF_START: Duration = Duration::from_secs(2);
+const BACKOFF_CAP: Duration = Duration::from_secs(300);
+
+/// A claim's own schedule: when it may be looked at again, and how many
+/// turns in a row failed.
+#[derive(Debug, Default, Clone)]
+struct Slot {
+    not_before: Option<Timestamp>,
+    failures: u32,
+}
+
+/// How a claim's turn went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Went {
+    /// Done (or nothing to do): look again at its cadence.
+    Through,
+    /// Could not decide or act: back off.
+    Failed,
+}
+
+/// The upkeep loop's state: the context and each claim's schedule, by
+/// (key, claim id).
+pub struct LifecycleUpkeep {
+    ctx: Arc<Context>,
+    settings: Settings,
+    slots: HashMap<(String, String), Slot>,
+}
+
+impl LifecycleUpkeep {
+    pub fn new(ctx: Arc<Context>, settings: Settings) -> LifecycleUpkeep {
+        LifecycleUpkeep {
+            ctx,
+            settings,
+            slots: HashMap::new(),
+        }
+    }
+}
+
+fn later(now: Timestamp, wait: Duration) -> Option<Timestamp> {
+    SignedDuration::try_from(wait)
+        .ok()
+        .and_then(|d| now.checked_add(d).ok())
+}
+
+/// The Pod of `key` here, and whether it is being deleted.
+fn pod_here(ctx: &Context, key: &str) -> (Option<Arc<Pod>>, PodHere) {
+    match ctx.provider.tracked(key) {
+        None => (None, PodHere::No),
+        Some(p) if p.metadata.deletion_timestamp.is_some() => (Some(p), PodHere::Deleting),
+        Some(p) => (Some(p), PodHere::Running),
+    }
+}
+
+fn lease<'a>(claim: &'a Claim, pod: Option<&Pod>) -> Lease<'a> {
+    // The Pod's annotation, while it is here; else what was recorded.
+    let asked = pod
+        .and_then(|p| super::annotations::claim_request(p).ok())
+        .map(|r| r.ttl_seconds)
+        .or(claim.lifecycle.ttl_seconds);
+    Lease {
+        id: &claim.id,
+        deadline: claim.deadline,
+        ttl_seconds: asked,
+        granted_seconds: claim.lifecycle.granted_seconds,
+    }
+}
+
+impl Turn for LifecycleUpkeep {
+    async fn turn(&mut self, beat: &Beat) -> Next {
+        let now = Timestamp::now();
+        let rows = self.ctx.provider.settled_claims();
+        self.slots
+            .retain(|(k, id), _| rows.iter().any(|(rk, c)| rk == k && c.id == *id));
+        let mut nearest: Option<i64> = None;
+        let mut due = Vec::new();
+        for (key, claim) in rows {
+            let (pod, here) = pod_here(&self.ctx, &key);
+            let unserved = pod
+                .as_deref()
+                .and_then(owner_of)
+                .and_then(|o| self.ctx.provider.owner_version_served(&o))
+                == Some(false);
+            let slot = self.slots.get(&(key.clone(), claim.id.clone()));
+            let facts = schedule::Facts {
+                lease: lease(&claim, pod.as_deref()),
+                vm: &claim.lifecycle.vm,
+                pod: here,
+                owner_recorded: claim.lifecycle.owner.is_some(),
+                reference_unserved: unserved,
+                not_before: slot.and_then(|s| s.not_before),
+            };
+            if !self.settings.renew_margin.is_zero()
+                && !matches!(claim.lifecycle.vm, VmState::Archived { .. })
+                && let Some(d) = claim.deadline
+            {
+                let left = d.duration_since(now).as_secs();
+                nearest = Some(nearest.map_or(left, |n| n.min(left)));
+            }
+            if let Some(why) = schedule::due(&facts, self.settings.renew_margin, now) {
+                due.push((key, claim, pod, here, unserved, why));
+            }
+        }
+        if let Some(left) = nearest {
+            self.ctx.metrics.claim_lease_remaining_min(left as f64);
+        }
+        let ctx = &self.ctx;
+        let settings = self.settings;
+        let results: Vec<(String, Claim, PodHere, bool, Went)> = futures::stream::iter(due)
+            .map(|(key, claim, pod, here, unserved, why)| async move {
+                let span = info_span!("upkeep", node = %ctx.node, pod = %key, sandbox = %claim.id);
+                let went = look_after(ctx, settings, &key, &claim, pod, why)
+                    .instrument(span)
+                    .await;
+                (key, claim, here, unserved, went)
+            })
+            .buffer_unordered(AT_ONCE)
+            .inspect(|_| beat.beat())
+            .collect()
+            .await;
+        let now = Timestamp::now();
+        for (key, claim, here, unserved, went) in results {
+            let slot = self.slots.entry((key, claim.id.clone())).or_default();
+            match went {
+                Went::Through => {
+                    slot.failures = 0;
+                    slot.not_before = schedule::cadence(&claim.lifecycle.vm, here, unserved)
+                        .and_then(|c| later(now, c));
+                }
+                Went::Failed => {
+                    slot.failures = slot.failures.saturating_add(1);
+                    let wait = crate::backoff::nth(BACKOFF_START, BACKOFF_CAP, slot.failures);
+                    slot.not_before = later(now, wait);
+                }
+            }
+        }
+        Next::Period
+    }
+}
+
+/// One claim's turn: ask the owner, decide, act.
+async fn look_after(
+    ctx: &Context,
+    settings: Settings,
+    key: &str,
+    claim: &Claim,
+    pod: Option<Arc<Pod>>,
+    why: Due,
+) -> Went {
+    let provider = &ctx.provider;
+    let (reference, lookup) = match (&pod, &claim.lifecycle.owner) {
+        (Some(p), _) => (
+            authority::controller_ref(p).cloned(),
+            provider.owner_of_pod(p).await,
+        ),
+        (None, Some(owner)) => (
+            Some(reference(owner)),
+            provider.lookup_owner(key, owner).await,
+        ),
+        (None, None) => return Went::Through,
+    };
+    let owner = owner_state(reference.as_ref(), &lookup);
+    if let (Some(p), None) = (&pod, &claim.lifecycle.owner) {
+        remember_owner(ctx, key, claim, p).await;
+    }
+    let mut facts = Facts {
+        pod_here: pod.is_some(),
+        owner: &owner,
+        vm: &claim.lifecycle.vm,
+        hibernate_refused: claim.lifecycle.hibernate_refused,
+        lease: lease(claim, pod.as_deref()),
+        whereabouts: Whereabouts::Unknown,
+        now: Timestamp::now(),
+        settings,
+    };
+    let mut decision = upkeep(&facts);
+    if decision == Upkeep::AskWhereabouts
+        && let Some(owner) = &claim.lifecycle.owner
+    {
+        match provider.whereabouts(key, owner, &ctx.node).await {
+            Ok(w) => facts.whereabouts = w,
+            Err(e) => {
+                warn!(error = %e, "could not find where the owner's Pod runs; asked again later");
+                return Went::Failed;
+            }
+        }
+        decision = upkeep(&facts);
+    }
+    debug!(?why, ?decision, "upkeep turn");
+    let regarding = regarding(key, claim.lifecycle.owner.as_ref(), pod.as_deref());
+    match decision {
+        Upkeep::Wait(why) => {
+            if matches!(owner, OwnerState::Doubt(_)) {
+                debug!(%why, "owner in doubt; asked again later");
+                return Went::Failed;
+            }
+            Went::Through
+        }
+        Upkeep::AskWhereabouts => Went::Through,
+        Upkeep::Renew(ttl) => renew(ctx, key, claim, pod.as_deref(), ttl, regarding).await,
+        Upkeep::Hibernate(why) => hibernate(ctx, key, claim, &why, regarding).await,
+        Upkeep::Release(why) => release(ctx, key, claim, &why, regarding, None).await,
+        Upkeep::ReleaseOwnerGone(why) => {
+            release(ctx, key, claim, &why, regarding, pod.as_deref()).await
+        }
+    }
+}
+
+/// A Pod here whose claim has no owner recorded (made before lifecycle
+/// state existed): record it, so the claim can be looked after once the Pod
+/// is gone.
+async fn remember_owner(ctx: &Context, key: &str, claim: &Claim, pod: &Pod) {
+    let Some(owner) = owner_of(pod) else {
+        return;
+    };
+    if let Err(e) = ctx.provider.record_owner(key, &claim.id, owner).await {
+        warn!(error = %e, "the claim's owner could not be recorded");
+    }
+}
+
+/// What a lifecycle Event is about: the Pod while it is here, else the
+/// owner (so `kubectl describe sandbox` shows it).
+fn regarding(key: &str, owner: Option<&OwnerRef>, pod: Option<&Pod>) -> Option<ObjectReference> {
+    if let Some(p) = pod {
+        return Some(p.object_ref(&()));
+    }
+    let owner = owner?;
+    Some(ObjectReference {
+        api_version: Some(owner.api_version.clone()),
+        kind: Some(owner.kind.clone()),
+        name: Some(owner.name.clone()),
+        namespace: Some(
+            key.split_once('/')
+                .map_or("default", |(ns, _)| ns)
+                .to_string(),
+        ),
+        uid: Some(owner.uid.clone()),
+        ..Default::default()
+    })
+}
+
+/// A Normal Event (created directly: each happens once).
+pub async fn normal(ctx: &Context, regarding: Option<ObjectReference>, reason: &str, note: String) {
+    let Some(regarding) = regarding else {
+        return;
+    };
+    let ev = once_event(&regarding, &ctx.node, reason, note, Timestamp::now());
+    let ns = regarding.namespace.as_deref().unwrap_or("default");
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    if let Err(e) =
+        kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(ctx.client.clone(), ns)
+            .create(&pp, &ev)
+            .await
+    {
+        warn!(error = %e, reason, "event not recorded");
+    }
+}
+
+/// A Warning Event (through kube's Recorder, which folds repeats).
+pub async fn warning(
+    ctx: &Context,
+    regarding: Option<ObjectReference>,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let Some(regarding) = regarding else {
+        return;
+    };
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &regarding).await {
+        warn!(error = %e, reason, "event not recorded");
+    }
+}
+
+async fn renew(
+    ctx: &Context,
+    key: &str,
+    claim: &Claim,
+    pod: Option<&Pod>,
+    ttl: std::num::NonZeroU64,
+    regarding: Option<ObjectReference>,
+) -> Went {
+    match ctx.provider.renew_claim(key, claim, ttl).await {
+        Renewal::Renewed(deadline) => {
+            ctx.metrics.claim_renewed("renewed");
+            info!(?deadline, ttl = ttl.get(), "lease renewed");
+            Went::Through
+        }
+        Renewal::Archived => {
+            ctx.metrics.claim_renewed("archived");
+            Went::Through
+        }
+        Renewal::Gone => {
+            ctx.metrics.claim_renewed("gone");
+            if pod.is_some() {
+                // The lease-expiry watch confirms it and reports the Pod.
+                ctx.provider.lease_gone(key, claim).await;
+            } else {
+                warn!("sandboxd no longer has this sandbox; the claim is dropped");
+                let _ = ctx.provider.release_held(key, claim).await;
+                warning(
+                    ctx,
+                    regarding,
+                    reason::LOST,
+                    reason::LOST,
+                    format!(
+                        "sandbox {} is gone from sandboxd (its lease ended?); the owner's next \
+                         Pod gets a fresh one, without this one's memory and files",
+                        claim.id
+                    ),
+                )
+                .await;
+            }
+            Went::Through
+        }
+        Renewal::Failed(e) => {
+            ctx.metrics.claim_renewed("failed");
+            warn!(error = %e, "lease renewal failed; retried");
+            warning(
+                ctx,
+                regarding,
+                reason::RENEW_FAILED,
+                reason::RENEW_ERROR,
+                format!(
+                    "{}: renewing sandbox {}'s lease failed (it ends at {}); retried: {e}",
+                    reason::RENEW_ERROR,
+                    claim.id,
+                    claim
+                        .deadline
+                        .map_or_else(|| "never".to_string(), |d| d.to_string())
+                ),
+            )
+            .await;
+            Went::Failed
+        }
+        Renewal::NoCredential => {
+            ctx.metrics.claim_renewed("no_credential");
+            Went::Through
+        }
+    }
+}
+
+async fn hibernate(
+    ctx: &Context,
+    key: &str,
+    claim: &Claim,
+    why: &str,
+    regarding: Option<ObjectReference>,
+) -> Went {
+    let outcome = ctx
+        .provider
+        .hibernate_claim(key, claim, claim.lifecycle.owner.clone(), "suspended")
+        .await;
+    report_hibernation(ctx, claim, why, &outcome, regarding).await;
+    match outcome {
+        Hibernation::Failed(_) => Went::Failed,
+        _ => Went::Through,
+    }
+}
+
+/// Metrics, log and Event of a hibernate (shared with the Pod delete path).
+pub async fn report_hibernation(
+    ctx: &Context,
+    claim: &Claim,
+    why: &str,
+    outcome: &Hibernation,
+    regarding: Option<ObjectReference>,
+) {
+    let id = &claim.id;
+    match outcome {
+        Hibernation::Hibernated => {
+            ctx.metrics.claim_transition("hibernate", "ok");
+            info!(sandbox = %id, %why, "sandbox hibernated");
+            normal(
+                ctx,
+                regarding,
+                reason::HIBERNATED,
+                format!("sandbox {id} hibernated: {why}"),
+            )
+            .await;
+        }
+        Hibernation::Refused(e) => {
+            ctx.metrics.claim_transition("hibernate", "refused");
+            warn!(sandbox = %id, error = %e, "sandboxd refuses to hibernate this sandbox; it keeps running");
+            warning(
+                ctx,
+                regarding,
+                reason::HIBERNATE_FAILED,
+                reason::HIBERNATE_REFUSED,
+                format!(
+                    "{}: sandboxd cannot hibernate sandbox {id} (an egress-lane VM, or one \
+                     with volumes); it keeps running while {why}: {e}",
+                    reason::HIBERNATE_REFUSED
+                ),
+            )
+            .await;
+        }
+        Hibernation::Failed(e) => {
+            ctx.metrics.claim_transition("hibernate", "failed");
+            warn!(sandbox = %id, error = %e, "hibernate failed; the VM keeps running; retried");
+            warning(
+                ctx,
+                regarding,
+                reason::HIBERNATE_FAILED,
+                reason::HIBERNATE_ERROR,
+                format!(
+                    "{}: hibernating sandbox {id} failed, it keeps running for now; retried: {e}",
+                    reason::HIBERNATE_ERROR
+                ),
+            )
+            .await;
+        }
+        Hibernation::Gone => {
+            ctx.metrics.claim_transition("hibernate", "gone");
+            info!(sandbox = %id, "sandboxd no longer has this sandbox; the claim is dropped");
+        }
+        Hibernation::NoCredential => {
+            ctx.metrics.claim_transition("hibernate", "no_credential");
+            warn!(sandbox = %id, "no credential can hibernate this recovered claim; it keeps running");
+        }
+    }
+}
+
+async fn release(
+    ctx: &Context,
+    key: &str,
+    claim: &Claim,
+    why: &str,
+    regarding: Option<ObjectReference>,
+    left_behind: Option<&Pod>,
+) -> Went {
+    match ctx.provider.release_held(key, claim).await {
+        Ok(_) => {
+            info!(%why, "released sandbox");
+            if let Some(pod) = left_behind {
+                let patch = status::ended(
+                    pod,
+                    &view(claim),
+                    Timestamp::now(),
+                    reason::OWNER_GONE,
+                    &format!(
+                        "the Pod's owner is gone ({why}) but the Pod stays (its owner reference \
+                         names a version the apiserver no longer serves, so the garbage \
+                         collector cannot delete it); sandbox {} was released",
+                        claim.id
+                    ),
+                );
+                if let Err(e) =
+                    writes::write_status(&ctx.client, &ctx.metrics, pod, &patch, Guard::Uid).await
+                {
+                    warn!(error = %e, "could not mark the Pod left behind Failed");
+                }
+                warning(
+                    ctx,
+                    regarding,
+                    reason::OWNER_GONE,
+                    reason::OWNER_GONE,
+                    format!(
+                        "sandbox {} released: {why}; the Pod is left Failed",
+                        claim.id
+                    ),
+                )
+                .await;
+            } else {
+                let action = if why.contains("moved") {
+                    reason::MOVED
+                } else {
+                    super::context::reason::RELEASED
+                };
+                normal(
+                    ctx,
+                    regarding,
+                    super::context::reason::RELEASED,
+                    format!("{action}: sandbox {} released: {why}", claim.id),
+                )
+                .await;
+            }
+            Went::Through
+        }
+        Err(e) => {
+            warn!(error = %e, %why, "release failed; retried");
+            Went::Failed
+        }
+    }
+}
