@@ -284,7 +284,12 @@ async fn run(cfg: Config) -> Result<()> {
     let claims = Arc::new(claims?);
     claims::gauge::instrument(&claims, &metrics)?;
     let sandboxd = sandboxd_client(&cfg, &metrics)?;
-    let provider = Provider::new(client.clone(), sandboxd.clone(), claims.clone());
+    let provider = Provider::new(client.clone(), sandboxd.clone(), claims.clone()).with_lifecycle(
+        vk_sandbox::pods::lifecycle::decide::Settings {
+            hibernate_on_suspend: cfg.lifecycle.hibernate_on_suspend,
+            renew_margin: cfg.lifecycle.renew_margin,
+        },
+    );
     let provider = Arc::new(provider);
 
     // The Pod watch starts listing now. Its store serves the kubelet API

@@ -350,10 +350,25 @@ impl ClaimsStore {
     /// state change. Writes only when something changed. The change stands
     /// in memory even on `Err` (the caller only logs it: the row is still held in memory).
     pub async fn rebind(&self, key: &str, id: &str, pod_uid: &str) -> Result<()> {
+        self.rebind_with(key, id, pod_uid, |_| {}).await
+    }
+
+    /// [`ClaimsStore::rebind`], changing the row's lifecycle part in the
+    /// same write (an adoption records the new Pod's owner, and a woken VM
+    /// no longer hibernated, with one put).
+    pub async fn rebind_with(
+        &self,
+        key: &str,
+        id: &str,
+        pod_uid: &str,
+        change: impl FnOnce(&mut Lifecycle),
+    ) -> Result<()> {
         let now = now_second();
         self.persist(|table| match table.rows.get_mut(key) {
             Some(e) if e.claim.id == id => {
-                let mut changed = false;
+                let before = e.claim.lifecycle.clone();
+                change(&mut e.claim.lifecycle);
+                let mut changed = e.claim.lifecycle != before;
                 if e.claim.pod_uid != pod_uid {
                     e.claim.pod_uid = pod_uid.to_string();
                     changed = true;

@@ -11,18 +11,20 @@ use futures::{StreamExt, TryStreamExt};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::{Context, reason};
 use super::failure::{FailedStatus, failed_status};
+use super::lifecycle;
 use super::plan::{Step, Tracked, plan};
 use super::pod::Pod;
 use super::provider::{Created, Deleted};
 use super::status;
 use super::sweeps::{self, Periods};
 use super::synced::Synced;
+use super::upkeep;
 use super::writes::{self, Guard, Written};
 use crate::metrics::Controller as MetricController;
 use crate::{Error, Result};
@@ -63,6 +65,10 @@ async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                     );
                     let r = reason::LEFT_TO_EXPIRE;
                     ctx.warning(&pod, r, r, note).await
+                }
+                Deleted::Hibernated { id, why, outcome } => {
+                    let regarding = Some(pod.object_ref(&()));
+                    upkeep::report_hibernation(ctx, id, why, outcome, regarding).await
                 }
                 Deleted::Stale | Deleted::NothingHeld => {}
             }
@@ -112,6 +118,16 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                 Created::Resumed { id, status } => {
                     debug!(sandbox = %id, "resumed the Pod's own claim after a restart");
                     (None, status)
+                }
+                Created::Woken { id, status } => {
+                    metrics.claim_transition("wake", "ok");
+                    (
+                        Some((
+                            lifecycle::reason::WOKEN,
+                            format!("woke sandbox {id}, hibernated while its owner was suspended"),
+                        )),
+                        status,
+                    )
                 }
             };
             let sent = started.elapsed();

@@ -271,33 +271,18 @@ async fn a_preserved_claim_is_released_once_its_owner_goes_with_no_pod_here() {
     );
     assert!(w.ctx.provider.holds("ns/sb"));
 
-    within(
-        w.ctx
-            .provider
-            .recheck_preserved(&crate::periodic::Beat::none(), any_time()),
-    )
-    .await;
+    within(upkeep_turn(&w.ctx, &[])).await;
     assert!(release_requests(&w.sim).is_empty(), "the owner still lives");
     assert!(w.ctx.provider.holds("ns/sb"));
 
     gone.store(true, std::sync::atomic::Ordering::SeqCst);
-    within(
-        w.ctx
-            .provider
-            .recheck_preserved(&crate::periodic::Beat::none(), any_time()),
-    )
-    .await;
+    within(upkeep_turn(&w.ctx, &[])).await;
     assert_eq!(
         release_requests(&w.sim),
         vec![format!("/v1/sandboxes/{id}/release")]
     );
     assert!(!w.ctx.provider.holds("ns/sb"));
-    within(
-        w.ctx
-            .provider
-            .recheck_preserved(&crate::periodic::Beat::none(), any_time()),
-    )
-    .await;
+    within(upkeep_turn(&w.ctx, &[])).await;
     assert_eq!(release_requests(&w.sim).len(), 1, "released once");
 }
 
@@ -307,17 +292,12 @@ async fn a_preserved_claim_is_released_once_its_owner_goes_with_no_pod_here() {
 async fn a_replacement_pod_here_takes_a_preserved_claim_back() {
     let (w, gone, _) = preserved_world().await;
     let replacement = owned_pod("p2", "o1");
-    let created = within(w.ctx.provider.create(&Arc::new(replacement)))
+    let created = within(w.ctx.provider.create(&Arc::new(replacement.clone())))
         .await
         .expect("adopt");
     assert!(matches!(created, super::provider::Created::Adopted { .. }));
     gone.store(true, std::sync::atomic::Ordering::SeqCst);
-    within(
-        w.ctx
-            .provider
-            .recheck_preserved(&crate::periodic::Beat::none(), any_time()),
-    )
-    .await;
+    within(upkeep_turn(&w.ctx, &[replacement])).await;
     assert!(
         release_requests(&w.sim).is_empty(),
         "the replacement holds it"

@@ -326,3 +326,16 @@ pub async fn claimed(w: &World) -> String {
     );
     id
 }
+
+/// One turn of a fresh lifecycle upkeep (so every claim is due at once),
+/// with `pods` as the watch cache of this node.
+pub async fn upkeep_turn(ctx: &Arc<Context>, pods: &[Pod]) {
+    use crate::periodic::Turn;
+    use kube::runtime::{reflector, watcher};
+    let (store, mut writer) = reflector::store::<Pod>();
+    for p in pods {
+        writer.apply_watcher_event(&watcher::Event::Apply(p.clone()));
+    }
+    let mut upkeep = super::upkeep::LifecycleUpkeep::new(Arc::clone(ctx), store);
+    upkeep.turn(&crate::periodic::Beat::none()).await;
+}

@@ -28,7 +28,7 @@ fn owner_gets(w: &ApiServer) -> usize {
 }
 
 /// A preserved claim whose owner is replaced (same name, new UID) is
-/// released by the recheck while the new owner's Pod arrives here: the
+/// released by the lifecycle upkeep while the new owner's Pod arrives here: the
 /// release and the adoption of the key never interleave. The release runs
 /// first, so the new Pod claims afresh and runs on a live sandbox.
 #[tokio::test(flavor = "multi_thread")]
@@ -66,11 +66,7 @@ async fn a_release_and_an_adoption_of_one_key_never_interleave() {
         .expect("arm");
     let recheck = tokio::spawn({
         let ctx = Arc::clone(&w.ctx);
-        async move {
-            ctx.provider
-                .recheck_preserved(&Beat::none(), any_time())
-                .await
-        }
+        async move { upkeep_turn(&ctx, &[]).await }
     });
     for _ in 0..100 {
         if !release_requests(&w.sim).is_empty() {
@@ -181,10 +177,10 @@ fn owned(name: &str) -> Pod {
     p
 }
 
-/// Twelve preserved claims whose owners answer slowly (300 ms each, one
-/// at a time): the recheck beats per owner asked, so `/livez` stays OK
-/// with a margin of 500 ms, and an owner just asked is not asked again on
-/// the next tick.
+/// Twelve preserved claims whose owners answer slowly (300 ms each): the
+/// lifecycle upkeep (which asks the owners of claims with no Pod here)
+/// beats per claim looked after, so `/livez` stays OK with a margin of
+/// 500 ms, and an owner just asked is not asked again on the next tick.
 #[tokio::test(flavor = "multi_thread")]
 async fn livez_stays_ok_under_a_slow_preserved_recheck() {
     crate::crypto::install_provider();
@@ -201,6 +197,10 @@ async fn livez_stays_ok_under_a_slow_preserved_recheck() {
                         "metadata": {"name": name, "namespace": "ns", "uid": format!("o-{name}")}}),
                 )
             }
+            ("GET", "/api/v1/namespaces/ns/pods") => (
+                200,
+                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
+            ),
             _ => (404, Value::Null),
         },
         move |s| {
@@ -241,6 +241,7 @@ async fn livez_stays_ok_under_a_slow_preserved_recheck() {
         vanished: Duration::from_secs(3600),
         lease_expiry: Duration::from_millis(50),
         refresh: Duration::from_secs(3600),
+        upkeep: Duration::from_millis(50),
         stall_margin: Duration::from_millis(500),
     };
     let mut loops = sweeps::spawn(ctx, store, Synced::ready(), periods, stop.clone());

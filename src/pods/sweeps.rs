@@ -33,6 +33,7 @@ use super::pod::{Pod, key_of};
 use super::provider::view;
 use super::status;
 use super::synced::Synced;
+use super::upkeep::LifecycleUpkeep;
 use super::writes::{self, Guard, Written};
 use crate::backoff::Backoff;
 use crate::health::STALL_MARGIN;
@@ -44,6 +45,8 @@ pub struct Periods {
     pub vanished: Duration,
     pub lease_expiry: Duration,
     pub refresh: Duration,
+    /// The lifecycle upkeep (`pods/upkeep.rs`).
+    pub upkeep: Duration,
     /// How long past its period a loop may be silent before `/livez` fails.
     pub stall_margin: Duration,
 }
@@ -54,6 +57,7 @@ impl Default for Periods {
             vanished: Duration::from_secs(2),
             lease_expiry: Duration::from_secs(30),
             refresh: Duration::from_secs(15),
+            upkeep: super::upkeep::PERIOD,
             stall_margin: STALL_MARGIN,
         }
     }
@@ -320,10 +324,22 @@ pub fn spawn(
         retries: Retries::default(),
         trim: crate::memory::Trim::default(),
     };
+    let upkeep = LifecycleUpkeep::new(Arc::clone(&ctx), store.clone());
     let lease_expiry = LeaseExpiry {
         ctx: Arc::clone(&ctx),
         store,
     };
+    {
+        let (ctx, stop, synced) = (Arc::clone(&ctx), stop.clone(), synced.clone());
+        set.spawn(async move {
+            if stop.run_until_cancelled(synced.wait()).await.is_some() {
+                Periodic::new("lifecycle upkeep", periods.upkeep)
+                    .stall_margin(margin)
+                    .run(ctx.health.as_ref(), &stop, upkeep)
+                    .await
+            }
+        });
+    }
     {
         let (ctx, stop, synced) = (Arc::clone(&ctx), stop.clone(), synced.clone());
         set.spawn(async move {
@@ -397,6 +413,7 @@ mod tests {
             vanished: Duration::from_millis(50),
             lease_expiry: Duration::from_millis(50),
             refresh: Duration::from_millis(100),
+            upkeep: Duration::from_millis(100),
             stall_margin: Duration::from_millis(400),
         };
         let mut loops = spawn(ctx, store, Synced::ready(), periods, stop.clone());

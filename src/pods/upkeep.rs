@@ -34,11 +34,17 @@ use super::writes::{self, Guard};
 use crate::claims::{Claim, OwnerRef, VmState};
 use crate::identity::FIELD_MANAGER;
 use crate::periodic::{Beat, Next, Turn};
+use kube::runtime::reflector::{ObjectRef, Store};
 
 /// The loop's period.
 pub const PERIOD: Duration = Duration::from_secs(2);
 /// Claims looked after at once.
 pub const AT_ONCE: usize = 8;
+/// How long one claim's turn may take before `/livez` fails (each call
+/// in it has its own, shorter timeout).
+const CLAIM_BOUND: Duration = Duration::from_secs(300);
+/// How often the loop beats while claims are being looked after.
+const BEAT_WHILE_WAITING: Duration = Duration::from_millis(100);
 const BACKOFF_START: Duration = Duration::from_secs(2);
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
 
@@ -63,15 +69,16 @@ enum Went {
 /// (key, claim id).
 pub struct LifecycleUpkeep {
     ctx: Arc<Context>,
-    settings: Settings,
+    /// The watch cache: which Pods are on this node.
+    store: Store<Pod>,
     slots: HashMap<(String, String), Slot>,
 }
 
 impl LifecycleUpkeep {
-    pub fn new(ctx: Arc<Context>, settings: Settings) -> LifecycleUpkeep {
+    pub fn new(ctx: Arc<Context>, store: Store<Pod>) -> LifecycleUpkeep {
         LifecycleUpkeep {
             ctx,
-            settings,
+            store,
             slots: HashMap::new(),
         }
     }
@@ -83,11 +90,15 @@ fn later(now: Timestamp, wait: Duration) -> Option<Timestamp> {
         .and_then(|d| now.checked_add(d).ok())
 }
 
-/// The Pod of `key` here, and whether it is being deleted.
-fn pod_here(ctx: &Context, key: &str) -> (Option<Arc<Pod>>, PodHere) {
-    match ctx.provider.tracked(key) {
+/// The Pod of `key` on this node (the watch cache), and whether it is
+/// being deleted. After a restart the cache knows every Pod here before
+/// the reconciles have resumed them.
+fn pod_here(store: &Store<Pod>, key: &str) -> (Option<Arc<Pod>>, PodHere) {
+    let (ns, name) = key.split_once('/').unwrap_or(("default", key));
+    match store.get(&ObjectRef::new(name).within(ns)) {
         None => (None, PodHere::No),
         Some(p) if p.metadata.deletion_timestamp.is_some() => (Some(p), PodHere::Deleting),
+        Some(p) if p.terminal() => (None, PodHere::No),
         Some(p) => (Some(p), PodHere::Running),
     }
 }
@@ -109,13 +120,14 @@ fn lease<'a>(claim: &'a Claim, pod: Option<&Pod>) -> Lease<'a> {
 impl Turn for LifecycleUpkeep {
     async fn turn(&mut self, beat: &Beat) -> Next {
         let now = Timestamp::now();
+        let settings = self.ctx.provider.lifecycle();
         let rows = self.ctx.provider.settled_claims();
         self.slots
             .retain(|(k, id), _| rows.iter().any(|(rk, c)| rk == k && c.id == *id));
         let mut nearest: Option<i64> = None;
         let mut due = Vec::new();
         for (key, claim) in rows {
-            let (pod, here) = pod_here(&self.ctx, &key);
+            let (pod, here) = pod_here(&self.store, &key);
             let unserved = pod
                 .as_deref()
                 .and_then(owner_of)
@@ -130,34 +142,48 @@ impl Turn for LifecycleUpkeep {
                 reference_unserved: unserved,
                 not_before: slot.and_then(|s| s.not_before),
             };
-            if !self.settings.renew_margin.is_zero()
+            if !settings.renew_margin.is_zero()
                 && !matches!(claim.lifecycle.vm, VmState::Archived { .. })
                 && let Some(d) = claim.deadline
             {
                 let left = d.duration_since(now).as_secs();
                 nearest = Some(nearest.map_or(left, |n| n.min(left)));
             }
-            if let Some(why) = schedule::due(&facts, self.settings.renew_margin, now) {
+            if let Some(why) = schedule::due(&facts, settings.renew_margin, now) {
                 due.push((key, claim, pod, here, unserved, why));
             }
         }
         if let Some(left) = nearest {
             self.ctx.metrics.claim_lease_remaining_min(left as f64);
         }
-        let ctx = &self.ctx;
-        let settings = self.settings;
-        let results: Vec<(String, Claim, PodHere, bool, Went)> = futures::stream::iter(due)
-            .map(|(key, claim, pod, here, unserved, why)| async move {
+        let (ctx, store) = (&self.ctx, &self.store);
+        let work = futures::stream::iter(due)
+            .map(|(key, claim, _pod, here, unserved, why)| async move {
+                beat.beat();
+                // A claim stuck past its bound fails `/livez`; the loop
+                // itself beats while its claims wait on sandboxd or the
+                // apiserver.
+                let _working = ctx
+                    .health
+                    .as_ref()
+                    .map(|h| h.working("lifecycle upkeep of a claim", CLAIM_BOUND));
                 let span = info_span!("upkeep", node = %ctx.node, pod = %key, sandbox = %claim.id);
-                let went = look_after(ctx, settings, &key, &claim, pod, why)
+                let went = look_after(ctx, store, settings, &key, &claim, why)
                     .instrument(span)
                     .await;
                 (key, claim, here, unserved, went)
             })
             .buffer_unordered(AT_ONCE)
             .inspect(|_| beat.beat())
-            .collect()
-            .await;
+            .collect::<Vec<(String, Claim, PodHere, bool, Went)>>();
+        tokio::pin!(work);
+        let mut tick = tokio::time::interval(BEAT_WHILE_WAITING);
+        let results = loop {
+            tokio::select! {
+                done = &mut work => break done,
+                _ = tick.tick() => beat.beat(),
+            }
+        };
         let now = Timestamp::now();
         for (key, claim, here, unserved, went) in results {
             let slot = self.slots.entry((key, claim.id.clone())).or_default();
@@ -178,16 +204,30 @@ impl Turn for LifecycleUpkeep {
     }
 }
 
-/// One claim's turn: ask the owner, decide, act.
+/// One claim's turn, under its key's lock (no reconcile or other side
+/// loop works on the key meanwhile): ask the owner, decide, act.
 async fn look_after(
     ctx: &Context,
+    store: &Store<Pod>,
     settings: Settings,
     key: &str,
     claim: &Claim,
-    pod: Option<Arc<Pod>>,
     why: Due,
 ) -> Went {
     let provider = &ctx.provider;
+    let _key = provider.lock_key(key).await;
+    // As things are now that the key is ours: the row and the Pod may have
+    // changed while the lock was awaited.
+    let Some(claim) = provider.settled_claims_of(key).filter(|c| c.id == claim.id) else {
+        return Went::Through;
+    };
+    let claim = &claim;
+    let (pod, here) = pod_here(store, key);
+    // A Pod being deleted is its reconcile's; one tracked but not yet in
+    // the watch cache as well.
+    if here == PodHere::Deleting || (pod.is_none() && provider.tracked(key).is_some()) {
+        return Went::Through;
+    }
     let (reference, lookup) = match (&pod, &claim.lifecycle.owner) {
         (Some(p), _) => (
             authority::controller_ref(p).cloned(),
@@ -401,7 +441,7 @@ async fn hibernate(
         .provider
         .hibernate_claim(key, claim, claim.lifecycle.owner.clone(), "suspended")
         .await;
-    report_hibernation(ctx, claim, why, &outcome, regarding).await;
+    report_hibernation(ctx, &claim.id, why, &outcome, regarding).await;
     match outcome {
         Hibernation::Failed(_) => Went::Failed,
         _ => Went::Through,
@@ -411,12 +451,11 @@ async fn hibernate(
 /// Metrics, log and Event of a hibernate (shared with the Pod delete path).
 pub async fn report_hibernation(
     ctx: &Context,
-    claim: &Claim,
+    id: &str,
     why: &str,
     outcome: &Hibernation,
     regarding: Option<ObjectReference>,
 ) {
-    let id = &claim.id;
     match outcome {
         Hibernation::Hibernated => {
             ctx.metrics.claim_transition("hibernate", "ok");

@@ -95,6 +95,16 @@ pub struct Settings {
     pub renew_margin: Duration,
 }
 
+impl Default for Settings {
+    /// The flags' defaults (docs/configuration.md).
+    fn default() -> Settings {
+        Settings {
+            hibernate_on_suspend: true,
+            renew_margin: Duration::from_secs(12 * 3600),
+        }
+    }
+}
+
 /// One claim, when its upkeep turn comes.
 #[derive(Debug, Clone)]
 pub struct Turn<'a> {

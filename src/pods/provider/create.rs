@@ -8,9 +8,12 @@ use jiff::Timestamp;
 use tracing::warn;
 
 use super::create_step::{CreateStep, adoption, claim_failed, next_step};
+use super::lifecycle::{self, WakeError};
 use super::verification::Ask;
 use super::{CreateFailure, Created, Provider, view};
-use crate::claims::Claim;
+use crate::claims::{Claim, Lifecycle, VmState};
+use crate::pods::failure::Cause;
+use crate::pods::lifecycle::reason;
 use crate::pods::pod::Pod;
 use crate::pods::{claim_ref, status};
 use crate::sandboxd::ClaimRequest;
@@ -84,8 +87,11 @@ impl Provider {
                         return Ok(adopted);
                     }
                 }
-                CreateStep::Adopt | CreateStep::Resume => {
-                    return Ok(self.adopt(pod, &k, claim, step == CreateStep::Resume).await);
+                CreateStep::Adopt { wake } => {
+                    return self.adopt(pod, &k, claim, false, *wake).await;
+                }
+                CreateStep::Resume { wake } => {
+                    return self.adopt(pod, &k, claim, true, *wake).await;
                 }
                 CreateStep::DropUnrecorded => {
                     let _ = self.claims.remove(&k, &claim.id).await;
@@ -128,8 +134,14 @@ impl Provider {
         match listing.iter().find(|r| r.id == claim.id) {
             Some(row) => {
                 self.take_listed_deadline(k, claim, row).await;
-                let resumed = adoption(claim, pod) == CreateStep::Resume;
-                Ok(Some(self.adopt(pod, k, claim.clone(), resumed).await))
+                let (resumed, wake) = match adoption(claim, pod) {
+                    CreateStep::Resume { wake } => (true, wake),
+                    CreateStep::Adopt { wake } => (false, wake),
+                    _ => (false, false),
+                };
+                self.adopt(pod, k, claim.clone(), resumed, wake)
+                    .await
+                    .map(Some)
             }
             None => {
                 let _ = self.claims.remove(k, &claim.id).await;
@@ -139,18 +151,90 @@ impl Provider {
     }
 
     /// Adopt in place: the VM outlived its previous Pod (or this process
-    /// restarted under the same Pod, `resumed`).
-    async fn adopt(&self, pod: &Arc<Pod>, k: &str, claim: Claim, resumed: bool) -> Created {
-        if let Err(e) = self.claims.rebind(k, &claim.id, pod.uid()).await {
+    /// restarted under the same Pod, `resumed`). A VM vk-sandbox hibernated
+    /// is woken first (`wake`): the Pod runs only once it answers. The new
+    /// Pod's owner is recorded, and the VM no longer hibernated, in the
+    /// adoption's one write.
+    async fn adopt(
+        &self,
+        pod: &Arc<Pod>,
+        k: &str,
+        claim: Claim,
+        resumed: bool,
+        wake: bool,
+    ) -> Result<Created, CreateFailure> {
+        let woken = wake && self.wake_for(pod, k, &claim).await?;
+        let owner = lifecycle::owner_of(pod);
+        let recorded = self
+            .claims
+            .rebind_with(k, &claim.id, pod.uid(), |l| {
+                if owner.is_some() {
+                    l.owner = owner;
+                }
+                if woken {
+                    l.vm = VmState::Running;
+                }
+            })
+            .await;
+        if let Err(e) = recorded {
             warn!(pod = %k, error = %e, "adoption not persisted; the claim is kept in memory");
         }
         self.track(pod);
         let claim = self.claims.get(k).map(|(c, _)| c).unwrap_or(claim);
         let (id, status) = (claim.id.clone(), status::running(pod, &view(&claim)));
-        if resumed {
+        Ok(if woken {
+            Created::Woken { id, status }
+        } else if resumed {
             Created::Resumed { id, status }
         } else {
             Created::Adopted { id, status }
+        })
+    }
+
+    /// Wakes the VM of a claim about to be adopted. `Ok(false)`: it cannot
+    /// be asked (a recovered claim without a token, and no node token): the
+    /// first relay call wakes it. A VM sandboxd no longer has loses the row
+    /// (its next create claims a fresh one); a failed wake keeps the Pod
+    /// Pending, retried.
+    async fn wake_for(&self, pod: &Pod, k: &str, claim: &Claim) -> Result<bool, CreateFailure> {
+        match self.wake_claim(claim).await {
+            Ok(()) => {
+                // An archived VM came back with a fresh lease: take it.
+                if matches!(claim.lifecycle.vm, VmState::Archived { .. })
+                    && let Ok(info) = self.sandboxd.get(&claim.id).await
+                {
+                    let deadline = info.deadline.expires_at();
+                    let _ = self
+                        .claims
+                        .update_lifecycle(k, &claim.id, |_, d| *d = deadline)
+                        .await;
+                }
+                Ok(true)
+            }
+            Err(WakeError::NoCredential) => {
+                warn!(pod = %k, sandbox = %claim.id,
+                      "no credential can wake this recovered claim; its first relay call will");
+                Ok(false)
+            }
+            Err(WakeError::Gone) => {
+                let _ = self.claims.remove(k, &claim.id).await;
+                Err(CreateFailure {
+                    reason: reason::LOST,
+                    message: format!(
+                        "the hibernated sandbox {} of {k} is gone from sandboxd (its lease \
+                         ended, or its archive was deleted); a fresh one is claimed next, \
+                         without its memory and files (Pod {})",
+                        claim.id,
+                        pod.uid()
+                    ),
+                    cause: Cause::Ours,
+                })
+            }
+            Err(WakeError::Failed(e)) => Err(CreateFailure {
+                reason: reason::WAKE_FAILED_STATUS,
+                message: format!("waking sandbox {} for {k} failed; retried: {e}", claim.id),
+                cause: Cause::Ours,
+            }),
         }
     }
 
@@ -195,14 +279,26 @@ impl Provider {
                 return Err(claim_failed(k, &request.template, &e));
             }
         };
+        let now = Timestamp::now();
+        let deadline = granted.deadline.expires_at();
         let claim = Claim {
             id: granted.id.clone(),
             token: Some(granted.token.clone()),
             address: granted.owner_addr.clone(),
             pod_uid: pod.uid().to_string(),
-            claimed_at: Timestamp::now(),
-            deadline: granted.deadline.expires_at(),
-            lifecycle: Default::default(),
+            claimed_at: now,
+            deadline,
+            // The owner, so the claim can be looked after once its Pod is
+            // gone (suspended, evicted); the lease asked and granted, for
+            // its renewals.
+            lifecycle: Box::new(Lifecycle {
+                owner: lifecycle::owner_of(pod),
+                ttl_seconds: Some(request.ttl_seconds),
+                granted_seconds: deadline
+                    .and_then(|d| u64::try_from(d.duration_since(now).as_secs()).ok())
+                    .filter(|s| *s > 0),
+                ..Default::default()
+            }),
         };
         let committed = self.claims.commit(k, claim.clone()).await;
         // The claim call and the commit (building the row between them

@@ -26,10 +26,12 @@ pub enum CreateStep {
     /// (then the row goes).
     ConfirmDeadline,
     /// A settled row: the sandbox outlived its previous Pod, adopt it.
-    Adopt,
+    /// `wake`: vk-sandbox hibernated its VM (its owner was suspended), so
+    /// it is woken before the Pod is reported Running.
+    Adopt { wake: bool },
     /// A settled row made or adopted for this same Pod (a restart): resume
-    /// it, nothing changed hands.
-    Resume,
+    /// it, nothing changed hands (`wake` as for [`CreateStep::Adopt`]).
+    Resume { wake: bool },
     /// A tentative row without a credential: a recovered claim whose commit
     /// failed. The sandbox is the Pod's, not ours to return: drop the row
     /// and recover it again.
@@ -78,12 +80,14 @@ pub fn next_step(row: Option<(&Claim, ClaimState)>, pod: &Pod, now: Timestamp) -
 }
 
 /// Adopting a settled row: [`CreateStep::Resume`] when it was made or last
-/// adopted for this very Pod, else [`CreateStep::Adopt`].
+/// adopted for this very Pod, else [`CreateStep::Adopt`]; a VM vk-sandbox
+/// hibernated (or meant to) is woken first.
 pub fn adoption(claim: &Claim, pod: &Pod) -> CreateStep {
+    let wake = claim.lifecycle.vm.needs_wake();
     if !claim.pod_uid.is_empty() && claim.pod_uid == pod.uid() {
-        CreateStep::Resume
+        CreateStep::Resume { wake }
     } else {
-        CreateStep::Adopt
+        CreateStep::Adopt { wake }
     }
 }
 
@@ -168,6 +172,32 @@ mod tests {
         let at_now = claim("u", Some("t"), Some("2026-06-01T00:00:00Z"));
         let future = claim("u0", Some("t"), Some("2026-06-01T00:00:01Z"));
         let recovered = claim("u", None, None);
+        let since = ts("2026-05-01T00:00:00Z");
+        let with_vm = |c: Claim, vm: crate::claims::VmState| Claim {
+            lifecycle: Box::new(crate::claims::Lifecycle {
+                vm,
+                ..Default::default()
+            }),
+            ..c
+        };
+        let hibernated_mine = with_vm(
+            mine.clone(),
+            crate::claims::VmState::Hibernated {
+                why: "suspended".into(),
+                since,
+            },
+        );
+        let pending_earlier = with_vm(
+            earlier_pod.clone(),
+            crate::claims::VmState::Hibernating {
+                why: "suspended".into(),
+                since,
+            },
+        );
+        let archived_earlier = with_vm(
+            earlier_pod.clone(),
+            crate::claims::VmState::Archived { since },
+        );
         let refused_runtime =
             Refuse("pod ns/p requests runtime \"vk-cocoon\"; this node serves \"sandboxd\"".into());
         type Case<'a> = (
@@ -177,6 +207,24 @@ mod tests {
             CreateStep,
         );
         let cases: Vec<Case> = vec![
+            (
+                "settled, hibernated by us, this Pod: wake, resume",
+                Some((&hibernated_mine, Settled)),
+                &plain,
+                Resume { wake: true },
+            ),
+            (
+                "settled, hibernate pending, a new Pod: wake, adopt",
+                Some((&pending_earlier, Settled)),
+                &plain,
+                Adopt { wake: true },
+            ),
+            (
+                "settled, archived: wake from the archive",
+                Some((&archived_earlier, Settled)),
+                &plain,
+                Adopt { wake: true },
+            ),
             ("no row: claim", None, &plain, claim_new("u")),
             (
                 "no row, no template: refuse",
@@ -221,19 +269,19 @@ mod tests {
                 "settled, this Pod: resume",
                 Some((&mine, Settled)),
                 &plain,
-                Resume,
+                Resume { wake: false },
             ),
             (
                 "settled, an earlier Pod: adopt",
                 Some((&earlier_pod, Settled)),
                 &plain,
-                Adopt,
+                Adopt { wake: false },
             ),
             (
                 "settled, no recorded Pod: adopt",
                 Some((&unknown_pod, Settled)),
                 &plain,
-                Adopt,
+                Adopt { wake: false },
             ),
             (
                 "settled, deadline passed: confirm",
@@ -251,7 +299,7 @@ mod tests {
                 "settled, deadline ahead: adopt",
                 Some((&future, Settled)),
                 &plain,
-                Adopt,
+                Adopt { wake: false },
             ),
             (
                 "tentative with a token: return it",
@@ -269,7 +317,7 @@ mod tests {
                 "settled without a token: resume",
                 Some((&recovered, Settled)),
                 &plain,
-                Resume,
+                Resume { wake: false },
             ),
         ];
         for (name, row, pod, want) in cases {

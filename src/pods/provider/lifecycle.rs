@@ -20,7 +20,7 @@ use crate::pods::pod::Pod;
 use crate::sandboxd::{Refusal, SandboxAuth, SandboxdError};
 
 /// What a hibernate did.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hibernation {
     /// The VM is hibernated (sandboxd's 204), and recorded so.
     Hibernated,
@@ -31,7 +31,7 @@ pub enum Hibernation {
     Gone,
     /// It failed (500, timeout, transport): the VM is (probably) still
     /// running; recorded as a hibernate pending, retried.
-    Failed(SandboxdError),
+    Failed(String),
     /// A recovered claim without its token, and no node token: sandboxd
     /// cannot be asked.
     NoCredential,
@@ -113,7 +113,9 @@ impl Provider {
                 },
                 false,
             ),
-            Err(e) if e.refusal() == Some(Refusal::Conflict) => {
+            // 409: this VM cannot hibernate (egress lane, volumes); a
+            // router 404: this sandboxd build cannot at all.
+            Err(e) if matches!(e.refusal(), Some(Refusal::Conflict | Refusal::Unsupported)) => {
                 (Hibernation::Refused(e.to_string()), VmState::Running, true)
             }
             Err(e) if e.is_unknown_sandbox() => {
@@ -123,7 +125,7 @@ impl Provider {
                 return Hibernation::Gone;
             }
             Err(e) => (
-                Hibernation::Failed(e),
+                Hibernation::Failed(e.to_string()),
                 VmState::Hibernating {
                     why: why.to_string(),
                     since: now,
@@ -162,9 +164,12 @@ impl Provider {
         self.sandboxd
             .wake(&claim.id, auth)
             .await
-            .map_err(|e| match e.is_unknown_sandbox() {
-                true => WakeError::Gone,
-                false => WakeError::Failed(e),
+            .map_err(|e| match e.refusal() {
+                Some(Refusal::UnknownSandbox) => WakeError::Gone,
+                // An early build without the route: its first relay call
+                // wakes the VM.
+                Some(Refusal::Unsupported) => WakeError::NoCredential,
+                _ => WakeError::Failed(e),
             })
     }
 
@@ -311,6 +316,14 @@ impl Provider {
             })
             .await
             .map(drop)
+    }
+
+    /// `key`'s row, if it is settled.
+    pub fn settled_claims_of(&self, key: &str) -> Option<Claim> {
+        match self.claims.get(key) {
+            Some((claim, crate::claims::ClaimState::Settled)) => Some(claim),
+            _ => None,
+        }
     }
 
     /// Reads the controller owner of a Pod here, at a served version.

@@ -13,8 +13,9 @@ use kube::Client;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::authority::{self, OwnerResolver, Verdict};
+use super::authority::{self, OwnerResolver};
 use super::failure::Cause;
+use super::lifecycle::decide::{self, OnDelete, Settings};
 use super::status::{self, ClaimView};
 use crate::claims::{Claim, ClaimState, ClaimsStore};
 use crate::sandboxd::{
@@ -74,6 +75,9 @@ pub enum Created {
     /// This same Pod's own claim, seen again after a restart: nothing
     /// changed hands, so there is nothing to announce.
     Resumed { id: String, status: Value },
+    /// A claim whose VM vk-sandbox hibernated (its owner was suspended),
+    /// woken for this Pod (its owner resumed).
+    Woken { id: String, status: Value },
 }
 
 /// What a provider delete did.
@@ -90,6 +94,13 @@ pub enum Deleted {
     Released {
         id: String,
         reason: String,
+    },
+    /// The owner is suspended: the claim is kept and its VM hibernated
+    /// (or, when that failed, left running with a hibernate pending).
+    Hibernated {
+        id: String,
+        why: String,
+        outcome: lifecycle::Hibernation,
     },
     /// The owner is gone, but the claim holds no release credential (it
     /// was recovered without one) and no node token is configured (sandboxd
@@ -130,6 +141,8 @@ pub struct Provider {
     verification: tokio::sync::Mutex<Verification>,
     /// How long after an unknown claim outcome a listing settles it.
     settle_after: Duration,
+    /// `--hibernate-on-suspend`, `--lease-renew-margin`.
+    lifecycle: Settings,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -167,7 +180,19 @@ impl Provider {
             keys: KeyLocks::default(),
             verification: tokio::sync::Mutex::new(Verification::default()),
             settle_after: suspects::SETTLE_AFTER,
+            lifecycle: Settings::default(),
         }
+    }
+
+    /// The lifecycle's settings (flags); the defaults otherwise.
+    pub fn with_lifecycle(mut self, settings: Settings) -> Provider {
+        self.lifecycle = settings;
+        self
+    }
+
+    /// The lifecycle's settings.
+    pub fn lifecycle(&self) -> Settings {
+        self.lifecycle
     }
 
     /// Settle unknown claim outcomes with listings taken `after` them
@@ -441,10 +466,33 @@ impl Provider {
         {
             return Ok(Deleted::Stale);
         }
-        match authority::decide(owner, &lookup) {
-            Verdict::Preserve(reason) => {
+        let state = decide::owner_state(owner, &lookup);
+        match decide::on_delete(
+            &state,
+            Timestamp::now(),
+            self.lifecycle.hibernate_on_suspend,
+        ) {
+            OnDelete::Hibernate(why) => {
+                let outcome = self
+                    .hibernate_claim(&k, &claim, lifecycle::owner_of(pod), "suspended")
+                    .await;
+                info!(pod = %k, sandbox = %claim.id, %why, ?outcome, "owner suspended");
+                self.untrack(&k, pod.uid());
+                self.return_others_of(pod, &claim.id).await;
+                Ok(Deleted::Hibernated {
+                    id: claim.id,
+                    why,
+                    outcome,
+                })
+            }
+            OnDelete::Preserve(reason) => {
                 info!(pod = %k, sandbox = %claim.id, %reason,
                       "preserving sandbox: pod deletion is not VM authority");
+                if let Some(owner) = lifecycle::owner_of(pod)
+                    && let Err(e) = self.record_owner(&k, &claim.id, owner).await
+                {
+                    warn!(pod = %k, error = %e, "the preserved claim's owner was not recorded");
+                }
                 lock(&self.preserved).insert(k.clone(), Preserved::new(&claim.id, pod));
                 self.untrack(&k, pod.uid());
                 self.return_others_of(pod, &claim.id).await;
@@ -453,7 +501,7 @@ impl Provider {
                     reason,
                 })
             }
-            Verdict::Release(reason) => {
+            OnDelete::Release(reason) => {
                 let released = self.release_claim(&claim).await?;
                 lock(&self.preserved).remove(&k);
                 if let Err(e) = self.claims.remove(&k, &claim.id).await {

@@ -1,7 +1,8 @@
 //! Preserved claims whose key has no Pod here: their owners are asked
 //! again, so a claim whose owner goes away while its replacement never
 //! reaches this node (unschedulable, deleted while Pending) is still
-//! released.
+//! released. Only claims with no owner recorded: the others are the
+//! lifecycle upkeep's.
 
 use std::time::Instant;
 
@@ -23,14 +24,32 @@ impl Provider {
             .filter(|(_, p)| p.due(now))
             .map(|(k, _)| k.clone())
             .collect();
+        // Those the upkeep looks after leave without waiting for their key.
+        let due: Vec<String> = due
+            .into_iter()
+            .filter(|k| {
+                let upkeep = self
+                    .claims
+                    .get(k)
+                    .is_some_and(|(c, _)| c.lifecycle.owner.is_some());
+                if upkeep {
+                    lock(&self.preserved).remove(k);
+                }
+                !upkeep
+            })
+            .collect();
         for k in due {
             beat.beat();
             let _key = self.lock_key(&k).await;
             let Some(entry) = lock(&self.preserved).get(&k).cloned() else {
                 continue;
             };
-            let held = self.claims.get(&k).is_some_and(|(c, _)| c.id == entry.id);
-            if !held || self.tracked(&k).is_some() {
+            let row = self.claims.get(&k).filter(|(c, _)| c.id == entry.id);
+            let held = row.is_some();
+            // A claim with its owner recorded is the lifecycle upkeep's
+            // (pods/upkeep.rs): it asks that owner, also after a restart.
+            let owner_recorded = row.is_some_and(|(c, _)| c.lifecycle.owner.is_some());
+            if !held || owner_recorded || self.tracked(&k).is_some() {
                 lock(&self.preserved).remove(&k);
                 continue;
             }
