@@ -48,11 +48,13 @@ const BEAT_WHILE_WAITING: Duration = Duration::from_millis(100);
 const BACKOFF_START: Duration = Duration::from_secs(2);
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
 
-/// A claim's own schedule: when it may be looked at again, and how many
-/// turns in a row failed.
+/// A claim's own schedule: when its owner is asked again (its cadence),
+/// when it may be looked at again after a failure (its back-off), and how
+/// many turns in a row failed.
 #[derive(Debug, Default, Clone)]
 struct Slot {
-    not_before: Option<Timestamp>,
+    recheck_at: Option<Timestamp>,
+    retry_at: Option<Timestamp>,
     failures: u32,
 }
 
@@ -140,7 +142,8 @@ impl Turn for LifecycleUpkeep {
                 pod: here,
                 owner_recorded: claim.lifecycle.owner.is_some(),
                 reference_unserved: unserved,
-                not_before: slot.and_then(|s| s.not_before),
+                retry_at: slot.and_then(|s| s.retry_at),
+                recheck_at: slot.and_then(|s| s.recheck_at),
             };
             if !settings.renew_margin.is_zero()
                 && !matches!(claim.lifecycle.vm, VmState::Archived { .. })
@@ -190,13 +193,14 @@ impl Turn for LifecycleUpkeep {
             match went {
                 Went::Through => {
                     slot.failures = 0;
-                    slot.not_before = schedule::cadence(&claim.lifecycle.vm, here, unserved)
+                    slot.retry_at = None;
+                    slot.recheck_at = schedule::cadence(&claim.lifecycle.vm, here, unserved)
                         .and_then(|c| later(now, c));
                 }
                 Went::Failed => {
                     slot.failures = slot.failures.saturating_add(1);
                     let wait = crate::backoff::nth(BACKOFF_START, BACKOFF_CAP, slot.failures);
-                    slot.not_before = later(now, wait);
+                    slot.retry_at = later(now, wait);
                 }
             }
         }

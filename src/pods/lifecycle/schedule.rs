@@ -138,9 +138,13 @@ pub struct Facts<'a> {
     pub owner_recorded: bool,
     /// The Pod's reference names a version the apiserver does not serve.
     pub reference_unserved: bool,
-    /// The claim's own schedule: not looked at before this (its cadence, or
-    /// its back-off after a failure).
-    pub not_before: Option<Timestamp>,
+    /// After a failure: not looked at before this (its back-off), a
+    /// renewal included.
+    pub retry_at: Option<Timestamp>,
+    /// After a turn that went through: its owner is not asked again for
+    /// having no Pod here (or an unserved reference) before this (its
+    /// cadence). A renewal or a pending hibernate does not wait for it.
+    pub recheck_at: Option<Timestamp>,
 }
 
 /// Why a claim's upkeep turn has come.
@@ -154,7 +158,7 @@ pub enum Due {
 
 /// Whether (and why) a claim's upkeep turn has come at `now`.
 pub fn due(f: &Facts<'_>, margin: Duration, now: Timestamp) -> Option<Due> {
-    if f.pod == PodHere::Deleting || f.not_before.is_some_and(|t| t > now) {
+    if f.pod == PodHere::Deleting || f.retry_at.is_some_and(|t| t > now) {
         return None;
     }
     if matches!(f.vm, VmState::Hibernating { .. }) {
@@ -162,6 +166,9 @@ pub fn due(f: &Facts<'_>, margin: Duration, now: Timestamp) -> Option<Due> {
     }
     if renew_at(&f.lease, margin).is_some_and(|at| at <= now) {
         return Some(Due::Renewal);
+    }
+    if f.recheck_at.is_some_and(|t| t > now) {
+        return None;
     }
     match f.pod {
         PodHere::No if f.owner_recorded => Some(Due::NoPodHere),
@@ -331,7 +338,8 @@ mod tests {
             pod,
             owner_recorded: true,
             reference_unserved: false,
-            not_before: None,
+            retry_at: None,
+            recheck_at: None,
         }
     }
 
@@ -384,27 +392,43 @@ mod tests {
             ..facts(fresh(), &running, PodHere::Running)
         };
         assert_eq!(d(unserved.clone()), Some(Due::UnservedReference));
-        // Its own schedule holds everything back, a renewal included.
+        // A back-off holds everything back, a renewal included.
         let later = Some(ts("2026-12-02T12:00:01Z"));
         for f in [
             facts(due_soon(), &running, PodHere::Running),
             facts(fresh(), &pending, PodHere::No),
-            Facts {
-                not_before: later,
-                ..unserved
-            },
+            unserved.clone(),
         ] {
             let held = Facts {
-                not_before: later,
+                retry_at: later,
                 ..f
             };
             assert_eq!(d(held), None);
         }
         let reached = Facts {
-            not_before: Some(now),
+            retry_at: Some(now),
             ..facts(fresh(), &pending, PodHere::No)
         };
         assert_eq!(d(reached), Some(Due::PendingHibernate), "at its time");
+        // The cadence holds back only the owner's recheck: a renewal (of a
+        // hibernated claim, asked about every 5 min) or a pending
+        // hibernate comes at its own time.
+        fn recheck(f: Facts<'_>) -> Facts<'_> {
+            Facts {
+                recheck_at: Some(ts("2026-12-02T12:00:01Z")),
+                ..f
+            }
+        }
+        assert_eq!(d(recheck(facts(fresh(), &hibernated, PodHere::No))), None);
+        assert_eq!(d(recheck(unserved)), None);
+        assert_eq!(
+            d(recheck(facts(due_soon(), &hibernated, PodHere::No))),
+            Some(Due::Renewal)
+        );
+        assert_eq!(
+            d(recheck(facts(fresh(), &pending, PodHere::No))),
+            Some(Due::PendingHibernate)
+        );
         // Renewal off: only the rest.
         assert_eq!(
             due(
