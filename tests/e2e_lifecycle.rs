@@ -437,6 +437,19 @@ async fn failed_wake_keeps_the_pod_pending_and_is_retried() {
     let second = env.wait_running("w", Some(&first.uid)).await;
     assert_eq!(second.claim, first.claim);
     assert_eq!(second.ip, first.ip);
+    let metrics = env.vk.metrics().await;
+    let counted = |result: &str| {
+        support::metric(
+            &metrics,
+            &format!("vk_sandbox_claim_transitions_total{{action=\"wake\",result=\"{result}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(
+        counted("failed") >= 1.0,
+        "failed wakes not counted:\n{metrics}"
+    );
+    assert!(counted("ok") >= 1.0, "the wake not counted:\n{metrics}");
     let wakes = format!("/v1/sandboxes/{}/wake", first.claim);
     assert!(env.requests_to(&wakes) >= 4, "ran without the retries");
     assert_eq!(env.sim_row(&first.claim), Some(false));

@@ -159,6 +159,9 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             Ok(Action::requeue(RESYNC))
         }
         Err(failure) => {
+            if failure.reason == lifecycle::reason::WAKE_FAILED_STATUS {
+                metrics.claim_transition("wake", "failed");
+            }
             let terminal = match failed_status(&pod, failure.cause) {
                 // vk-sandbox's own trouble while the Pod runs: nothing is
                 // written or announced; retried with back-off.
