@@ -23,8 +23,8 @@ esac
 
 die() { echo "deps: error: $*" >&2; exit 1; }
 
-if [[ "$profile" == demo ]]; then progress_start deps 4; else progress_start deps 5; fi
-done_rust="" done_debian="" done_plane="" done_agent="" done_kubelet=""
+if [[ "$profile" == demo ]]; then progress_start deps 4; else progress_start deps 6; fi
+done_rust="" done_debian="" done_plane="" done_agent="" done_kubelet="" done_metrics=""
 
 progress_step "Rust toolchain and components"
 command -v cargo >/dev/null 2>&1 ||
@@ -130,6 +130,19 @@ if [[ "$profile" != demo ]]; then
   fi
 fi
 
+if [[ "$profile" != demo ]]; then
+  # The `kubectl top pod` test's metrics-server (tests/e2e_streaming.rs),
+  # built here so its cold Go build shows as a step of its own.
+  progress_step "metrics-server (the kubectl top test)"
+  ms_status=0
+  ms=$("$here/metrics-server.sh" build) || ms_status=$?
+  case $ms_status in
+    0) done_metrics="metrics-server: $ms; " ;;
+    3) done_metrics="note: $ms; "; progress_note "$ms" ;;
+    *) die "building metrics-server failed (e2e/metrics-server.sh build)" ;;
+  esac
+fi
+
 progress_step "upstream agent-sandbox controller"
 # The Sandbox controller of the tests and the demo. Its source is not in
 # this repository (see e2e/agent-sandbox.sh); where it is absent the tests
@@ -145,4 +158,4 @@ case $agent_status in
   3) done_agent="note: $agent"; progress_note "$agent" ;;
   *) die "building the upstream agent-sandbox controller failed" ;;
 esac
-progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}${done_kubelet}${done_agent}"
+progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}${done_kubelet}${done_metrics}${done_agent}"
