@@ -7,7 +7,8 @@
 //! leaves such a Pod behind (the Pod is marked Failed, `SandboxOwnerGone`).
 //!
 //! The CRD change is cluster-wide: it is undone when the test ends, also
-//! when it fails. No Sandbox controller runs in this binary.
+//! when it fails (and so is the test's own CRD, see `gc_forgets_v1alpha1`).
+//! No Sandbox controller runs in this binary.
 
 mod support;
 
@@ -90,7 +91,85 @@ impl Drop for Restore {
                 &patch,
             ])
             .status();
+        let _ = std::process::Command::new(support::kubectl::path())
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args([
+                "delete",
+                "crd",
+                GC_RESET_CRD,
+                "--ignore-not-found",
+                "--wait=false",
+            ])
+            .status();
     }
+}
+
+/// A CRD of the test's own, made only to change the API's preferred
+/// resources (see [`gc_forgets_v1alpha1`]).
+const GC_RESET_CRD: &str = "pings.gc-reset.vk-sandbox.test";
+
+/// Waits until the garbage collector leaves a `v1alpha1` reference alone.
+/// A dependent whose owner the collector has not observed yet is checked by
+/// reading the owner at the reference's version; while the collector's REST
+/// mapper still maps `v1alpha1` (kube-controller-manager resets it only when
+/// the preferred resources change, looked at every 30 s) that read is a 404
+/// and the dependent is deleted as dangling: on a loaded shared plane the
+/// test's Pod was deleted that way a second after it was made. A CRD of our
+/// own changes the preferred resources; an unschedulable canary Pod with the
+/// same reference left alone for 10 s shows the collector has the Sandbox
+/// (or no `v1alpha1` mapping) before the real Pod is made.
+async fn gc_forgets_v1alpha1(client: &Client, pods: &Api<Pod>, reference: serde_json::Value) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": GC_RESET_CRD},
+        "spec": {
+            "group": "gc-reset.vk-sandbox.test",
+            "names": {"plural": "pings", "singular": "ping", "kind": "Ping", "listKind": "PingList"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    }))
+    .expect("crd json");
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create {GC_RESET_CRD}: {e}"),
+    }
+    let canary: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "gc-canary", "ownerReferences": [reference]},
+        "spec": {
+            "nodeSelector": {"vk-sandbox.test/nowhere": "true"},
+            "containers": [{"name": "c", "image": "base:24.04"}]
+        }
+    }))
+    .expect("canary json");
+    wait_for(
+        "the garbage collector leaves a v1alpha1 reference alone (its REST mapper reset)",
+        Duration::from_secs(150),
+        || async {
+            if pods
+                .get_opt("gc-canary")
+                .await
+                .map_err(|e| e.to_string())?
+                .is_none()
+            {
+                pods.create(&PostParams::default(), &canary)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            match pods.get_opt("gc-canary").await.map_err(|e| e.to_string())? {
+                Some(p) if p.metadata.deletion_timestamp.is_none() => Ok(()),
+                _ => Err("the canary was collected: the mapper still has v1alpha1".to_string()),
+            }
+        },
+    )
+    .await;
+    let _ = pods.delete("gc-canary", &DeleteParams::default()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -129,14 +208,16 @@ async fn a_v1alpha1_reference_on_a_v1beta1_only_plane_is_decided_at_v1beta1() {
         .uid
         .expect("uid");
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns);
+    let reference = json!({"apiVersion": "agents.x-k8s.io/v1alpha1", "kind": "Sandbox",
+        "name": "old", "uid": uid, "controller": true});
+    gc_forgets_v1alpha1(&cluster.client, &pods, reference.clone()).await;
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "old",
             "annotations": {
                 "sandbox.cocoonstack.io/runtime": "sandboxd",
                 "sandbox.cocoonstack.io/template": "base:24.04"},
-            "ownerReferences": [{"apiVersion": "agents.x-k8s.io/v1alpha1", "kind": "Sandbox",
-                "name": "old", "uid": uid, "controller": true}]},
+            "ownerReferences": [reference]},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": vk.node},
             "tolerations": [support::controller::provider_toleration()],
