@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use super::owner::{Intent, ServedVersion, choose_version, intent as owner_intent};
 use super::pod::Pod;
+use crate::claims::OwnerRef;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
@@ -47,6 +48,16 @@ pub fn controller_ref(pod: &Pod) -> Option<&OwnerReference> {
         .as_ref()?
         .iter()
         .find(|r| r.controller == Some(true))
+}
+
+/// The owner to record for a Pod: its controller reference.
+pub fn owner_of(pod: &Pod) -> Option<OwnerRef> {
+    controller_ref(pod).map(|r| OwnerRef {
+        api_version: r.api_version.clone(),
+        kind: r.kind.clone(),
+        name: r.name.clone(),
+        uid: r.uid.clone(),
+    })
 }
 
 /// The decision table, first matching row wins.

@@ -20,6 +20,7 @@ use kube::runtime::events::{Event, EventType};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::authority;
+use super::authority::owner_of;
 use super::context::{Context, once_event};
 use super::lifecycle::decide::{
     OwnerState, Settings, Turn as Facts, Upkeep, Whereabouts, owner_state, upkeep,
@@ -27,7 +28,8 @@ use super::lifecycle::decide::{
 use super::lifecycle::reason;
 use super::lifecycle::schedule::{self, Due, Lease, PodHere};
 use super::pod::Pod;
-use super::provider::lifecycle::{Hibernation, Renewal, owner_of, reference};
+use super::provider::Hibernation;
+use super::provider::lifecycle::{Renewal, reference};
 use super::provider::view;
 use super::status;
 use super::writes::{self, Guard};

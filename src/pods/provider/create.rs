@@ -8,14 +8,14 @@ use jiff::Timestamp;
 use tracing::warn;
 
 use super::create_step::{CreateStep, adoption, claim_failed, next_step};
-use super::lifecycle::{self, WakeError};
+use super::lifecycle::WakeError;
 use super::verification::Ask;
 use super::{CreateFailure, Created, Provider, view};
 use crate::claims::{Claim, Lifecycle, VmState};
 use crate::pods::failure::Cause;
 use crate::pods::lifecycle::reason;
 use crate::pods::pod::Pod;
-use crate::pods::{claim_ref, status};
+use crate::pods::{authority, claim_ref, status};
 use crate::sandboxd::ClaimRequest;
 
 /// Steps that change the row (verify, confirm, drop, return) each run at
@@ -164,7 +164,7 @@ impl Provider {
         wake: bool,
     ) -> Result<Created, CreateFailure> {
         let woken = wake && self.wake_for(pod, k, &claim).await?;
-        let owner = lifecycle::owner_of(pod);
+        let owner = authority::owner_of(pod);
         let recorded = self
             .claims
             .rebind_with(k, &claim.id, pod.uid(), |l| {
@@ -292,7 +292,7 @@ impl Provider {
             // gone (suspended, evicted); the lease asked and granted, for
             // its renewals.
             lifecycle: Box::new(Lifecycle {
-                owner: lifecycle::owner_of(pod),
+                owner: authority::owner_of(pod),
                 ttl_seconds: Some(request.ttl_seconds),
                 granted_seconds: deadline
                     .and_then(|d| u64::try_from(d.duration_since(now).as_secs()).ok())

@@ -12,30 +12,12 @@ use kube::Api;
 use kube::api::ListParams;
 use tracing::{info, warn};
 
-use super::Provider;
+use super::{Hibernation, Provider};
 use crate::claims::{Claim, OwnerRef, VmState};
 use crate::pods::authority::{self, OwnerLookup};
 use crate::pods::lifecycle::decide::Whereabouts;
 use crate::pods::pod::Pod;
 use crate::sandboxd::{Refusal, SandboxAuth, SandboxdError};
-
-/// What a hibernate did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Hibernation {
-    /// The VM is hibernated (sandboxd's 204), and recorded so.
-    Hibernated,
-    /// sandboxd refused (409: an egress-lane VM, or one with volumes): it
-    /// keeps running, and is never asked again.
-    Refused(String),
-    /// sandboxd no longer has it (404): the claim was dropped.
-    Gone,
-    /// It failed (500, timeout, transport): the VM is (probably) still
-    /// running; recorded as a hibernate pending, retried.
-    Failed(String),
-    /// A recovered claim without its token, and no node token: sandboxd
-    /// cannot be asked.
-    NoCredential,
-}
 
 /// What a renewal did.
 #[derive(Debug)]
@@ -62,16 +44,6 @@ pub fn reference(owner: &OwnerRef) -> OwnerReference {
         controller: Some(true),
         block_owner_deletion: None,
     }
-}
-
-/// The owner to record for a Pod: its controller reference.
-pub fn owner_of(pod: &Pod) -> Option<OwnerRef> {
-    authority::controller_ref(pod).map(|r| OwnerRef {
-        api_version: r.api_version.clone(),
-        kind: r.kind.clone(),
-        name: r.name.clone(),
-        uid: r.uid.clone(),
-    })
 }
 
 /// The namespace of a `<namespace>/<name>` key.

@@ -80,6 +80,24 @@ pub enum Created {
     Woken { id: String, status: Value },
 }
 
+/// What a hibernate did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hibernation {
+    /// The VM is hibernated (sandboxd's 204), and recorded so.
+    Hibernated,
+    /// sandboxd refused (409: an egress-lane VM, or one with volumes): it
+    /// keeps running, and is never asked again.
+    Refused(String),
+    /// sandboxd no longer has it (404): the claim was dropped.
+    Gone,
+    /// It failed (500, timeout, transport): the VM is (probably) still
+    /// running; recorded as a hibernate pending, retried.
+    Failed(String),
+    /// A recovered claim without its token, and no node token: sandboxd
+    /// cannot be asked.
+    NoCredential,
+}
+
 /// What a provider delete did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Deleted {
@@ -100,7 +118,7 @@ pub enum Deleted {
     Hibernated {
         id: String,
         why: String,
-        outcome: lifecycle::Hibernation,
+        outcome: Hibernation,
     },
     /// The owner is gone, but the claim holds no release credential (it
     /// was recovered without one) and no node token is configured (sandboxd
@@ -474,7 +492,7 @@ impl Provider {
         ) {
             OnDelete::Hibernate(why) => {
                 let outcome = self
-                    .hibernate_claim(&k, &claim, lifecycle::owner_of(pod), "suspended")
+                    .hibernate_claim(&k, &claim, authority::owner_of(pod), "suspended")
                     .await;
                 info!(pod = %k, sandbox = %claim.id, %why, ?outcome, "owner suspended");
                 self.untrack(&k, pod.uid());
@@ -488,7 +506,7 @@ impl Provider {
             OnDelete::Preserve(reason) => {
                 info!(pod = %k, sandbox = %claim.id, %reason,
                       "preserving sandbox: pod deletion is not VM authority");
-                if let Some(owner) = lifecycle::owner_of(pod)
+                if let Some(owner) = authority::owner_of(pod)
                     && let Err(e) = self.record_owner(&k, &claim.id, owner).await
                 {
                     warn!(pod = %k, error = %e, "the preserved claim's owner was not recorded");
