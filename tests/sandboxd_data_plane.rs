@@ -271,8 +271,10 @@ async fn agent_pty_runs_the_shell_under_a_real_terminal_with_resize() {
     let started = a.next().await;
     assert_eq!(started["type"], "started", "{started}");
     let pid = started["pid"].as_u64().expect("pid");
-    a.stdin(b"stty size; tty; echo $((6*7))\n").await;
-    let seen = a.read_until_output("42").await;
+    // The marker is computed, so the echoed command line never contains
+    // it (nor the prompt, whose path carries the random sandbox id).
+    a.stdin(b"stty size; tty; echo done-$((6*7))\n").await;
+    let seen = a.read_until_output("done-42").await;
     assert!(seen.contains("24 80"), "{seen:?}");
     assert!(seen.contains("/dev/pts/"), "a real terminal: {seen:?}");
 
