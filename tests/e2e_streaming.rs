@@ -477,8 +477,10 @@ async fn a_terminal_with_resize() {
         writer.write_all(line.as_bytes()).expect("type");
     };
     let log = || tail(&env.vk.logs(), 20);
-    type_line("echo tty=$(tty | cut -c1-8) $((6*7))\r");
-    term.expect("42", log).await;
+    // A computed marker: neither the echoed line nor the prompt (its path
+    // carries the random sandbox id) can contain it.
+    type_line("echo tty=$(tty | cut -c1-8) done-$((6*7))\r");
+    term.expect("done-42", log).await;
     assert!(
         term.screen.contains("tty=/dev/pts"),
         "a real terminal: {}",
