@@ -257,8 +257,10 @@ node_pids() {
 
 # Every process in the kubepods cgroups (the containers), by PID.
 cgroup_pids() {
+  # A cgroup removed between find and cat (a container just killed) is not
+  # an error: its processes are gone.
   find /sys/fs/cgroup -path '*/kubepods*' \( -name tasks -o -name cgroup.procs \) -print0 2>/dev/null |
-    xargs -0 -r cat 2>/dev/null | sort -u
+    { xargs -0 -r cat 2>/dev/null || true; } | sort -u
 }
 
 kill_containers() {
