@@ -355,9 +355,6 @@ async fn suspend_and_resume_survive_kill9_mid_step() {
 /// volumes): the VM keeps running, a Warning says so, and it is not asked
 /// again. A hibernate that fails otherwise (500) is retried until done.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "flaky under make test (1 of 2 full runs, 2026-12-02): the refused hibernate was asked twice; \
-            a race between the delete path and the upkeep's pending hibernate is suspected (issue 24). \
-            Run: cargo test --test e2e_lifecycle -- --ignored"]
 async fn refused_hibernate_keeps_running_failed_one_is_retried() {
     let Some(env) = setup("vk-life-fail", &[]).await else {
         return;

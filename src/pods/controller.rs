@@ -70,7 +70,7 @@ async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                     let regarding = Some(pod.object_ref(&()));
                     upkeep::report_hibernation(ctx, id, why, outcome, regarding).await
                 }
-                Deleted::Stale | Deleted::NothingHeld => {}
+                Deleted::Kept { .. } | Deleted::Stale | Deleted::NothingHeld => {}
             }
             writes::force_delete(&ctx.client, &pod).await?;
             Ok(Action::await_change())

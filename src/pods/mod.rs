@@ -46,3 +46,5 @@ pub(crate) mod fixtures;
 mod restart_tests;
 #[cfg(test)]
 mod side_loop_tests;
+#[cfg(test)]
+mod suspend_tests;

@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::schedule::{self, Lease};
-use crate::claims::lifecycle::VmState;
+use crate::claims::lifecycle::{Lifecycle, VmState};
 use crate::pods::authority::{self, OwnerLookup, Verdict};
 use crate::pods::owner::Intent;
 
@@ -50,10 +50,24 @@ pub enum OnDelete {
     Hibernate(String),
     /// Keep the claim and the VM running for the key's next Pod.
     Preserve(String),
+    /// Keep the claim; its VM is already as the suspended owner wants it
+    /// (hibernated, archived, or a hibernate pending that the upkeep
+    /// retries): sandboxd is not asked, and nothing is announced again.
+    /// A repeated delete of the same Pod (its grace-0 echo reconciled
+    /// before it leaves the cache) or a restart mid-delete gets here.
+    Keep(String),
 }
 
-/// The decision when a Pod holding a claim is deleted (or vanished).
-pub fn on_delete(owner: &OwnerState, now: Timestamp, hibernate_on_suspend: bool) -> OnDelete {
+/// The decision when a Pod holding a claim is deleted (or vanished);
+/// `held` is what the claims store records of the claim's VM. sandboxd is
+/// asked to hibernate a VM once per suspend: a refused one keeps running,
+/// a pending one is the upkeep's to retry (with its back-off).
+pub fn on_delete(
+    owner: &OwnerState,
+    held: &Lifecycle,
+    now: Timestamp,
+    hibernate_on_suspend: bool,
+) -> OnDelete {
     match owner {
         OwnerState::None => OnDelete::Release("the Pod has no controller owner".into()),
         OwnerState::Gone(why) => OnDelete::Release(why.clone()),
@@ -62,7 +76,21 @@ pub fn on_delete(owner: &OwnerState, now: Timestamp, hibernate_on_suspend: bool)
             if let Some(why) = intent.expired(now) {
                 OnDelete::Release(why)
             } else if intent.suspended && hibernate_on_suspend {
-                OnDelete::Hibernate("the owner is suspended".into())
+                match &held.vm {
+                    VmState::Hibernated { .. } => OnDelete::Keep("already hibernated".into()),
+                    VmState::Hibernating { .. } => OnDelete::Keep(
+                        "a hibernate is pending; the lifecycle upkeep retries it".into(),
+                    ),
+                    VmState::Archived { .. } => {
+                        OnDelete::Keep("archived by sandboxd; woken for the next Pod".into())
+                    }
+                    VmState::Running if held.hibernate_refused => OnDelete::Preserve(
+                        "the owner is suspended, but sandboxd refused to hibernate this VM \
+                         (an egress-lane VM, or one with volumes): it keeps running"
+                            .into(),
+                    ),
+                    VmState::Running => OnDelete::Hibernate("the owner is suspended".into()),
+                }
             } else if intent.suspended {
                 OnDelete::Preserve(
                     "the owner is suspended; --hibernate-on-suspend=false keeps its VM running"

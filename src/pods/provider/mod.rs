@@ -120,6 +120,13 @@ pub enum Deleted {
         why: String,
         outcome: Hibernation,
     },
+    /// The owner is suspended and the claim's VM is already as it wants
+    /// it (hibernated, archived, or a hibernate pending that the upkeep
+    /// retries): sandboxd was not asked, and nothing is announced again.
+    Kept {
+        id: String,
+        why: String,
+    },
     /// The owner is gone, but the claim holds no release credential (it
     /// was recovered without one) and no node token is configured (sandboxd
     /// in open mode): nothing here can release it. The row is dropped so
@@ -487,9 +494,16 @@ impl Provider {
         let state = decide::owner_state(owner, &lookup);
         match decide::on_delete(
             &state,
+            &claim.lifecycle,
             Timestamp::now(),
             self.lifecycle.hibernate_on_suspend,
         ) {
+            OnDelete::Keep(why) => {
+                info!(pod = %k, sandbox = %claim.id, %why, "owner suspended; the VM is left as it is");
+                self.untrack(&k, pod.uid());
+                self.return_others_of(pod, &claim.id).await;
+                Ok(Deleted::Kept { id: claim.id, why })
+            }
             OnDelete::Hibernate(why) => {
                 let outcome = self
                     .hibernate_claim(&k, &claim, authority::owner_of(pod), "suspended")

@@ -134,17 +134,79 @@ fn on_delete_table() {
         ),
     ];
     for (owner, flag, want) in cases {
-        let got = on_delete(&owner, now, flag);
-        let kind = match &got {
-            OnDelete::Release(_) => "release",
-            OnDelete::Hibernate(_) => "hibernate",
-            OnDelete::Preserve(_) => "preserve",
-        };
+        let got = on_delete(&owner, &Lifecycle::default(), now, flag);
         assert_eq!(
-            kind, want,
+            on_delete_kind(&got),
+            want,
             "{owner:?} (hibernate_on_suspend {flag}) -> {got:?}"
         );
     }
+}
+
+fn on_delete_kind(d: &OnDelete) -> &'static str {
+    match d {
+        OnDelete::Release(_) => "release",
+        OnDelete::Hibernate(_) => "hibernate",
+        OnDelete::Preserve(_) => "preserve",
+        OnDelete::Keep(_) => "keep",
+    }
+}
+
+/// What the claims store records of the VM decides whether sandboxd is
+/// asked to hibernate it (once per suspend: a repeated delete of the same
+/// Pod, or one after a restart mid-delete, asks nothing again).
+#[test]
+fn on_delete_by_the_vm_recorded() {
+    let now = ts(NOW);
+    let since = ts("2026-12-02T11:00:00Z");
+    let held = |vm: VmState, refused: bool| Lifecycle {
+        vm,
+        hibernate_refused: refused,
+        ..Default::default()
+    };
+    let pending = VmState::Hibernating {
+        why: "suspended".into(),
+        since,
+    };
+    let archived = VmState::Archived { since };
+    let cases = [
+        // (owner, recorded, hibernate_on_suspend, decision)
+        (
+            suspended(),
+            held(VmState::Running, false),
+            true,
+            "hibernate",
+        ),
+        (suspended(), held(VmState::Running, true), true, "preserve"),
+        (suspended(), held(hibernated(), false), true, "keep"),
+        (suspended(), held(hibernated(), true), true, "keep"),
+        (suspended(), held(pending.clone(), false), true, "keep"),
+        (suspended(), held(archived.clone(), false), true, "keep"),
+        // The flag off, or the owner running: its VM is preserved as is.
+        (suspended(), held(hibernated(), false), false, "preserve"),
+        (suspended(), held(VmState::Running, true), false, "preserve"),
+        (running(), held(hibernated(), false), true, "preserve"),
+        (running(), held(VmState::Running, true), true, "preserve"),
+        // Expired: released, whatever was done to the VM.
+        (marked_expired(), held(hibernated(), false), true, "release"),
+        (marked_expired(), held(pending, false), true, "release"),
+    ];
+    for (intent, held, flag, want) in cases {
+        let owner = OwnerState::Alive(intent);
+        let got = on_delete(&owner, &held, now, flag);
+        assert_eq!(
+            on_delete_kind(&got),
+            want,
+            "{owner:?} {held:?} ({flag}) -> {got:?}"
+        );
+    }
+    for owner in [OwnerState::None, OwnerState::Gone("deleted".into())] {
+        let got = on_delete(&owner, &held(hibernated(), true), now, true);
+        assert_eq!(on_delete_kind(&got), "release", "{owner:?} -> {got:?}");
+    }
+    let doubt = OwnerState::Doubt("503".into());
+    let got = on_delete(&doubt, &held(VmState::Running, false), now, true);
+    assert_eq!(on_delete_kind(&got), "preserve", "{got:?}");
 }
 
 /// A claim whose lease ends at `deadline`, granted a day, asked a day.
