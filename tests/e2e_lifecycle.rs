@@ -38,6 +38,11 @@ async fn setup(prefix: &str, extra: &[&str]) -> Option<Env> {
         return None;
     }
     support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
+    if extra.contains(&"--publish-inventory") {
+        let crd = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("crds/sandbox.cocoonstack.io_nodeinventories.yaml");
+        support::crds::install_file(&cluster.client, &crd).await;
+    }
     let mut cfg = support::sim::config(TOKEN, &["base:24.04=4"]);
     cfg.hibernate_delay_ms = 200;
     cfg.wake_delay_ms = 55;
@@ -254,6 +259,36 @@ impl Env {
         .await
     }
 
+    /// Waits until this node's NodeInventory (default group) lists sandbox
+    /// `id` in `phase`; returns its entry.
+    async fn wait_inventory_phase(&self, id: &str, phase: &str) -> Value {
+        let api: Api<DynamicObject> = Api::all_with(
+            self.client(),
+            &support::crds::nodeinventories("sandbox.cocoonstack.io"),
+        );
+        wait_for(
+            &format!("sandbox {id} {phase} in NodeInventory {}", self.vk.node),
+            Duration::from_secs(30),
+            || async {
+                let obj = api
+                    .get_opt(&self.vk.node)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| format!("not published; log:\n{}", tail(&self.vk.logs(), 10)))?;
+                let entry = obj.data["entries"]
+                    .as_array()
+                    .and_then(|es| es.iter().find(|e| e["id"] == id).cloned())
+                    .ok_or_else(|| format!("no entry for {id}: {}", obj.data))?;
+                if entry["phase"] == phase {
+                    Ok(entry)
+                } else {
+                    Err(format!("entry {entry}"))
+                }
+            },
+        )
+        .await
+    }
+
     fn restart_vk(&mut self) {
         self.vk.process.signal(nix::sys::signal::Signal::SIGKILL);
         self.vk.process.wait_exit(Duration::from_secs(5));
@@ -272,10 +307,12 @@ impl Env {
 /// Suspend → the Pod goes, the VM is hibernated (the simulator's row and
 /// the claims file say so), nothing released, Event `SandboxHibernated`;
 /// Running again → the new Pod runs on the same claim with the same IP,
-/// the VM woken before it ran, Event `SandboxWoken`.
+/// the VM woken before it ran, Event `SandboxWoken`. The node's
+/// NodeInventory shows the claim `Hibernated`, then `Running` again.
 #[tokio::test(flavor = "multi_thread")]
 async fn suspend_hibernates_and_resume_wakes_the_same_vm() {
-    let Some(env) = setup("vk-life", &[]).await else {
+    let Some(env) = setup("vk-life", &["--publish-inventory", "--publish-interval=1s"]).await
+    else {
         return;
     };
     let key = env.key("demo");
@@ -297,6 +334,8 @@ async fn suspend_hibernates_and_resume_wakes_the_same_vm() {
     let ev = env.wait_event("SandboxHibernated").await;
     assert_eq!(ev.type_.as_deref(), Some("Normal"));
     assert_eq!(env.releases(), 0, "a suspended Sandbox's VM was released");
+    let entry = env.wait_inventory_phase(&first.claim, "Hibernated").await;
+    assert_eq!(entry["name"], key.as_str(), "inventory entry {entry}");
 
     let wakes = format!("/v1/sandboxes/{}/wake", first.claim);
     assert_eq!(env.requests_to(&wakes), 0);
@@ -307,6 +346,7 @@ async fn suspend_hibernates_and_resume_wakes_the_same_vm() {
     assert_eq!(env.sim_row(&first.claim), Some(false), "not woken");
     assert!(env.requests_to(&wakes) >= 1, "no wake was asked");
     env.wait_event("SandboxWoken").await;
+    env.wait_inventory_phase(&first.claim, "Running").await;
     assert!(
         env.recorded(&key)["vm"].is_null(),
         "still recorded hibernated: {}",
