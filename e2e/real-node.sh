@@ -257,9 +257,10 @@ node_pids() {
 
 # Every process in the kubepods cgroups (the containers), by PID.
 cgroup_pids() {
-  # A cgroup removed between find and cat (a container just killed) is not
-  # an error: its processes are gone.
-  find /sys/fs/cgroup -path '*/kubepods*' \( -name tasks -o -name cgroup.procs \) -print0 2>/dev/null |
+  # A cgroup removed during the walk or between find and cat (a container
+  # just killed) is not an error: its processes are gone. find itself then
+  # exits 1 (a vanished directory), which pipefail would report.
+  { find /sys/fs/cgroup -path '*/kubepods*' \( -name tasks -o -name cgroup.procs \) -print0 2>/dev/null || true; } |
     { xargs -0 -r cat 2>/dev/null || true; } | sort -u
 }
 

@@ -36,6 +36,8 @@ struct Env {
     ns: String,
     /// The sandbox of Pod `p`.
     id: String,
+    /// The Sandbox controller that makes the Pods.
+    _controller: support::controller::SandboxController,
 }
 
 /// A guest service: answers an HTTP GET with a greeting, echoes anything
@@ -76,7 +78,6 @@ async fn guest_service() -> SocketAddr {
 
 async fn setup(prefix: &str) -> Option<Env> {
     let cluster = support::cluster().await?;
-    support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
     let guest = guest_service().await;
     let mut cfg = support::sim::config(TOKEN, &[&format!("{TEMPLATE}=4")]);
     cfg.wake_delay_ms = 0;
@@ -98,12 +99,14 @@ async fn setup(prefix: &str) -> Option<Env> {
     vk.wait_ready(&cluster.client, Duration::from_secs(30))
         .await;
     let ns = cluster.namespace(prefix).await;
+    let controller = support::controller::start(&cluster.client, &cluster.kubeconfig, &ns).await;
     let env = Env {
         cluster,
         sim,
         vk,
         ns,
         id: String::new(),
+        _controller: controller,
     };
     let id = env.sandbox_pod("p", None).await;
     env.wait_declared().await;
@@ -125,37 +128,17 @@ impl Env {
             &self.ns,
             &support::controller::resource("Sandbox"),
         );
-        let owner: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
-            "metadata": {"name": name},
-            "spec": {"podTemplate": {"spec": {"containers": [{"name": "agent", "image": template}]}}}
-        }))
-        .expect("sandbox json");
-        let uid = sandboxes
+        // The controller makes the Pod from the template (creating it here
+        // too raced the controller for the name: 409 AlreadyExists).
+        let mut owner = support::controller::contract_sandbox(name, template, Some(&self.vk.node));
+        owner["spec"]["podTemplate"]["metadata"]["annotations"]["sandbox.cocoonstack.io/ttl-seconds"] =
+            json!(ttl.unwrap_or("3600"));
+        let owner: DynamicObject = serde_json::from_value(owner).expect("sandbox json");
+        sandboxes
             .create(&PostParams::default(), &owner)
             .await
-            .expect("create Sandbox")
-            .metadata
-            .uid
-            .expect("uid");
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name,
-                "annotations": {"sandbox.cocoonstack.io/runtime": "sandboxd", "sandbox.cocoonstack.io/template": template,
-                    "sandbox.cocoonstack.io/ttl-seconds": ttl.unwrap_or("3600")},
-                "ownerReferences": [{"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox", "name": name,
-                    "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": self.vk.node},
-                "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists", "effect": "NoSchedule"}],
-                "containers": [{"name": "agent", "image": template}]
-            }
-        }))
-        .expect("pod json");
+            .expect("create Sandbox");
         let pods: Api<Pod> = Api::namespaced(self.client(), &self.ns);
-        pods.create(&PostParams::default(), &pod)
-            .await
-            .expect("create Pod");
         if ttl.is_some() {
             return String::new();
         }
@@ -331,7 +314,7 @@ async fn exec_streams_exit_codes_stdin_and_hang_up() {
         nix::sys::signal::Signal::SIGINT,
     )
     .expect("interrupt kubectl");
-    let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+    let kubectl_exit = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
     wait_for(
         "the sleep to be killed",
         Duration::from_secs(30),
@@ -340,7 +323,10 @@ async fn exec_streams_exit_codes_stdin_and_hang_up() {
             (!ps.iter()
                 .any(|p| p["argv"][0] == "sleep" && p["state"] == "running"))
             .then_some(())
-            .ok_or(format!("{ps:?}; log:\n{}", tail(&env.vk.logs(), 10)))
+            .ok_or(format!(
+                "{ps:?}; kubectl after SIGINT: {kubectl_exit:?}; log:\n{}",
+                tail(&env.vk.logs(), 10)
+            ))
         },
     )
     .await;
