@@ -117,7 +117,7 @@ test: ## Set-up (e2e/deps.sh test), fmt check, clippy, unit + integration + e2e 
 	./e2e/run-tests.sh
 
 .PHONY: reliability
-reliability: ## Reliability suite, full size (kills, eviction storm, sandboxd/apiserver/state faults, owner churn): report table
+reliability: ## Reliability suite, full size (kills, eviction storm, sandboxd/apiserver/state faults, owner churn, suspend/resume churn): report table
 	./e2e/deps.sh test
 	./e2e/run-tests.sh --reliability
 

@@ -351,6 +351,17 @@ async fn the_reaper_destroys_a_hibernated_claim_at_its_deadline() {
     assert!(h.reap().is_empty(), "only strictly past the deadline");
     advance(&h, 1);
     assert_eq!(h.reap(), vec![id.clone()]);
+    // Recorded for the reliability suite's "lease expired" count.
+    let reaped = h.reaped();
+    assert_eq!(reaped.len(), 1, "{reaped:?}");
+    assert_eq!(
+        (reaped[0].id.as_str(), reaped[0].archived),
+        (id.as_str(), false)
+    );
+    assert!(
+        reaped[0].after_seq >= h.requests().iter().map(|r| r.seq).max().unwrap_or(0),
+        "{reaped:?}"
+    );
     assert!(c.list().await.expect("list").is_empty());
     assert!(
         c.wake(&id, SandboxAuth::Node)
@@ -372,6 +383,11 @@ async fn archived_rows_wake_with_a_fresh_lease_and_refuse_renewal() {
     c.hibernate(&id, own).await.expect("hibernate");
     advance(&h, 601);
     assert_eq!(h.reap(), vec![id.clone()]);
+    assert!(
+        h.reaped().iter().any(|r| r.id == id && r.archived),
+        "{:?}",
+        h.reaped()
+    );
     let r = row(&c, &id).await;
     assert_eq!(
         (r.state(), r.deadline.clone()),

@@ -3,8 +3,8 @@
 //! release credential, on the real local control plane + the sandboxd
 //! simulator, with invariants checked after each and a report table.
 //!
-//! `VK_RELIABILITY=short` (default, run by `make test`): scenarios 1-4, 6
-//! and 8, small counts. `VK_RELIABILITY=full` (`make reliability`): more runs
+//! `VK_RELIABILITY=short` (default, run by `make test`): every scenario
+//! but 5, small counts. `VK_RELIABILITY=full` (`make reliability`): more runs
 //! and larger counts. `VK_RELIABILITY_SEED` fixes the seed (printed either
 //! way); `VK_RELIABILITY_ONLY=kill9,eviction` picks scenarios.
 //! `VK_CLUSTER_CONTROL` names `e2e/cluster.sh` when the suite may restart
@@ -96,6 +96,12 @@ fn scenarios() -> Vec<(&'static str, &'static str, Scenario, bool)> {
             "neighbours",
             "9 neighbours' claims (same claim_ref)",
             |w, s| Box::pin(scenarios::neighbours(w, s)),
+            true,
+        ),
+        (
+            "suspend",
+            "10 suspend/resume churn (kill -9, hibernate/wake/renew faults)",
+            |w, s| Box::pin(scenarios::suspend_churn(w, s)),
             true,
         ),
     ]
@@ -191,7 +197,7 @@ fn main() -> ExitCode {
     };
     if rows.is_empty() {
         println!(
-            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn, warmpool)"
+            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn, warmpool, neighbours, suspend)"
         );
         return ExitCode::FAILURE;
     }
@@ -206,7 +212,14 @@ fn main() -> ExitCode {
     let rows_len = rows.len();
     let failed = rows.iter().any(|r| {
         let t = &r.tally;
-        t.wrongly_released + t.leaked + t.creds_lost + t.not_converged + t.bad_state_file > 0
+        t.wrongly_released
+            + t.leaked
+            + t.creds_lost
+            + t.not_converged
+            + t.bad_state_file
+            + t.leases_expired
+            + t.running_suspended
+            > 0
     });
     let mut total = Tally::default();
     for r in rows {
@@ -222,12 +235,15 @@ fn main() -> ExitCode {
     if failed {
         println!(
             "reliability: FAILED: an invariant column is not zero: {} wrongly released, {} leaked, \
-             {} credentials lost, {} not converged, {} bad state files; {summary}",
+             {} credentials lost, {} not converged, {} bad state files, {} leases expired under \
+             a living owner, {} VMs running for a suspended Sandbox; {summary}",
             total.wrongly_released,
             total.leaked,
             total.creds_lost,
             total.not_converged,
-            total.bad_state_file
+            total.bad_state_file,
+            total.leases_expired,
+            total.running_suspended
         );
         ExitCode::FAILURE
     } else {
@@ -244,19 +260,21 @@ fn add(total: &mut Tally, t: Tally) {
     total.creds_lost += t.creds_lost;
     total.not_converged += t.not_converged;
     total.bad_state_file += t.bad_state_file;
+    total.leases_expired += t.leases_expired;
+    total.running_suspended += t.running_suspended;
 }
 
 fn table(rows: &[Row], seed: u64, size: Size, took: Duration, controller: &str) -> String {
     let mut s = format!(
         "Reliability suite ({size:?}, seed {seed}, {:.0} s)\n{controller}\n\n\
-         | scenario | runs | Pods | faults | VMs wrongly released | VMs leaked | credentials lost | Pods not converged | bad state file | max time to converge |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | scenario | runs | Pods | faults | VMs wrongly released | VMs leaked | credentials lost | Pods not converged | bad state file | leases expired, owner alive | VMs running, Sandbox suspended | max time to converge |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         took.as_secs_f64()
     );
     for r in rows {
         let t = &r.tally;
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |\n",
             r.title,
             r.runs,
             t.pods,
@@ -266,6 +284,8 @@ fn table(rows: &[Row], seed: u64, size: Size, took: Duration, controller: &str) 
             t.creds_lost,
             t.not_converged,
             t.bad_state_file,
+            t.leases_expired,
+            t.running_suspended,
             r.converge_max.as_secs_f64()
         ));
     }

@@ -40,6 +40,9 @@ pub struct Owner {
     /// Sandbox, possibly adopted by a claim), found by watching; its
     /// `deleted_at` is when the watch saw it go.
     pub managed: bool,
+    /// Set to `operatingMode: Suspended` (and not resumed since): no Pod,
+    /// its VM hibernated (unless sandboxd refused to hibernate it).
+    pub suspended: bool,
 }
 
 /// What the Sandbox watch saw: uid → (name, watermark when it went).
@@ -55,6 +58,12 @@ pub struct Tally {
     pub creds_lost: usize,
     pub not_converged: usize,
     pub bad_state_file: usize,
+    /// sandboxd's reaper ended an owner's VM at its deadline while the
+    /// owner lived (its lease was not renewed).
+    pub leases_expired: usize,
+    /// A suspended Sandbox's VM still running after settling, sandboxd
+    /// never having refused (409) to hibernate it.
+    pub running_suspended: usize,
     pub converge: Duration,
     pub notes: Vec<String>,
 }
@@ -81,6 +90,9 @@ pub struct World {
     /// Sandboxes are also made by the controllers (warm pools): the
     /// watch's record of them (uid → name, deletion watermark).
     pub discover: bool,
+    /// The `ttl-seconds` the Pods of the Sandboxes created from now on
+    /// ask (`None`: the contract's default, 24 h).
+    pub lease_ttl: Option<u64>,
     seen: SeenSandboxes,
     watch: Option<tokio::task::JoinHandle<()>>,
     _controller: crate::support::controller::SandboxController,
@@ -118,6 +130,7 @@ impl World {
             starts: 1,
             foreign: Vec::new(),
             discover: false,
+            lease_ttl: None,
             seen: Default::default(),
             watch: None,
             _controller: controller,
@@ -197,12 +210,13 @@ impl World {
     }
 
     pub async fn create_named(&mut self, name: &str) {
-        let sb: Sandbox = serde_json::from_value(crate::support::controller::contract_sandbox(
-            name,
-            "base:24.04",
-            Some(&self.vk.node),
-        ))
-        .expect("sandbox json");
+        let mut v =
+            crate::support::controller::contract_sandbox(name, "base:24.04", Some(&self.vk.node));
+        if let Some(ttl) = self.lease_ttl {
+            v["spec"]["podTemplate"]["metadata"]["annotations"]["sandbox.cocoonstack.io/ttl-seconds"] =
+                Value::from(ttl.to_string());
+        }
+        let sb: Sandbox = serde_json::from_value(v).expect("sandbox json");
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             match self.sandboxes().create(&PostParams::default(), &sb).await {
@@ -213,6 +227,7 @@ impl World {
                         claim: None,
                         deleted_at: None,
                         managed: false,
+                        suspended: false,
                     });
                     return;
                 }
@@ -261,6 +276,58 @@ impl World {
                 Err(e) => panic!("delete Sandbox {name}: {e}"),
             }
         }
+    }
+
+    /// Suspends (`operatingMode: Suspended`) or resumes (`Running`) owner
+    /// `i`, retrying (bounded) through the apiserver's hiccups.
+    pub async fn set_suspended(&mut self, i: usize, suspended: bool) {
+        let mode = if suspended { "Suspended" } else { "Running" };
+        let name = self.owners[i].name.clone();
+        let patch = serde_json::json!({"spec": {"operatingMode": mode}});
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = self
+                .sandboxes()
+                .patch(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await;
+            match r {
+                Ok(_) => break,
+                Err(e) if Instant::now() >= deadline => panic!("set Sandbox {name} {mode}: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+            }
+        }
+        self.owners[i].suspended = suspended;
+    }
+
+    /// sandboxd's live rows: id → hibernated.
+    fn hibernated_rows(&self) -> BTreeMap<String, bool> {
+        self.sim
+            .sim()
+            .claims()
+            .into_iter()
+            .map(|c| (c.id, c.hibernated))
+            .collect()
+    }
+
+    /// Sandboxes whose hibernate sandboxd refused (409: it cannot hibernate
+    /// that VM); vk-sandbox then leaves the VM running, as documented.
+    pub fn hibernate_refused(&self) -> BTreeSet<String> {
+        self.sim
+            .sim()
+            .requests()
+            .iter()
+            .filter(|r| r.status == Some(409))
+            .filter_map(|r| {
+                r.path
+                    .strip_prefix("/v1/sandboxes/")?
+                    .strip_suffix("/hibernate")
+                    .map(str::to_string)
+            })
+            .collect()
     }
 
     pub fn vk_args(&self) -> Vec<String> {
@@ -347,6 +414,7 @@ impl World {
                     claim: None,
                     deleted_at: gone,
                     managed: true,
+                    suspended: false,
                 }),
             }
         }
@@ -404,12 +472,34 @@ impl World {
                     problems.push(format!("stray {} ({}) not returned", c.id, c.claim_ref));
                 }
             }
+            let rows = self.hibernated_rows();
+            let refused = self.hibernate_refused();
             match self.list_pods().await {
                 Err(e) => problems.push(format!("list Pods: {e}")),
                 Ok(pods) => {
                     self.observe(&pods).await;
                     for o in &self.owners {
                         let mine: Vec<&Pod> = pods.iter().filter(|p| owned_by(p, &o.uid)).collect();
+                        if o.deleted_at.is_none() && o.suspended {
+                            // Suspended: no Pod; its VM kept and hibernated.
+                            if !mine.is_empty() {
+                                problems.push(format!("{}: suspended, still has a Pod", o.name));
+                            }
+                            if let Some(c) = &o.claim {
+                                match rows.get(c) {
+                                    None => problems.push(format!(
+                                        "{}: suspended, its sandbox {c} is gone",
+                                        o.name
+                                    )),
+                                    Some(false) if !refused.contains(c) => problems.push(format!(
+                                        "{}: suspended, its sandbox {c} still runs",
+                                        o.name
+                                    )),
+                                    Some(_) => {}
+                                }
+                            }
+                            continue;
+                        }
                         match (&o.deleted_at, running_on(&pods, o)) {
                             (Some(_), _) if !mine.is_empty() => {
                                 problems.push(format!("{}: deleted owner still has a Pod", o.name))
@@ -512,6 +602,75 @@ impl World {
                     ));
                 }
             }
+        }
+
+        // (e) No lease ended by sandboxd's reaper under a living owner.
+        for r in self.sim.sim().reaped() {
+            let Some(o) = originals.get(r.id.as_str()) else {
+                continue;
+            };
+            if o.deleted_at.is_none_or(|mark| r.after_seq <= mark) {
+                t.leases_expired += 1;
+                t.notes.push(format!(
+                    "the lease of {} (owner {}) ended at its deadline while the owner lived{}",
+                    r.id,
+                    o.name,
+                    if r.archived { " (archived)" } else { "" }
+                ));
+            }
+        }
+
+        // (f) No VM left running for a suspended Sandbox, unless sandboxd
+        // refused to hibernate it.
+        let refused = self.hibernate_refused();
+        let rows = self.hibernated_rows();
+        let mut kept_running = 0;
+        for o in self
+            .owners
+            .iter()
+            .filter(|o| o.deleted_at.is_none() && o.suspended)
+        {
+            let Some(c) = &o.claim else { continue };
+            if rows.get(c) == Some(&false) {
+                if refused.contains(c) {
+                    kept_running += 1;
+                } else {
+                    t.running_suspended += 1;
+                    t.notes.push(format!(
+                        "{c} of suspended {} still runs (no hibernate refused)",
+                        o.name
+                    ));
+                }
+            }
+        }
+        let suspended = self
+            .owners
+            .iter()
+            .filter(|o| o.deleted_at.is_none() && o.suspended)
+            .count();
+        let verbs = |verb: &str| -> (usize, usize) {
+            let asked: Vec<_> = self
+                .sim
+                .sim()
+                .requests()
+                .into_iter()
+                .filter(|r| r.method == "POST" && r.path.ends_with(verb))
+                .collect();
+            let ok = asked
+                .iter()
+                .filter(|r| r.status.is_some_and(|s| s < 300))
+                .count();
+            (asked.len(), ok)
+        };
+        let (hibernates, hibernated) = verbs("/hibernate");
+        if hibernates > 0 {
+            let (wakes, woken) = verbs("/wake");
+            let (renews, renewed) = verbs("/renew");
+            t.notes.push(format!(
+                "{suspended} Sandboxes suspended at the end ({kept_running} running: sandboxd \
+                 refused to hibernate them, 409); sandboxd asked {hibernates} hibernates \
+                 ({hibernated} ok), {wakes} wakes ({woken} ok), {renews} renewals ({renewed} ok)"
+            ));
         }
 
         // (d) The claims file after a clean stop: valid and 0600. A

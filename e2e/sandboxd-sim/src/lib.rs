@@ -27,7 +27,7 @@ pub use config::{
 };
 pub use faults::{Endpoint, Fault, FaultKind};
 pub use model::{ClaimRecord, PoolKey};
-pub use sim::{ClaimPatch, ClockPatch, RequestRecord, Sim, SimError};
+pub use sim::{ClaimPatch, ClockPatch, ReapRecord, RequestRecord, Sim, SimError};
 
 /// A running simulator. Dereferences to [`Sim`] for direct admin calls
 /// (`handle.arm_fault(…)`, `handle.requests()`, `handle.reap()` …). Dropping

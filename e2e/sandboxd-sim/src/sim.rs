@@ -141,10 +141,22 @@ pub struct RequestRecord {
     pub note: Option<String>,
 }
 
+/// A claim the reaper ended at its deadline (destroyed or archived).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReapRecord {
+    pub id: String,
+    /// The request log's last sequence number when it was reaped: requests
+    /// up to it came before.
+    pub after_seq: u64,
+    /// Archived rather than destroyed.
+    pub archived: bool,
+}
+
 #[derive(Debug, Default)]
 struct RequestLog {
     entries: Vec<RequestRecord>,
     next_seq: u64,
+    reaped: Vec<ReapRecord>,
 }
 
 /// Run-time changes to one claim (hibernate/archive hooks).
@@ -928,6 +940,7 @@ impl Sim {
         let now = self.clock.now();
         let mut st = self.lock();
         let mut touched = Vec::new();
+        let mut ended = Vec::new();
         let expired: Vec<String> = st
             .claims
             .values()
@@ -949,6 +962,7 @@ impl Sim {
                 pool.filter(|p| p.archive_on_expire && claim.hibernated)
                     .map(|p| p.archive_retention_seconds)
             };
+            let archived = archive_policy.is_some();
             match archive_policy {
                 Some(retention) => {
                     if let Some(c) = st.claims.get_mut(&id) {
@@ -963,6 +977,7 @@ impl Sim {
             }
             // Archived or destroyed, the VM no longer runs.
             self.guests.freeze(&id, true);
+            ended.push((id.clone(), archived));
             touched.push(id);
         }
         if !touched.is_empty() {
@@ -970,6 +985,15 @@ impl Sim {
             self.refill_all(&mut st);
             info!(?touched, "sandboxd-sim: reaped");
         }
+        drop(st);
+        let mut log = self.log_lock();
+        let after_seq = log.next_seq;
+        log.reaped
+            .extend(ended.into_iter().map(|(id, archived)| ReapRecord {
+                id,
+                after_seq,
+                archived,
+            }));
         touched
     }
 
@@ -1202,6 +1226,12 @@ impl Sim {
 
     pub fn requests(&self) -> Vec<RequestRecord> {
         self.log_lock().entries.clone()
+    }
+
+    /// Every claim the reaper ended, in order (kept across
+    /// [`Sim::clear_requests`]).
+    pub fn reaped(&self) -> Vec<ReapRecord> {
+        self.log_lock().reaped.clone()
     }
 
     pub fn clear_requests(&self) {
