@@ -648,28 +648,34 @@ impl World {
             .iter()
             .filter(|o| o.deleted_at.is_none() && o.suspended)
             .count();
-        let verbs = |verb: &str| -> (usize, usize) {
-            let asked: Vec<_> = self
-                .sim
-                .sim()
-                .requests()
-                .into_iter()
-                .filter(|r| r.method == "POST" && r.path.ends_with(verb))
-                .collect();
-            let ok = asked
+        // What sandboxd answered each verb: "204×3 500×1 none×1" ("none":
+        // no reply, the connection gone).
+        let answers = |verb: &str| -> (usize, String) {
+            let mut by: BTreeMap<String, usize> = BTreeMap::new();
+            for r in self.sim.sim().requests() {
+                if r.method == "POST" && r.path.ends_with(verb) {
+                    let k = r
+                        .status
+                        .map_or_else(|| "none".to_string(), |s| s.to_string());
+                    *by.entry(k).or_default() += 1;
+                }
+            }
+            let total = by.values().sum();
+            let text = by
                 .iter()
-                .filter(|r| r.status.is_some_and(|s| s < 300))
-                .count();
-            (asked.len(), ok)
+                .map(|(k, n)| format!("{k}×{n}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            (total, text)
         };
-        let (hibernates, hibernated) = verbs("/hibernate");
+        let (hibernates, hibernated) = answers("/hibernate");
         if hibernates > 0 {
-            let (wakes, woken) = verbs("/wake");
-            let (renews, renewed) = verbs("/renew");
+            let (wakes, woken) = answers("/wake");
+            let (renews, renewed) = answers("/renew");
             t.notes.push(format!(
                 "{suspended} Sandboxes suspended at the end ({kept_running} running: sandboxd \
-                 refused to hibernate them, 409); sandboxd asked {hibernates} hibernates \
-                 ({hibernated} ok), {wakes} wakes ({woken} ok), {renews} renewals ({renewed} ok)"
+                 refused to hibernate them, 409); sandboxd answered {hibernates} hibernates \
+                 ({hibernated}), {wakes} wakes ({woken}), {renews} renewals ({renewed})"
             ));
         }
 
