@@ -48,3 +48,5 @@ mod restart_tests;
 mod side_loop_tests;
 #[cfg(test)]
 mod suspend_tests;
+#[cfg(test)]
+mod upkeep_tests;

@@ -1,0 +1,243 @@
+//! The lifecycle upkeep over several turns of one loop (its per-claim
+//! schedule kept between them), against a scripted apiserver, the
+//! in-process simulator and a watch cache the test fills: which claims a
+//! turn looks at, and when it looks again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use sandboxd_sim::{Endpoint, Fault};
+use serde_json::{Value, json};
+
+use super::controller::reconcile;
+use super::fixtures::*;
+use super::pod::Pod;
+use super::upkeep::LifecycleUpkeep;
+use crate::periodic::{Beat, Turn};
+
+const ALIVE: u8 = 0;
+const SUSPENDED: u8 = 1;
+const GONE: u8 = 2;
+const KEY: &str = "ns/sb";
+
+/// One upkeep loop, its watch cache, and the owner's state (`ALIVE`,
+/// `SUSPENDED`, `GONE`) as the scripted apiserver answers it.
+struct Scene {
+    w: World,
+    owner: Arc<AtomicU8>,
+    upkeep: LifecycleUpkeep,
+    cache: Writer<Pod>,
+}
+
+async fn scene(owner: u8) -> Scene {
+    let state = Arc::new(AtomicU8::new(owner));
+    let answer = Arc::clone(&state);
+    let w = world_with(move |s| match (s.method.as_str(), s.path()) {
+        ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
+        ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb") => {
+            match answer.load(Ordering::SeqCst) {
+                ALIVE => sandbox("o1", false),
+                SUSPENDED => {
+                    let (code, mut obj) = sandbox("o1", false);
+                    obj["spec"] = json!({"operatingMode": "Suspended"});
+                    (code, obj)
+                }
+                _ => status(404, "NotFound", json!({"name": "sb", "kind": "sandboxes"})),
+            }
+        }
+        // Where the key's Pod runs: nowhere else.
+        ("GET", "/api/v1/namespaces/ns/pods") => (
+            200,
+            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []}),
+        ),
+        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => (200, pod_json()),
+        ("DELETE", "/api/v1/namespaces/ns/pods/sb") => (200, pod_json()),
+        ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
+        _ => (404, Value::Null),
+    })
+    .await;
+    let (store, cache) = reflector::store::<Pod>();
+    let upkeep = LifecycleUpkeep::new(Arc::clone(&w.ctx), store);
+    Scene {
+        w,
+        owner: state,
+        upkeep,
+        cache,
+    }
+}
+
+impl Scene {
+    async fn turn(&mut self) {
+        within(self.upkeep.turn(&Beat::none())).await;
+    }
+
+    fn cache(&mut self, pod: &Pod) {
+        self.cache
+            .apply_watcher_event(&watcher::Event::Apply(pod.clone()));
+    }
+
+    fn owner_is(&self, state: u8) {
+        self.owner.store(state, Ordering::SeqCst);
+    }
+
+    fn owner_gets(&self) -> usize {
+        self.w
+            .api
+            .seen()
+            .iter()
+            .filter(|s| s.method == "GET" && s.path().ends_with("/sandboxes/sb"))
+            .count()
+    }
+
+    fn pod_lists(&self) -> usize {
+        self.w
+            .api
+            .seen()
+            .iter()
+            .filter(|s| s.method == "GET" && s.path() == "/api/v1/namespaces/ns/pods")
+            .count()
+    }
+
+    fn sandboxd(&self, id: &str, verb: &str) -> usize {
+        let path = format!("/v1/sandboxes/{id}/{verb}");
+        self.w
+            .sim
+            .sim()
+            .requests()
+            .iter()
+            .filter(|r| r.path == path)
+            .count()
+    }
+
+    /// The claim's lease ends now: its renewal is due.
+    async fn lease_due(&self) {
+        let claim = self
+            .w
+            .ctx
+            .provider
+            .settled_claims_of(KEY)
+            .expect("the claim");
+        self.w.ctx.provider.lease_gone(KEY, &claim).await;
+    }
+
+    /// The Pod deleted with its owner as it is now (preserved or
+    /// hibernated): the claim has no Pod here and is the upkeep's.
+    async fn pod_deleted(&self, id: &str) {
+        within(reconcile(
+            Arc::new(deleting(running_pod(id), 30)),
+            Arc::clone(&self.w.ctx),
+        ))
+        .await
+        .expect("delete");
+    }
+}
+
+/// A claim with no Pod here is looked at on its first turn (owner asked,
+/// where its Pod runs listed, kept), and its owner is not asked again
+/// before its cadence; the nearest lease is published meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_with_no_pod_here_is_asked_about_at_its_cadence() {
+    let mut s = scene(ALIVE).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    let asked = s.owner_gets();
+    s.turn().await;
+    assert_eq!(s.owner_gets(), asked + 1, "the owner was not asked");
+    assert_eq!(s.pod_lists(), 1, "where its Pod runs was not asked");
+    s.turn().await;
+    s.turn().await;
+    assert_eq!(s.owner_gets(), asked + 1, "asked again before its cadence");
+    assert_eq!(s.pod_lists(), 1);
+    assert!(release_requests(&s.w.sim).is_empty());
+    assert!(s.w.ctx.provider.holds(KEY));
+    let text = s.w.ctx.metrics.encode().expect("metrics");
+    let left = support_metric(&text, "vk_sandbox_claim_lease_remaining_min_seconds");
+    assert!(left > 0.0, "the nearest lease not published:\n{text}");
+}
+
+/// A failed hibernate is retried after its back-off, not on the next turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_hibernate_waits_for_its_back_off() {
+    let mut s = scene(SUSPENDED).await;
+    let id = claimed(&s.w).await;
+    s.w.sim
+        .sim()
+        .arm_fault(Fault::status(Endpoint::Hibernate, 500).times(2))
+        .expect("arm");
+    s.pod_deleted(&id).await;
+    assert_eq!(s.sandboxd(&id, "hibernate"), 1);
+    s.turn().await;
+    assert_eq!(s.sandboxd(&id, "hibernate"), 2, "the pending hibernate");
+    s.turn().await;
+    assert_eq!(
+        s.sandboxd(&id, "hibernate"),
+        2,
+        "retried before its back-off"
+    );
+}
+
+/// A Pod here that is being deleted is its reconcile's: its due lease is
+/// neither renewed nor its claim released by the upkeep, whatever the
+/// owner says.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_being_deleted_is_left_to_its_reconcile() {
+    let mut s = scene(ALIVE).await;
+    let id = claimed(&s.w).await;
+    s.lease_due().await;
+    s.owner_is(GONE);
+    s.cache(&deleting(running_pod(&id), 30));
+    s.turn().await;
+    assert_eq!(s.sandboxd(&id, "renew"), 0);
+    assert!(release_requests(&s.w.sim).is_empty());
+    assert!(s.w.ctx.provider.holds(KEY));
+}
+
+/// A running Pod here is left alone while its lease is fresh (its
+/// reference names a served version: the owner is not asked), and has its
+/// lease renewed once due.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_pod_here_has_its_due_lease_renewed() {
+    let mut s = scene(ALIVE).await;
+    let id = claimed(&s.w).await;
+    s.cache(&running_pod(&id));
+    s.turn().await;
+    assert_eq!(s.owner_gets(), 0, "a fresh lease under a served reference");
+    assert_eq!(s.sandboxd(&id, "renew"), 0);
+    s.lease_due().await;
+    let deadline = |s: &Scene| {
+        s.w.ctx
+            .provider
+            .settled_claims_of(KEY)
+            .and_then(|c| c.deadline)
+    };
+    let before = deadline(&s);
+    s.turn().await;
+    assert_eq!(s.sandboxd(&id, "renew"), 1, "the due lease not renewed");
+    let after = deadline(&s);
+    assert!(after > before, "{before:?} -> {after:?}");
+}
+
+/// A Pod tracked but not in the watch cache yet (just made) keeps its
+/// claim out of the upkeep: the stored owner is not asked on its behalf.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tracked_pod_not_in_the_cache_yet_is_not_taken_for_gone() {
+    let mut s = scene(GONE).await;
+    let id = claimed(&s.w).await;
+    s.turn().await;
+    assert!(
+        release_requests(&s.w.sim).is_empty(),
+        "released under its Pod"
+    );
+    assert!(s.w.ctx.provider.holds(KEY));
+    assert_eq!(s.sandboxd(&id, "release"), 0);
+}
+
+/// The value of an unlabelled series in a Prometheus text.
+fn support_metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
