@@ -305,3 +305,226 @@ async fn close_flushes_says_goaway_and_shuts_the_write_side() {
     );
     assert_eq!(seen.len(), 3);
 }
+
+#[tokio::test]
+async fn data_frames_are_cut_at_exactly_the_largest_frame() {
+    let (mut peer, _session, mut streams) = pair();
+    peer.open(1, &[], true).await;
+    let s = next_stream(&mut streams).await;
+    assert_eq!(s.writer.id(), 1);
+    let _ = peer.recv().await;
+    let w = s.writer.clone();
+    tokio::spawn(async move { w.write(Bytes::from(vec![7u8; MAX_DATA_FRAME + 1])).await });
+    let sizes: Vec<usize> = [peer.recv().await, peer.recv().await]
+        .into_iter()
+        .map(|f| match f {
+            Some(Frame::Data { data, .. }) => data.len(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(sizes, vec![64 * 1024, 1]);
+}
+
+#[tokio::test]
+async fn inbound_frames_up_to_a_mebibyte_are_taken_and_larger_ones_end_the_session() {
+    let (mut peer, session, mut streams) = pair();
+    peer.open(1, &[], false).await;
+    let mut s = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    let big = vec![1u8; MAX_INBOUND_FRAME];
+    peer.data(1, &big, false).await;
+    assert_eq!(
+        s.reader.next().await.map(|d| d.len()),
+        Ok(MAX_INBOUND_FRAME)
+    );
+    // A DATA header announcing one byte more: refused from the header
+    // alone (the session stops reading, so no payload is sent).
+    let len = u32::try_from(MAX_INBOUND_FRAME + 1).unwrap().to_be_bytes();
+    peer.io
+        .write_all(&[0, 0, 0, 1, 0, len[1], len[2], len[3]])
+        .await
+        .unwrap();
+    assert_eq!(
+        peer.recv().await,
+        Some(Frame::GoAway {
+            last_good_stream_id: 1,
+            status: goaway::PROTOCOL_ERROR
+        })
+    );
+    session.ended().await;
+    assert!(session.has_ended());
+}
+
+#[tokio::test]
+async fn an_empty_data_frame_is_no_read() {
+    let (mut peer, _session, mut streams) = pair();
+    peer.open(1, &[], false).await;
+    let mut s = next_stream(&mut streams).await;
+    peer.data(1, b"", false).await;
+    peer.data(1, b"x", true).await;
+    assert_eq!(s.reader.next().await, Ok(Bytes::from_static(b"x")));
+    assert_eq!(s.reader.next().await, Err(End::Fin));
+}
+
+#[tokio::test]
+async fn only_odd_pings_are_echoed() {
+    let (mut peer, _session, _streams) = pair();
+    for id in [2, 4, 5, 9] {
+        peer.send(Frame::Ping { id }).await;
+    }
+    assert_eq!(peer.recv().await, Some(Frame::Ping { id: 5 }));
+    assert_eq!(peer.recv().await, Some(Frame::Ping { id: 9 }));
+}
+
+#[tokio::test]
+async fn reset_sends_rst_stream_cancel() {
+    let (mut peer, _session, mut streams) = pair();
+    peer.open(3, &[], false).await;
+    let s = next_stream(&mut streams).await;
+    assert_eq!(s.writer.id(), 3);
+    let _ = peer.recv().await;
+    s.writer.reset().await.unwrap();
+    assert_eq!(
+        peer.recv().await,
+        Some(Frame::RstStream {
+            stream_id: 3,
+            status: rst::CANCEL
+        })
+    );
+}
+
+#[tokio::test]
+async fn the_session_has_not_ended_while_the_peer_is_there() {
+    use futures::FutureExt;
+    let (peer, session, _streams) = pair();
+    tokio::task::yield_now().await;
+    assert!(!session.has_ended());
+    assert!(session.ended().now_or_never().is_none(), "ended() waits");
+    drop(peer);
+    session.ended().await;
+    assert!(session.has_ended());
+}
+
+#[tokio::test]
+async fn after_goaway_new_streams_are_refused() {
+    let (mut peer, session, mut streams) = pair();
+    peer.open(1, &[], false).await;
+    let _s = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    peer.send(Frame::GoAway {
+        last_good_stream_id: 0,
+        status: goaway::OK,
+    })
+    .await;
+    peer.open(3, &[], false).await;
+    assert_eq!(
+        peer.recv().await,
+        Some(Frame::RstStream {
+            stream_id: 3,
+            status: rst::REFUSED_STREAM
+        })
+    );
+    assert!(!session.has_ended());
+}
+
+#[tokio::test]
+async fn nothing_more_is_written_for_a_stream_the_peer_reset() {
+    let (mut peer, session, mut streams) = pair();
+    peer.open(1, &[], false).await;
+    let s = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    peer.send(Frame::RstStream {
+        stream_id: 1,
+        status: rst::CANCEL,
+    })
+    .await;
+    s.writer.gone().await;
+    // The ping's echo is queued after the writer was told to forget stream
+    // 1: once it arrives, the FIN below meets a writer that knows.
+    peer.send(Frame::Ping { id: 1 }).await;
+    assert_eq!(peer.recv().await, Some(Frame::Ping { id: 1 }));
+    s.writer.finish().await.unwrap();
+    s.writer.reset().await.unwrap();
+    session.close().await;
+    let mut rest = Vec::new();
+    while let Some(f) = peer.recv().await {
+        rest.push(f);
+    }
+    assert_eq!(
+        rest,
+        vec![Frame::GoAway {
+            last_good_stream_id: 0,
+            status: goaway::OK
+        }]
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn nothing_queued_after_close_is_written() {
+    let (mut peer, session, mut streams) = pair();
+    peer.open(1, &[], false).await;
+    let s = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    // Both queued before the writer task runs again (one thread).
+    session.close().await;
+    s.writer.write(Bytes::from_static(b"after")).await.unwrap();
+    let mut rest = Vec::new();
+    while let Some(f) = peer.recv().await {
+        rest.push(f);
+    }
+    assert_eq!(
+        rest,
+        vec![Frame::GoAway {
+            last_good_stream_id: 0,
+            status: goaway::OK
+        }]
+    );
+}
+
+/// A reader fed streams directly, its replies and streams drained.
+fn bare_reader() -> Reader {
+    let (out, mut out_rx) = mpsc::channel(WRITE_QUEUE);
+    let (streams, mut streams_rx) = mpsc::channel::<Stream>(8);
+    tokio::spawn(async move { while out_rx.recv().await.is_some() {} });
+    tokio::spawn(async move { while streams_rx.recv().await.is_some() {} });
+    Reader {
+        out,
+        streams,
+        open: HashMap::new(),
+        live: HashMap::new(),
+        prune_at: 64,
+        inflater: Inflater::new(),
+        last_id: 0,
+        going_away: false,
+    }
+}
+
+#[tokio::test]
+async fn dropped_streams_are_pruned_and_held_ones_kept() {
+    // Streams the handler dropped at once: the table stays small.
+    let mut r = bare_reader();
+    for i in 0..300u32 {
+        r.open_stream(2 * i + 1, true, Headers::default()).await;
+        tokio::task::yield_now().await;
+    }
+    assert!(r.live.len() <= 64, "{} kept", r.live.len());
+
+    // Held streams are kept (a reset must still reach each), and the next
+    // prune waits until the table has doubled.
+    let mut r = bare_reader();
+    let (held_tx, mut held_rx) = mpsc::channel::<Stream>(512);
+    r.streams = held_tx;
+    for i in 0..100u32 {
+        r.open_stream(2 * i + 1, false, Headers::default()).await;
+    }
+    assert_eq!(r.live.len(), 100);
+    assert_eq!(r.prune_at, 128);
+    let first = held_rx.recv().await.unwrap();
+    r.handle(Frame::RstStream {
+        stream_id: 1,
+        status: rst::CANCEL,
+    })
+    .await
+    .unwrap();
+    assert!(first.writer.is_gone());
+}
