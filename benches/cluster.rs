@@ -18,6 +18,8 @@
 //! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load`,
 //!   `fleet`, `stream` to run only those parts (to study one figure; the doc is then not
 //!   written unless `BENCH_DOC` names a file);
+//! - `BENCH_STREAM_MIB` (default 256): MiB per port-forward run of the
+//!   `stream` part; 0 skips the port-forwards (exec round trips only);
 //! - `BENCH_BURSTS`: a comma list of burst sizes to run instead of the
 //!   plan's (then without the sandboxd-delay bursts).
 //!
@@ -1594,7 +1596,11 @@ async fn run() -> Report {
         progress.step(&format!(
             "streaming: {n} exec round trips per path, 256 MiB port-forwards"
         ));
-        Some(stream::run(&env, n, 256).await)
+        let mib = std::env::var("BENCH_STREAM_MIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(256);
+        Some(stream::run(&env, n, mib).await)
     } else {
         None
     };

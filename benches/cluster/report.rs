@@ -375,6 +375,18 @@ fn render_stream(s: &mut String, st: &StreamFigures) {
     }
     let _ = writeln!(
         s,
+        "\n| vk-sandbox kubelet API exec, by step ({} of {} TLS sessions resumed) | p50 | p90 | p99 | max |\n|---|---|---|---|---|",
+        st.resumed.0, st.resumed.1
+    );
+    for (label, q) in &st.phases {
+        let _ = writeln!(
+            s,
+            "| {label} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+            q.p50, q.p90, q.p99, q.max
+        );
+    }
+    let _ = writeln!(
+        s,
         "\n| port-forward, {} MiB one way (best of 3) | MiB/s |\n|---|---|",
         st.mib
     );

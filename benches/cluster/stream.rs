@@ -31,6 +31,10 @@ const SINK_PORT: u16 = 9000;
 pub struct StreamFigures {
     /// Exec round trips (ms), by path.
     pub exec: Vec<(String, Quantiles)>,
+    /// The kubelet API's round trip by step (ms each step took).
+    pub phases: Vec<(&'static str, Quantiles)>,
+    /// Of the kubelet API's round trips, how many resumed a TLS session.
+    pub resumed: (usize, usize),
     /// Port-forward throughput (MiB/s), by path, and the bytes moved.
     pub throughput: Vec<(String, f64)>,
     pub mib: usize,
@@ -139,24 +143,46 @@ impl Output for Discard {
     }
 }
 
-/// One WebSocket v5 exec of `true` at `url`; its wall time (ms).
+/// When each step of one WebSocket exec ended, in ms from its start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// TCP connected.
+    pub connect: f64,
+    /// TLS handshake done.
+    pub tls: f64,
+    /// The `101` read (request sent, authenticated, authorized, Pod found).
+    pub upgraded: f64,
+    /// The status message read (the relay opened, the command ran).
+    pub status: f64,
+    /// The server's close read: the whole round trip.
+    pub closed: f64,
+    /// The TLS session was resumed (no full handshake).
+    pub resumed: bool,
+}
+
+/// One WebSocket v5 exec of `true` at `path`, with its phases.
 async fn ws_exec(
     tls: Arc<rustls::ClientConfig>,
     port: u16,
     path: &str,
     bearer: Option<&str>,
-) -> f64 {
+) -> Phases {
     let t = Instant::now();
+    let ms = || t.elapsed().as_secs_f64() * 1000.0;
+    let mut ph = Phases::default();
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap_or_else(|e| die(&format!("connect: {e}")));
     tcp.set_nodelay(true).ok();
+    ph.connect = ms();
     let name =
         rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap_or_else(|e| die(&e.to_string()));
     let stream = tokio_rustls::TlsConnector::from(tls)
         .connect(name, tcp)
         .await
         .unwrap_or_else(|e| die(&format!("TLS: {e}")));
+    ph.tls = ms();
+    ph.resumed = stream.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
     let mut req = format!("wss://127.0.0.1:{port}{path}")
         .into_client_request()
         .unwrap_or_else(|e| die(&format!("request: {e}")));
@@ -174,19 +200,21 @@ async fn ws_exec(
     let (mut ws, _) = tokio_tungstenite::client_async(req, stream)
         .await
         .unwrap_or_else(|e| die(&format!("WebSocket upgrade of {path}: {e}")));
+    ph.upgraded = ms();
     let mut status = None;
     while let Some(Ok(m)) = ws.next().await {
         match m {
             Message::Binary(b) if b.first() == Some(&3) => {
+                ph.status = ms();
                 status = Some(String::from_utf8_lossy(&b[1..]).to_string());
             }
             Message::Close(_) => break,
             _ => {}
         }
     }
-    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    ph.closed = ms();
     match status {
-        Some(s) if s.contains("Success") => ms,
+        Some(s) if s.contains("Success") => ph,
         other => die(&format!("exec through {path} did not succeed: {other:?}")),
     }
 }
@@ -412,17 +440,18 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
     // Warm-up, then n of each, interleaved so that load drifts hit all.
     let _ = (direct().await, agent().await);
     let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut kubelet_phases = Vec::new();
     for _ in 0..n {
         samples.entry(EXEC_DIRECT).or_default().push(direct().await);
         samples.entry(AGENT).or_default().push(agent().await);
-        samples
-            .entry(KUBELET_WS)
-            .or_default()
-            .push(ws_exec(kubelet_tls.clone(), kubelet, &exec_path, Some(&bearer)).await);
-        samples
-            .entry(APISERVER_WS)
-            .or_default()
-            .push(ws_exec(admin.clone(), api_port, &api_path, None).await);
+        let ph = ws_exec(kubelet_tls.clone(), kubelet, &exec_path, Some(&bearer)).await;
+        samples.entry(KUBELET_WS).or_default().push(ph.closed);
+        kubelet_phases.push(ph);
+        samples.entry(APISERVER_WS).or_default().push(
+            ws_exec(admin.clone(), api_port, &api_path, None)
+                .await
+                .closed,
+        );
     }
     for _ in 0..n.min(20) {
         samples
@@ -439,8 +468,39 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
             )
         })
         .collect();
+    let phases = phase_quantiles(&kubelet_phases);
+    let resumed = kubelet_phases.iter().filter(|p| p.resumed).count();
 
-    // Throughput: best of three of each path.
+    let throughput = if mib > 0 {
+        throughput(env, &client, &id, &token, kubelet, &bearer, &ns, mib).await
+    } else {
+        Vec::new()
+    };
+
+    support::rbac::revoke(&env.cluster.client, &role).await;
+    env.cluster.drop_namespace(&ns).await;
+    vk.delete_node(&env.cluster.client).await;
+    StreamFigures {
+        exec,
+        phases,
+        resumed: (resumed, kubelet_phases.len()),
+        throughput,
+        mib,
+    }
+}
+
+/// Port-forward throughput, best of three of each path (MiB/s).
+#[allow(clippy::too_many_arguments)]
+async fn throughput(
+    env: &Env,
+    client: &SandboxdClient,
+    id: &str,
+    token: &str,
+    kubelet: u16,
+    bearer: &str,
+    ns: &str,
+    mib: usize,
+) -> Vec<(String, f64)> {
     let mut throughput = Vec::new();
     let mut best = |label: &str, v: Vec<f64>| {
         throughput.push((label.to_string(), v.into_iter().fold(0.0, f64::max)));
@@ -448,7 +508,7 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
     let mut relay = Vec::new();
     for _ in 0..3 {
         let io = client
-            .port(&id, &Secret::new(token.clone()), SINK_PORT)
+            .port(id, &Secret::new(token.to_string()), SINK_PORT)
             .await
             .unwrap_or_else(|e| die(&format!("/ports relay: {e}")));
         relay.push(push(io, mib).await);
@@ -474,10 +534,10 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
     let local = free_port();
     let mut pf = tokio::process::Command::new(support::kubectl::path())
         .arg("--kubeconfig")
-        .arg(&kubeconfig)
+        .arg(&env.cluster.kubeconfig)
         .args([
             "-n",
-            &ns_s,
+            ns,
             "port-forward",
             "pod/p",
             &format!("{local}:{SINK_PORT}"),
@@ -501,14 +561,27 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
     let _ = pf.kill().await;
     best(KUBECTL_PF, via);
 
-    support::rbac::revoke(&env.cluster.client, &role).await;
-    env.cluster.drop_namespace(&ns).await;
-    vk.delete_node(&env.cluster.client).await;
-    StreamFigures {
-        exec,
-        throughput,
-        mib,
-    }
+    throughput
+}
+
+/// How long each step of the kubelet API's round trips took.
+fn phase_quantiles(all: &[Phases]) -> Vec<(&'static str, Quantiles)> {
+    type Step = (&'static str, fn(&Phases) -> f64);
+    let steps: [Step; 5] = [
+        ("TCP connect", |p| p.connect),
+        ("TLS handshake", |p| p.tls - p.connect),
+        ("HTTP upgrade (auth, Pod lookup) to the 101", |p| {
+            p.upgraded - p.tls
+        }),
+        ("101 to the status (the relay, the command)", |p| {
+            p.status - p.upgraded
+        }),
+        ("status to the close", |p| p.closed - p.status),
+    ];
+    steps
+        .iter()
+        .map(|(label, f)| (*label, quantiles(all.iter().map(f).collect())))
+        .collect()
 }
 
 /// `mib` MiB over one port-forward connection of `c`; MiB/s.

@@ -200,7 +200,19 @@ async fn session(
     plane: Arc<dyn DataPlane>,
     target: Result<SandboxRef, Outcome>,
 ) {
-    let io = match on_upgrade.await {
+    // The guest agent relay is opened while the 101 goes out and the
+    // connection is handed over: its round trip to sandboxd overlaps them.
+    let prepared = async {
+        match target {
+            Ok(sandbox) => {
+                let conn = exec::agent::connect(plane.as_ref(), &sandbox).await;
+                Ok((sandbox, conn))
+            }
+            Err(refused) => Err(refused),
+        }
+    };
+    let (upgraded, prepared) = tokio::join!(on_upgrade, prepared);
+    let io = match upgraded {
         Ok(u) => TokioIo::new(u),
         Err(e) => {
             tracing::debug!(error = %e, "upgrade failed");
@@ -213,8 +225,8 @@ async fn session(
         tty: opts.tty,
     };
     let command = move |channels| async move {
-        let outcome = match target {
-            Ok(sandbox) => exec::run(plane, sandbox, req, channels).await,
+        let outcome = match prepared {
+            Ok((sandbox, conn)) => exec::run_on(conn, plane, sandbox, req, channels).await,
             Err(refused) => refused,
         };
         tracing::info!(?outcome, "exec ended");

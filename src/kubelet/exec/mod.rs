@@ -85,22 +85,45 @@ pub struct ExecRequest {
     pub tty: bool,
 }
 
+/// A connection to a sandbox's guest agent, or why there is none.
+pub type Connection = Result<(AgentReader, AgentWriter), AgentFailure>;
+
+fn no_command() -> Outcome {
+    Outcome::Refused {
+        reason: "BadRequest",
+        message: "no command given".into(),
+    }
+}
+
 /// Run `req` in `sandbox`, wired to `ch`, until the process ends or the
 /// client hangs up. The outcome is for the client's status channel.
-#[tracing::instrument(skip_all, fields(sandbox = %sandbox.id, tty = req.tty))]
 pub async fn run(
+    plane: Arc<dyn DataPlane>,
+    sandbox: SandboxRef,
+    req: ExecRequest,
+    ch: Channels,
+) -> Outcome {
+    if req.argv.is_empty() {
+        return no_command();
+    }
+    let conn = agent::connect(plane.as_ref(), &sandbox).await;
+    run_on(conn, plane, sandbox, req, ch).await
+}
+
+/// [`run`] on a guest agent connection already opened (or failed) for
+/// `sandbox`: the kubelet API opens it while its `101` goes out.
+#[tracing::instrument(skip_all, fields(sandbox = %sandbox.id, tty = req.tty))]
+pub async fn run_on(
+    conn: Connection,
     plane: Arc<dyn DataPlane>,
     sandbox: SandboxRef,
     req: ExecRequest,
     mut ch: Channels,
 ) -> Outcome {
     if req.argv.is_empty() {
-        return Outcome::Refused {
-            reason: "BadRequest",
-            message: "no command given".into(),
-        };
+        return no_command();
     }
-    let (reader, writer) = match agent::connect(plane.as_ref(), &sandbox).await {
+    let (reader, writer) = match conn {
         Ok(c) => c,
         Err(e) => return Outcome::Unreachable(e.to_string()),
     };
