@@ -36,7 +36,12 @@ fi
 
 if [[ -z "${FUZZ_NO_BUILD:-}" ]]; then
   echo "fuzz: building ${#targets[@]} targets (release, ASan, debug assertions)" >&2
-  cargo +nightly fuzz build -O -a >&2
+  if [[ -n "${FUZZ_TARGETS:-}" ]]; then
+    # Only the targets asked for (the dependencies are built once either way).
+    for t in "${targets[@]}"; do cargo +nightly fuzz build -O -a "$t" >&2; done
+  else
+    cargo +nightly fuzz build -O -a >&2
+  fi
 fi
 # Run the binaries just built: `cargo fuzz run` would rebuild whenever the
 # sources changed meanwhile (a shared tree), minutes per target.
