@@ -160,10 +160,25 @@ write_kubeconfig() {
 # ---------------------------------------------------------------- processes
 pid_alive() { [[ -f "$run/$1.pid" ]] && kill -0 "$(cat "$run/$1.pid")" 2>/dev/null; }
 
+# Runs "$@" in a session of its own with none of this shell's open files
+# beyond stdin, stdout and stderr. A daemon must not keep what its starter
+# held: `flock LOCK make test` leaves the lock's descriptor open in every
+# child, and an etcd or kube-apiserver restarted during the run (the
+# reliability suite's apiserver outage) held the machine-wide heavy-job lock
+# for as long as it lived.
+detach() {
+  local fd
+  for fd in /proc/self/fd/*; do
+    fd=${fd##*/}
+    if [[ $fd =~ ^[0-9]+$ ]] && ((fd > 2)); then eval "exec $fd>&-" 2>/dev/null || true; fi
+  done
+  exec setsid "$@"
+}
+
 start() {
   local name=$1; shift
   mkdir -p "$logs" "$run"
-  setsid "$bin/$name" "$@" >"$logs/$name.log" 2>&1 < /dev/null &
+  (detach "$bin/$name" "$@") >"$logs/$name.log" 2>&1 < /dev/null &
   echo $! > "$run/$name.pid"
 }
 
@@ -436,7 +451,7 @@ cmd_audit_apiserver() {
           'omitStages: [RequestReceived]' 'rules:' '- level: Metadata' > "$audit_dir/policy.yaml"
         log "starting an audit apiserver on 127.0.0.1:$audit_port (log $audit_dir/audit.log)"
         shared_apiserver_args "$audit_port"
-        setsid "$bin/kube-apiserver" "${apiserver_args[@]}" \
+        (detach "$bin/kube-apiserver" "${apiserver_args[@]}" \
           --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
           --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
           --requestheader-client-ca-file "$pki/front-proxy-ca.crt" \
@@ -452,7 +467,7 @@ cmd_audit_apiserver() {
           --feature-gates APIServerIdentity=false,UnknownVersionInteroperabilityProxy=false \
           --audit-policy-file "$audit_dir/policy.yaml" \
           --audit-log-path "$audit_dir/audit.log" --audit-log-format json \
-          --audit-log-mode blocking --audit-log-maxsize 500 --audit-log-maxbackup 1 \
+          --audit-log-mode blocking --audit-log-maxsize 500 --audit-log-maxbackup 1) \
           >"$logs/$name.log" 2>&1 < /dev/null &
         echo $! > "$run/$name.pid"
         wait_for "audit apiserver" 60 audit_readyz
@@ -494,9 +509,9 @@ cmd_scratch_apiserver() {
       if ! pid_alive "$pname"; then
         log "starting a scratch apiserver $name on 127.0.0.1:$port (etcd prefix $prefix)"
         shared_apiserver_args "$port"
-        setsid "$bin/kube-apiserver" "${apiserver_args[@]}" --etcd-prefix "$prefix" \
+        (detach "$bin/kube-apiserver" "${apiserver_args[@]}" --etcd-prefix "$prefix" \
           --allow-privileged=true --profiling=false \
-          --feature-gates APIServerIdentity=false,UnknownVersionInteroperabilityProxy=false \
+          --feature-gates APIServerIdentity=false,UnknownVersionInteroperabilityProxy=false) \
           >"$logs/$pname.log" 2>&1 < /dev/null &
         echo $! > "$run/$pname.pid"
       fi
