@@ -40,14 +40,18 @@ fn sim_hibernated(w: &World, id: &str) -> bool {
         .any(|c| c.id == id && c.hibernated)
 }
 
-/// Events with `reason` the scripted apiserver was sent.
-fn events(w: &World, reason: &str) -> usize {
+/// The Events with `reason` the scripted apiserver was sent.
+fn posted(w: &World, reason: &str) -> Vec<Seen> {
     w.api
         .seen()
-        .iter()
+        .into_iter()
         .filter(|s| s.method == "POST" && s.path().ends_with("/events"))
         .filter(|s| s.body["reason"] == reason)
-        .count()
+        .collect()
+}
+
+fn events(w: &World, reason: &str) -> usize {
+    posted(w, reason).len()
 }
 
 /// Claimed under a suspended owner, the Pod deleted, then reconciled once
@@ -90,6 +94,10 @@ async fn a_refused_hibernate_is_asked_once_also_when_the_delete_is_reconciled_ag
     assert!(claim.lifecycle.hibernate_refused);
     assert_eq!(claim.lifecycle.vm, VmState::Running);
     assert!(!sim_hibernated(&w, &id), "the VM keeps running");
+    let warned = posted(&w, "SandboxHibernateFailed");
+    assert_eq!(warned.len(), 1, "one Warning says so");
+    assert_eq!(warned[0].body["type"], "Warning");
+    assert_eq!(warned[0].body["action"], "HibernateRefused");
     within(upkeep_turn(&w.ctx, &[])).await;
     assert_eq!(hibernates(&w, &id), 1, "the upkeep asked it again");
     assert!(release_requests(&w.sim).is_empty());
@@ -129,6 +137,19 @@ async fn a_failed_hibernate_is_left_pending_to_the_upkeep() {
     within(upkeep_turn(&w.ctx, &[])).await;
     assert_eq!(hibernates(&w, &id), 2, "the upkeep retries it");
     assert!(sim_hibernated(&w, &id));
+    // Announced about the Sandbox: its Pod is gone.
+    let done = posted(&w, "SandboxHibernated");
+    assert_eq!(done.len(), 1, "{done:#?}");
+    assert!(
+        done[0].uri.contains("fieldManager=vk-sandbox"),
+        "{}",
+        done[0].uri
+    );
+    assert_eq!(
+        done[0].body["regarding"],
+        json!({"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox", "name": "sb",
+               "namespace": "ns", "uid": "o1"})
+    );
     assert!(matches!(
         recorded(&w).lifecycle.vm,
         VmState::Hibernated { .. }

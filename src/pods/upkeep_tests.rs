@@ -241,3 +241,35 @@ fn support_metric(text: &str, name: &str) -> f64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+/// A claim with no owner recorded (made for a bare Pod, or before the
+/// lifecycle state existed) whose Pod here now has a controller owner (a
+/// controller adopted it): the owner is recorded at the claim's next turn,
+/// so the claim can be looked after once the Pod is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_owner_is_recorded_for_a_claim_made_without_one() {
+    let mut s = scene(ALIVE).await;
+    let mut bare = owned_pod("p1", "o1");
+    bare.metadata.owner_references = None;
+    let created = within(s.w.ctx.provider.create(&Arc::new(bare)))
+        .await
+        .expect("claim");
+    let super::provider::Created::Claimed { id, .. } = created else {
+        panic!("expected a fresh claim, got {created:?}");
+    };
+    let owner = |s: &Scene| {
+        s.w.ctx
+            .provider
+            .settled_claims_of(KEY)
+            .and_then(|c| c.lifecycle.owner)
+    };
+    assert_eq!(owner(&s), None);
+    s.lease_due().await;
+    s.cache(&running_pod(&id));
+    s.turn().await;
+    let recorded = owner(&s).expect("the owner recorded");
+    assert_eq!(
+        (recorded.kind.as_str(), recorded.uid.as_str()),
+        ("Sandbox", "o1")
+    );
+}
