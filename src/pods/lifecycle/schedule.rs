@@ -250,13 +250,15 @@ mod tests {
             at <= ts("2026-12-02T23:00:00Z") && at > ts("2026-12-02T22:45:00Z"),
             "{at}"
         );
-        // Unknown granted length: what was asked.
-        let l = lease("sb_1", "2026-12-03T00:00:00Z", Some(3600), None);
-        let at = renew_at(&l, 12 * HOUR).expect("due");
-        assert!(
-            at <= ts("2026-12-02T23:30:00Z") && at > ts("2026-12-02T23:22:30Z"),
-            "{at}"
-        );
+        // Unknown granted length: what was asked; a granted 0 is unknown.
+        for granted in [None, Some(0)] {
+            let l = lease("sb_1", "2026-12-03T00:00:00Z", Some(3600), granted);
+            let at = renew_at(&l, 12 * HOUR).expect("due");
+            assert!(
+                at <= ts("2026-12-02T23:30:00Z") && at > ts("2026-12-02T23:22:30Z"),
+                "{granted:?}: {at}"
+            );
+        }
     }
 
     #[test]
@@ -410,6 +412,11 @@ mod tests {
             ..facts(fresh(), &pending, PodHere::No)
         };
         assert_eq!(d(reached), Some(Due::PendingHibernate), "at its time");
+        let recheck_reached = Facts {
+            recheck_at: Some(now),
+            ..facts(fresh(), &hibernated, PodHere::No)
+        };
+        assert_eq!(d(recheck_reached), Some(Due::NoPodHere), "at its cadence");
         // The cadence holds back only the owner's recheck: a renewal (of a
         // hibernated claim, asked about every 5 min) or a pending
         // hibernate comes at its own time.
