@@ -288,14 +288,27 @@ async fn exec_streams_exit_codes_stdin_and_hang_up() {
 
     // kubectl interrupted (Ctrl-C) while a quiet command runs: the command
     // is killed in the guest.
-    let mut child = tokio::process::Command::new(support::kubectl::path())
-        .arg("--kubeconfig")
+    let mut cmd = tokio::process::Command::new(support::kubectl::path());
+    cmd.arg("--kubeconfig")
         .arg(&env.cluster.kubeconfig)
         .args(["-n", &env.ns, "exec", "p", "--", "sleep", "600"])
         .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("kubectl exec sleep");
+        .kill_on_drop(true);
+    // As at a terminal, where Ctrl-C works: a test run in a background job
+    // (make test started with `&`, a CI runner) inherits SIGINT ignored,
+    // and Go keeps an inherited SIG_IGN, so kubectl would not die of it.
+    // SAFETY: between fork and exec only sigaction runs (async-signal-safe).
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGINT,
+                nix::sys::signal::SigHandler::SigDfl,
+            )
+            .map(|_| ())
+            .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn().expect("kubectl exec sleep");
     wait_for(
         "the sleep to run in the guest",
         Duration::from_secs(30),
