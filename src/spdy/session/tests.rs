@@ -331,15 +331,13 @@ async fn inbound_frames_up_to_a_mebibyte_are_taken_and_larger_ones_end_the_sessi
     peer.open(1, &[], false).await;
     let mut s = next_stream(&mut streams).await;
     let _ = peer.recv().await;
-    let big = vec![1u8; MAX_INBOUND_FRAME];
-    peer.data(1, &big, false).await;
-    assert_eq!(
-        s.reader.next().await.map(|d| d.len()),
-        Ok(MAX_INBOUND_FRAME)
-    );
+    // The documented limit, not the constant (a changed constant must fail).
+    let mib = 1024 * 1024;
+    peer.data(1, &vec![1u8; mib], false).await;
+    assert_eq!(s.reader.next().await.map(|d| d.len()), Ok(mib));
     // A DATA header announcing one byte more: refused from the header
     // alone (the session stops reading, so no payload is sent).
-    let len = u32::try_from(MAX_INBOUND_FRAME + 1).unwrap().to_be_bytes();
+    let len = u32::try_from(mib + 1).unwrap().to_be_bytes();
     peer.io
         .write_all(&[0, 0, 0, 1, 0, len[1], len[2], len[3]])
         .await
