@@ -273,3 +273,22 @@ async fn an_owner_is_recorded_for_a_claim_made_without_one() {
         ("Sandbox", "o1")
     );
 }
+
+/// A Pod of the key here that has ended (Failed) holds nothing: the
+/// stored owner decides, and once it is gone the VM is released.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ended_pod_here_does_not_hold_the_claim() {
+    let mut s = scene(ALIVE).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    let mut ended = owned_pod("p2", "o1");
+    ended.status = serde_json::from_value(json!({"phase": "Failed"})).expect("status");
+    s.cache(&ended);
+    s.owner_is(GONE);
+    s.turn().await;
+    assert_eq!(
+        release_requests(&s.w.sim),
+        [format!("/v1/sandboxes/{id}/release")]
+    );
+    assert!(!s.w.ctx.provider.holds(KEY));
+}
