@@ -74,6 +74,7 @@ mod tests {
         let a = locks.lock("ns/a").await;
         let b = locks.lock("ns/b").await;
         assert_eq!(locks.len(), 2, "other keys are not held up");
+        assert!(!locks.is_empty(), "two keys are held");
         let waiter = tokio::spawn({
             let locks = Arc::clone(&locks);
             async move { locks.lock("ns/a").await }

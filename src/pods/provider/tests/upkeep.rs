@@ -1,7 +1,7 @@
 //! The provider's upkeep: the compensating release of an unrecorded claim,
 //! releasing a recovered claim by id, the lease-expiry candidates and the
 //! listed deadline, and the questions the side loops ask (`holds_id`,
-//! `has_quarantined`).
+//! `has_quarantined`, `running_on`).
 
 use super::*;
 
@@ -189,6 +189,36 @@ async fn quarantined_rows_wait_for_a_listing() {
     assert!(restarted.has_quarantined());
     restarted.refresh().await.expect("verify");
     assert!(!restarted.has_quarantined());
+}
+
+/// The sandbox a Pod runs on (what the vanished sweep keeps when it
+/// returns that Pod's strays) is its key's settled claim made for that
+/// Pod: not one made for another Pod under the key, not a row loaded from
+/// the previous run before a listing vouched for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn running_on_is_a_settled_claim_made_for_that_pod() {
+    let sim = sim_with_pool().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("claims.json");
+    let (first, claims) = open_mode_provider(&sim, &path).await;
+    let created = first.create(&Arc::new(pod("u1"))).await.expect("claim");
+    let Created::Claimed { id, .. } = created else {
+        panic!("expected a fresh claim, got {created:?}");
+    };
+    assert_eq!(first.running_on("ns/p", "u1"), Some(id.clone()));
+    assert_eq!(first.running_on("ns/p", "u2"), None, "made for another Pod");
+    assert_eq!(first.running_on("ns/q", "u1"), None, "another key");
+    claims.compact().await.expect("compact");
+    drop((first, claims));
+
+    let (restarted, _claims) = open_mode_provider(&sim, &path).await;
+    assert_eq!(
+        restarted.running_on("ns/p", "u1"),
+        None,
+        "a quarantined row is not run on"
+    );
+    restarted.refresh().await.expect("verify");
+    assert_eq!(restarted.running_on("ns/p", "u1"), Some(id));
 }
 
 /// A preserved claim that left the store another way (released, expired)
