@@ -16,8 +16,8 @@
 //! - `BENCH_VK_LOG`: RUST_LOG for the vk-sandbox processes (default info;
 //!   their logs are under target/bench-cluster/<node>/);
 //! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load`,
-//!   `fleet`, `stream` to run only those parts (to study one figure; the doc is then not
-//!   written unless `BENCH_DOC` names a file);
+//!   `fleet`, `stream`, `lifecycle` to run only those parts (to study one
+//!   figure; the doc is then not written unless `BENCH_DOC` names a file);
 //! - `BENCH_STREAM_MIB` (default 256): MiB per port-forward run of the
 //!   `stream` part; 0 skips the port-forwards (exec round trips only);
 //! - `BENCH_BURSTS`: a comma list of burst sizes to run instead of the
@@ -66,6 +66,10 @@ mod lease;
 /// `BENCH_ONLY=stream`: exec round trips and port-forward throughput.
 #[path = "cluster/stream.rs"]
 mod stream;
+
+/// `BENCH_ONLY=lifecycle`: suspend → hibernated, resume → Running.
+#[path = "cluster/lifecycle.rs"]
+mod lifecycle;
 
 use report::Report;
 use support::TestCluster;
@@ -153,6 +157,7 @@ fn planned_steps(plan: &Plan) -> usize {
         + usize::from(wants("load"))
         + usize::from(wants("fleet"))
         + usize::from(wants("stream"))
+        + usize::from(wants("lifecycle"))
 }
 
 impl Plan {
@@ -1438,9 +1443,19 @@ fn only() -> Option<Vec<String>> {
     let v = std::env::var("BENCH_ONLY").ok()?;
     let parts: Vec<String> = v.split(',').map(|p| p.trim().to_string()).collect();
     for p in &parts {
-        if !["claim", "memory", "startup", "load", "fleet", "stream"].contains(&p.as_str()) {
+        if ![
+            "claim",
+            "memory",
+            "startup",
+            "load",
+            "fleet",
+            "stream",
+            "lifecycle",
+        ]
+        .contains(&p.as_str())
+        {
             die(&format!(
-                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load, fleet, stream)"
+                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load, fleet, stream, lifecycle)"
             ));
         }
     }
@@ -1604,6 +1619,15 @@ async fn run() -> Report {
     } else {
         None
     };
+    let lifecycle = if wants("lifecycle") {
+        let n = ((100.0 * k).round() as usize).clamp(10, 1000);
+        progress.step(&format!(
+            "lifecycle: {n} Sandboxes suspended at once, then resumed at once"
+        ));
+        lifecycle::run(&env, n).await
+    } else {
+        None
+    };
     env.cluster.drop_namespace(&ns).await;
     Api::<Node>::all(env.cluster.client.clone())
         .delete(&node, &DeleteParams::default())
@@ -1624,6 +1648,7 @@ async fn run() -> Report {
         load,
         fleet,
         stream,
+        lifecycle,
     }
 }
 

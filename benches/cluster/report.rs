@@ -9,6 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::fleet::Fleet;
+use super::lifecycle::{self, LifecycleFigures};
 use super::stream::StreamFigures;
 use super::support::controller;
 use super::{BurstResult, HistQ, Load, MIB, Quantiles, Startup, env_scale, median, only, repo};
@@ -123,6 +124,7 @@ pub struct Report {
     pub load: Option<Load>,
     pub fleet: Option<Fleet>,
     pub stream: Option<StreamFigures>,
+    pub lifecycle: Option<LifecycleFigures>,
 }
 
 /// Median across repeats of each figure.
@@ -351,12 +353,62 @@ pub fn render(r: &Report) -> String {
     if let Some(st) = &r.stream {
         render_stream(&mut s, st);
     }
+    if let Some(l) = &r.lifecycle {
+        render_lifecycle(&mut s, l);
+    }
 
     let _ = writeln!(s, "\n### Goals\n\n| goal | measured | |\n|---|---|---|");
     for (t, m, ok) in goals(r) {
         let _ = writeln!(s, "| {t} | {m} | {} |", met(ok));
     }
     s
+}
+
+/// The lifecycle section: a burst of suspends, then of resumes.
+fn render_lifecycle(s: &mut String, l: &LifecycleFigures) {
+    let _ = writeln!(
+        s,
+        "\n### Suspend and resume (docs/pod-contract.md, Lifecycle; ms)\n\n\
+         {n} Sandboxes (upstream agent-sandbox controller) set `operatingMode: Suspended` at once, \
+         then `Running` at once; the simulator hibernates in {h} ms and wakes in {w} ms.\n\n\
+         | step, {n} at once | p50 | p90 | p99 | max |\n|---|---|---|---|---|",
+        n = l.n,
+        h = lifecycle::HIBERNATE_MS,
+        w = lifecycle::WAKE_MS,
+    );
+    for (label, q) in [
+        (
+            "suspend → VM hibernated (patch answered → simulator row)",
+            &l.suspend,
+        ),
+        (
+            "resume → Pod Running (patch answered → Running event)",
+            &l.resume,
+        ),
+        ("resumed Pod bound → Running (vk-sandbox's part)", &l.bound),
+    ] {
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} |",
+            ms(q.p50),
+            ms(q.p90),
+            ms(q.p99),
+            ms(q.max)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nvk-sandbox's sandboxd calls (its histogram): wake p50 {}, p99 {}; hibernate p50 {}, p99 {}. \
+         Resumed on the same claim: {}/{}; wakes answered: {}; releases: {}.",
+        bucket_ms(l.wake_call.p50),
+        bucket_ms(l.wake_call.p99),
+        bucket_ms(l.hibernate_call.p50),
+        bucket_ms(l.hibernate_call.p99),
+        l.same_claim,
+        l.n,
+        l.wakes,
+        l.releases,
+    );
 }
 
 /// The streaming section: exec round trips and port-forward throughput.
@@ -711,6 +763,33 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
         lease500.map_or("–".into(), |v| format!("{v:.0} ms (slowest)")),
         lease500.map(|v| v <= 1000.0),
     ));
+    // 8. Resume (issue 24): within the wake plus one status write.
+    if let Some(l) = &r.lifecycle {
+        let p50 = l.resume.p50;
+        let budget = lifecycle::WAKE_MS as f64 + r.rtt.p50;
+        out.push((
+            format!(
+                "8. resume → Running p50 ≤ wake ({} ms) + one status write, {} resumes at once",
+                lifecycle::WAKE_MS,
+                l.n
+            ),
+            format!(
+                "{} ms vs {} ms (resumed Pod bound → Running: {} ms)",
+                ms(p50),
+                ms(budget),
+                ms(l.bound.p50)
+            ),
+            Some(p50 <= budget),
+        ));
+        out.push((
+            "8. every resumed Pod on its own claim again, nothing released".to_string(),
+            format!(
+                "{}/{} same claim, {} releases",
+                l.same_claim, l.n, l.releases
+            ),
+            Some(l.same_claim == l.n && l.releases == 0),
+        ));
+    }
     // Streaming: what vk-sandbox adds to an exec, what it keeps of a
     // port-forward's throughput.
     if let Some(st) = &r.stream {
