@@ -524,6 +524,9 @@ async fn create_pods(
 #[derive(Default, Clone, Copy)]
 struct Times {
     seen: Option<Instant>,
+    /// The first event with `spec.nodeName` set (= `seen` for the Pods
+    /// created bound).
+    bound: Option<Instant>,
     running: Option<Instant>,
     gone: Option<Instant>,
 }
@@ -555,9 +558,13 @@ impl Recorder {
                         let name = pod.metadata.name.clone().unwrap_or_default();
                         let running = pod.status.as_ref().and_then(|st| st.phase.as_deref())
                             == Some("Running");
+                        let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
                         let mut map = lock(&p);
                         let t = map.entry(name).or_default();
                         t.seen.get_or_insert(now);
+                        if bound {
+                            t.bound.get_or_insert(now);
+                        }
                         if running {
                             t.running.get_or_insert(now);
                         }

@@ -12,8 +12,11 @@
 //! - resume → Running: the patch answered → the new Pod's first watch event
 //!   with `status.phase=Running` (the controller's Pod creation, the
 //!   scheduler's binding, the adoption, the wake and the status write);
-//! - bind → Running: the new Pod's first watch event → the same
-//!   (vk-sandbox's part: adoption, wake, status write, watch delivery).
+//! - created → bound: the new Pod's first watch event → the first with
+//!   `spec.nodeName` (the controller made it, the scheduler binds it);
+//! - bound → Running: that event → the Running one (vk-sandbox's part:
+//!   the watch delivery to it, adoption, wake, status write, the watch
+//!   delivery here).
 
 use super::*;
 
@@ -39,7 +42,9 @@ pub struct LifecycleFigures {
     pub suspend: Quantiles,
     /// Patch answered → the new Pod Running.
     pub resume: Quantiles,
-    /// The new Pod's first event → Running.
+    /// The new Pod's first event → its binding.
+    pub scheduled: Quantiles,
+    /// The new Pod's binding → Running.
     pub bound: Quantiles,
     /// vk-sandbox's sandboxd calls as it timed them (seconds).
     pub wake_call: Split,
@@ -254,9 +259,13 @@ pub async fn run(env: &Env, n: usize) -> Option<LifecycleFigures> {
             )
         })
         .collect();
+    let scheduled: Vec<f64> = times
+        .iter()
+        .filter_map(|t| Some(t.bound?.duration_since(t.seen?).as_secs_f64() * 1e3))
+        .collect();
     let bound: Vec<f64> = times
         .iter()
-        .filter_map(|t| Some(t.running?.duration_since(t.seen?).as_secs_f64() * 1e3))
+        .filter_map(|t| Some(t.running?.duration_since(t.bound?).as_secs_f64() * 1e3))
         .collect();
     let again = claims_of(&pods, &names).await;
     let same_claim = names
@@ -267,6 +276,7 @@ pub async fn run(env: &Env, n: usize) -> Option<LifecycleFigures> {
         n,
         suspend: quantiles(suspend),
         resume: quantiles(resume),
+        scheduled: quantiles(scheduled),
         bound: quantiles(bound),
         wake_call: Split::between(&before, &after, WAKE_HIST.0, WAKE_HIST.1),
         hibernate_call: Split::between(&before, &after, HIBERNATE_HIST.0, HIBERNATE_HIST.1),

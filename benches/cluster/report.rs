@@ -385,6 +385,10 @@ fn render_lifecycle(s: &mut String, l: &LifecycleFigures) {
             "resume → Pod Running (patch answered → Running event)",
             &l.resume,
         ),
+        (
+            "resumed Pod created → bound (controller, scheduler)",
+            &l.scheduled,
+        ),
         ("resumed Pod bound → Running (vk-sandbox's part)", &l.bound),
     ] {
         let _ = writeln!(
@@ -763,21 +767,22 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
         lease500.map_or("–".into(), |v| format!("{v:.0} ms (slowest)")),
         lease500.map(|v| v <= 1000.0),
     ));
-    // 8. Resume (issue 24): within the wake plus one status write.
+    // 8. Resume (issue 24): vk-sandbox's part of a resume, from the new
+    // Pod's binding (the controller and the scheduler come before it).
     if let Some(l) = &r.lifecycle {
-        let p50 = l.resume.p50;
+        let p50 = l.bound.p50;
         let budget = lifecycle::WAKE_MS as f64 + r.rtt.p50;
         out.push((
             format!(
-                "8. resume → Running p50 ≤ wake ({} ms) + one status write, {} resumes at once",
+                "8. resume → Running p50 ≤ wake ({} ms) + one status write, {} resumes at once (from the Pod's binding)",
                 lifecycle::WAKE_MS,
                 l.n
             ),
             format!(
-                "{} ms vs {} ms (resumed Pod bound → Running: {} ms)",
+                "{} ms vs {} ms (from the Sandbox's patch: {} ms)",
                 ms(p50),
                 ms(budget),
-                ms(l.bound.p50)
+                ms(l.resume.p50)
             ),
             Some(p50 <= budget),
         ));
