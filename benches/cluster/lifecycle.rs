@@ -46,6 +46,9 @@ pub struct LifecycleFigures {
     pub scheduled: Quantiles,
     /// The new Pod's binding → Running.
     pub bound: Quantiles,
+    /// vk-sandbox's resume reconciles: start → Running write sent (the
+    /// adoption, the wake and the claims-store commit; seconds).
+    pub provider: Split,
     /// vk-sandbox's sandboxd calls as it timed them (seconds).
     pub wake_call: Split,
     pub hibernate_call: Split,
@@ -238,6 +241,7 @@ pub async fn run(env: &Env, n: usize) -> Option<LifecycleFigures> {
 
     eprintln!("bench: lifecycle: resuming {n} Sandboxes at once");
     let rec = Recorder::start(&client, &ns).await;
+    let before_resume = vk.metrics().await;
     let resumed = set_modes(&sandboxes, &names, "Running").await;
     if !rec.wait_all(&names, timeout, |t| t.running.is_some()).await {
         die(&format!(
@@ -278,6 +282,7 @@ pub async fn run(env: &Env, n: usize) -> Option<LifecycleFigures> {
         resume: quantiles(resume),
         scheduled: quantiles(scheduled),
         bound: quantiles(bound),
+        provider: Split::between(&before_resume, &after, CLAIM_HIST, ""),
         wake_call: Split::between(&before, &after, WAKE_HIST.0, WAKE_HIST.1),
         hibernate_call: Split::between(&before, &after, HIBERNATE_HIST.0, HIBERNATE_HIST.1),
         same_claim,

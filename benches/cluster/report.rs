@@ -402,8 +402,11 @@ fn render_lifecycle(s: &mut String, l: &LifecycleFigures) {
     }
     let _ = writeln!(
         s,
-        "\nvk-sandbox's sandboxd calls (its histogram): wake p50 {}, p99 {}; hibernate p50 {}, p99 {}. \
+        "\nvk-sandbox's histograms: a resume's reconcile start → Running write sent p50 {}, p99 {}; \
+         its sandboxd calls: wake p50 {}, p99 {}; hibernate p50 {}, p99 {}. \
          Resumed on the same claim: {}/{}; wakes answered: {}; releases: {}.",
+        bucket_ms(l.provider.p50),
+        bucket_ms(l.provider.p99),
         bucket_ms(l.wake_call.p50),
         bucket_ms(l.wake_call.p99),
         bucket_ms(l.hibernate_call.p50),
