@@ -234,6 +234,15 @@ mod tests {
         assert!(spread.iter().all(|t| *t <= latest && *t > earliest));
     }
 
+    /// FNV-1a's published 64-bit vectors: the spread is that hash, so a
+    /// claim's renewal time is the same in every process and version.
+    #[test]
+    fn the_spread_is_fnv_1a() {
+        assert_eq!(spread_of(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(spread_of("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(spread_of("foobar"), 0x8594_4171_f739_67e8);
+    }
+
     #[test]
     fn a_short_lease_is_renewed_half_way() {
         // The test simulator's 20 s maximum lease: asked a day, granted 20 s.
