@@ -308,14 +308,20 @@ pub async fn state_faults(w: &mut World, size: Size) {
         "the claims file was not rewritten onto the new directory"
     );
 
-    // Read-only: new claims cannot be persisted.
-    sh("mount", &["-o", "remount,ro", &d]).expect("remount ro");
+    // Read-only: new claims cannot be persisted. vk-sandbox keeps its
+    // journal and its state lock open for writing, so the tmpfs itself
+    // cannot be remounted read-only (EBUSY); a bind mount of the directory
+    // over itself, made read-only, refuses every new file and rename (a
+    // snapshot, a new journal, the lock taken again) while the files
+    // already open stay writable.
+    sh("mount", &["--bind", &d, &d]).expect("bind the state directory");
+    sh("mount", &["-o", "remount,bind,ro", &d]).expect("remount ro");
     w.faults += 1;
     let before = w.owners.len();
     w.create(2).await;
     let names: Vec<String> = w.owners[before..].iter().map(|o| o.name.clone()).collect();
     assert_durable_if_running(w, "the state directory was read-only", &names).await;
-    sh("mount", &["-o", "remount,rw", &d]).expect("remount rw");
+    sh("umount", &[&d]).expect("drop the read-only bind");
     settle(w, Duration::from_secs(120)).await;
 
     // Full.
