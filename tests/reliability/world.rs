@@ -113,9 +113,6 @@ impl World {
         vk.wait_ready(&cluster.client, Duration::from_secs(60))
             .await;
         let ns = cluster.namespace(prefix).await;
-        GC_KNOWS_SANDBOXES
-            .get_or_init(|| gc_knows_sandboxes(&cluster.client, &ns))
-            .await;
         let controller =
             crate::support::controller::start(&cluster.client, &cluster.kubeconfig, &ns).await;
         World {
@@ -829,57 +826,6 @@ impl World {
         }
         self.cluster.drop_namespace(&self.ns).await;
         t
-    }
-}
-
-static GC_KNOWS_SANDBOXES: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-
-/// Waits until the garbage collector collects the dependents of a deleted
-/// Sandbox. On a fresh plane the Sandbox CRD is only seconds old: a Pod
-/// whose owner is of a kind the collector has not discovered yet is
-/// retried with a growing back-off, and one made just then and whose
-/// Sandbox was deleted at once stayed for minutes (the first `kill9` run
-/// of a full run: "deleted owner still has a Pod" after 240 s). A probe
-/// Sandbox (suspended: no Pod) owns a ConfigMap; it is deleted, and the collector counts as ready once the
-/// ConfigMap goes within 5 s. Each try uses new objects, so none inherits
-/// a back-off.
-async fn gc_knows_sandboxes(client: &kube::Client, ns: &str) {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
-    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let started = Instant::now();
-    for attempt in 1.. {
-        assert!(
-            started.elapsed() < Duration::from_secs(180),
-            "the garbage collector did not collect a deleted Sandbox's dependent in 180 s"
-        );
-        let name = format!("gc-probe-{attempt}");
-        let mut v =
-            crate::support::controller::contract_sandbox(&name, "base:24.04", Some("no-such-node"));
-        // Suspended: the controller makes no Pod for it.
-        v["spec"]["operatingMode"] = Value::from("Suspended");
-        let sb: Sandbox = serde_json::from_value(v).expect("probe sandbox json");
-        let Ok(sb) = sandboxes.create(&PostParams::default(), &sb).await else {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            continue;
-        };
-        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "ownerReferences": [{
-                "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
-                "name": name, "uid": sb.metadata.uid.clone().unwrap_or_default(),
-            }]},
-        }))
-        .expect("probe configmap json");
-        let made = maps.create(&PostParams::default(), &cm).await.is_ok();
-        let _ = sandboxes.delete(&name, &DeleteParams::background()).await;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while made && Instant::now() < deadline {
-            if let Ok(None) = maps.get_opt(&name).await {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let _ = maps.delete(&name, &DeleteParams::default()).await;
     }
 }
 
