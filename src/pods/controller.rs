@@ -72,8 +72,7 @@ async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                 }
                 Deleted::Kept { .. } | Deleted::Stale | Deleted::NothingHeld => {}
             }
-            writes::force_delete(&ctx.client, &pod).await?;
-            Ok(Action::await_change())
+            Ok(writes::force_delete(&ctx.client, &pod).await?.then())
         }
         Err(e) => {
             let note = format!(
@@ -242,8 +241,7 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             if let Err(e) = ctx.provider.forget_never_ran(&pod).await {
                 warn!(error = %e, "strays of a Pod that never ran not returned yet");
             }
-            writes::force_delete(&ctx.client, &pod).await?;
-            Ok(Action::await_change())
+            Ok(writes::force_delete(&ctx.client, &pod).await?.then())
         }
         Step::DeleteAfterProvider => delete_pod(pod, ctx).await,
         Step::Leave => Ok(Action::await_change()),

@@ -3,6 +3,7 @@
 //! conflicting status write, the grace-0 delete.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
@@ -197,18 +198,24 @@ async fn deletion_with_the_owner_gone_releases() {
     assert!(w.api.writes().iter().any(|s| s.method == "DELETE"));
 }
 
-/// A Pod the apiserver already removes (grace 0 set) gets no second
-/// delete; one that never ran is deleted at once without asking the owner.
+/// A Pod the apiserver is removing (grace 0 set just now) gets no second
+/// delete, only a look again later; one that never ran is deleted at once
+/// without asking the owner.
 #[tokio::test(flavor = "multi_thread")]
 async fn grace_zero_is_left_to_the_apiserver() {
     let w = world(sandbox("o1", false)).await;
-    within(reconcile(
+    let action = within(reconcile(
         Arc::new(deleting(owned_pod("p1", "o1"), 0)),
         Arc::clone(&w.ctx),
     ))
     .await
     .expect("delete");
     assert!(w.api.writes().is_empty(), "{:#?}", w.api.writes());
+    assert_eq!(
+        action,
+        Action::requeue(crate::pods::pod::REMOVAL_WAIT + Duration::from_secs(1)),
+        "a pending removal is looked at again"
+    );
     within(reconcile(
         Arc::new(deleting(owned_pod("p1", "o1"), 30)),
         Arc::clone(&w.ctx),
@@ -226,6 +233,25 @@ async fn grace_zero_is_left_to_the_apiserver() {
         "a Pod that never ran does not need its owner asked"
     );
     assert!(w.sim.sim().requests().is_empty(), "sandboxd was called");
+}
+
+/// A grace-0 deletion still there long after it was set was cut half-way
+/// (the apiserver records grace 0, then removes the object in a second
+/// step; a timeout or our kill -9 between the two leaves it Terminating
+/// for good): it is deleted again, as a kubelet does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grace_zero_removal_cut_half_way_is_sent_again() {
+    let w = world(sandbox("o1", false)).await;
+    let stale = deleting_since(owned_pod("p1", "o1"), 0, Duration::from_secs(60));
+    let action = within(reconcile(Arc::new(stale), Arc::clone(&w.ctx)))
+        .await
+        .expect("delete");
+    let writes = w.api.writes();
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    assert_eq!(writes[0].method, "DELETE");
+    assert_eq!(writes[0].body["gracePeriodSeconds"], 0);
+    assert_eq!(writes[0].body["preconditions"]["uid"], "p1");
+    assert_eq!(action, Action::await_change());
 }
 
 /// A claim preserved on its Pod's deletion (the owner answered alive);

@@ -273,9 +273,16 @@ pub fn running_pod(claim_id: &str) -> Pod {
     p
 }
 
-pub fn deleting(mut p: Pod, grace: i64) -> Pod {
+/// `p` being deleted with `grace`, the deletion set just now.
+pub fn deleting(p: Pod, grace: i64) -> Pod {
+    deleting_since(p, grace, std::time::Duration::ZERO)
+}
+
+/// `p` whose deletion with `grace` was set `ago`.
+pub fn deleting_since(mut p: Pod, grace: i64, ago: std::time::Duration) -> Pod {
+    let ago = jiff::SignedDuration::try_from(ago).expect("duration");
     p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        "2026-01-01T00:00:00Z".parse().expect("ts"),
+        jiff::Timestamp::now() - ago,
     ));
     p.metadata.deletion_grace_period_seconds = Some(grace);
     p

@@ -23,6 +23,10 @@ use k8s_openapi::api::core::v1::{ContainerState, HostIP, PodCondition, PodIP};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::{Deserialize, Deserializer, Serialize};
 
+/// How long a grace-0 deletion is left to the apiserver before the Pod is
+/// deleted again (see `removal_pending`).
+pub const REMOVAL_WAIT: Duration = Duration::from_secs(10);
+
 /// A Pod bound to this node, as cached. Serializes as a `v1` `Pod` with
 /// only these fields (the kubelet API's `/pods` shows it so).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, kube::Resource)]
@@ -237,14 +241,22 @@ impl Pod {
             .filter(|v| !v.is_empty())
     }
 
-    /// Whether the apiserver already removes the object on its own: grace
-    /// 0 was set (by our earlier delete, or `kubectl delete --force`), so it
-    /// goes as soon as no finalizer holds it. A second delete would only
-    /// repeat that; skipping it saves one write per Pod (our grace-0 delete
-    /// echoes back as an update before the object is gone).
-    pub fn removal_pending(&self) -> bool {
-        self.metadata.deletion_timestamp.is_some()
-            && self.metadata.deletion_grace_period_seconds == Some(0)
+    /// Whether the apiserver is removing the object on its own: grace 0 was
+    /// set (by our earlier delete, or `kubectl delete --force`) less than
+    /// [`REMOVAL_WAIT`] before `now`. A second delete would only repeat it;
+    /// skipping saves one write per Pod (our grace-0 delete echoes back as
+    /// an update before the object is gone). An older one is not pending:
+    /// the apiserver records grace 0 and then removes the object in a
+    /// second step, and a delete cut between the two (a timeout, our
+    /// process killed) leaves the Pod Terminating for good unless it is
+    /// sent again, as a kubelet does.
+    pub fn removal_pending(&self, now: jiff::Timestamp) -> bool {
+        let Some(at) = &self.metadata.deletion_timestamp else {
+            return false;
+        };
+        let wait =
+            jiff::SignedDuration::try_from(REMOVAL_WAIT).unwrap_or(jiff::SignedDuration::MAX);
+        self.metadata.deletion_grace_period_seconds == Some(0) && now.duration_since(at.0) < wait
     }
 
     /// A container is "running" unless every status is terminated or

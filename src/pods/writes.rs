@@ -128,10 +128,11 @@ pub async fn write_status(
 }
 
 /// Deletes the Pod object for good: grace 0, only this generation (UID
-/// precondition). Nothing is sent when the apiserver already removes it.
-pub async fn force_delete(client: &Client, pod: &Pod) -> Result<()> {
-    if pod.removal_pending() {
-        return Ok(());
+/// precondition). Nothing is sent while the apiserver is removing it
+/// already; then the answer is `Removal::Pending` (look again later).
+pub async fn force_delete(client: &Client, pod: &Pod) -> Result<Removal> {
+    if pod.removal_pending(jiff::Timestamp::now()) {
+        return Ok(Removal::Pending);
     }
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let dp = DeleteParams {
@@ -143,9 +144,31 @@ pub async fn force_delete(client: &Client, pod: &Pod) -> Result<()> {
         ..Default::default()
     };
     match pods_api(client, pod).delete(name, &dp).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Ok(_) => Ok(Removal::Sent),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Removal::Sent),
         Err(e) => Err(Error::kube(format!("delete Pod {}", pod.key()), e)),
+    }
+}
+
+/// What [`force_delete`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// The delete went out (or the object is gone already).
+    Sent,
+    /// Left to the apiserver's own grace-0 removal, which may yet fail.
+    Pending,
+}
+
+impl Removal {
+    /// The reconcile's next step: a pending removal is looked at again
+    /// once it should be over, so a removal cut half-way is sent again.
+    pub fn then(self) -> kube::runtime::controller::Action {
+        match self {
+            Removal::Sent => kube::runtime::controller::Action::await_change(),
+            Removal::Pending => kube::runtime::controller::Action::requeue(
+                crate::pods::pod::REMOVAL_WAIT + std::time::Duration::from_secs(1),
+            ),
+        }
     }
 }
 

@@ -239,17 +239,23 @@ fn pod_of(v: Value) -> Pod {
 }
 
 #[test]
-fn grace_zero_means_the_apiserver_removes_it() {
+fn grace_zero_means_the_apiserver_removes_it_for_a_while() {
+    let at: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().expect("ts");
+    let after = |secs: i64| at + jiff::SignedDuration::from_secs(secs);
     let mut p = pod_of(json!({"metadata": {"name": "p", "uid": "u",
         "deletionTimestamp": "2026-01-01T00:00:00Z"}}));
     p.metadata.deletion_grace_period_seconds = Some(30);
-    assert!(!p.removal_pending());
+    assert!(!p.removal_pending(after(1)));
     p.metadata.deletion_grace_period_seconds = Some(0);
-    assert!(p.removal_pending());
+    assert!(p.removal_pending(after(0)));
+    assert!(p.removal_pending(after(9)));
+    // Still there 10 s on: the removal was cut half-way; delete again.
+    assert!(!p.removal_pending(after(10)));
+    assert!(!p.removal_pending(after(3600)));
     // Not deleting at all: never pending, whatever the field says.
     let mut live = pod_of(json!({"metadata": {"name": "p", "uid": "u"}}));
     live.metadata.deletion_grace_period_seconds = Some(0);
-    assert!(!live.removal_pending());
+    assert!(!live.removal_pending(after(1)));
 }
 
 #[test]
