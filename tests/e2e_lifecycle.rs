@@ -158,22 +158,7 @@ impl Env {
     }
 
     async fn wait_pod_gone(&self, name: &str) {
-        let pods = self.pods();
-        wait_for(
-            &format!("Pod {name} gone"),
-            Duration::from_secs(60),
-            || async {
-                match pods.get_opt(name).await.map_err(|e| e.to_string())? {
-                    None => Ok(()),
-                    Some(p) => Err(format!(
-                        "still there, deletionTimestamp {:?}; log:\n{}",
-                        p.metadata.deletion_timestamp,
-                        tail(&self.vk.logs(), 10)
-                    )),
-                }
-            },
-        )
-        .await
+        support::wait_pod_gone(&self.pods(), name, || tail(&self.vk.logs(), 10)).await;
     }
 
     /// The simulator's row of `id`: (hibernated, archived); `None` when

@@ -135,6 +135,30 @@ pub fn cluster_logs() -> String {
     out
 }
 
+/// Waits (60 s at most) until Pod `name` is gone; while it stays, the
+/// observation names its deletionTimestamp and `log`'s answer.
+pub async fn wait_pod_gone(
+    pods: &Api<k8s_openapi::api::core::v1::Pod>,
+    name: &str,
+    log: impl Fn() -> String,
+) {
+    wait_for(
+        &format!("Pod {name} gone"),
+        Duration::from_secs(60),
+        || async {
+            match pods.get_opt(name).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(p) => Err(format!(
+                    "still there, deletionTimestamp {:?}; log:\n{}",
+                    p.metadata.deletion_timestamp,
+                    log()
+                )),
+            }
+        },
+    )
+    .await;
+}
+
 /// Polls `check` until it yields `Some`, or fails after `timeout` naming
 /// what was awaited, the last observation, and the component logs.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
