@@ -292,3 +292,50 @@ async fn an_ended_pod_here_does_not_hold_the_claim() {
     );
     assert!(!s.w.ctx.provider.holds(KEY));
 }
+
+/// A resumed Pod's wake whose reply is lost (sandboxd woke the VM, the
+/// connection closed: a reply past the client's timeout, or a process
+/// killed while waiting) leaves the VM possibly running. Suspended again
+/// before a wake succeeds, the Sandbox's VM must end hibernated: the
+/// record may not still say "hibernated" and skip the hibernate.
+/// (Reliability scenario 10 found a VM running under a suspended Sandbox.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wake_whose_reply_was_lost_is_hibernated_again_on_suspend() {
+    let mut s = scene(SUSPENDED).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    assert_eq!(s.sandboxd(&id, "hibernate"), 1);
+    let paused = |s: &Scene| {
+        s.w.sim
+            .sim()
+            .claims()
+            .iter()
+            .any(|c| c.id == id && c.hibernated)
+    };
+    assert!(paused(&s), "the suspend hibernated the VM");
+    // Resumed: the new Pod's wake is done by sandboxd, its reply lost.
+    s.owner_is(ALIVE);
+    s.w.sim
+        .sim()
+        .arm_fault(Fault::drop_after(Endpoint::Wake).times(1))
+        .expect("arm");
+    let resumed = owned_pod("p2", "o1");
+    let _ = within(reconcile(Arc::new(resumed.clone()), Arc::clone(&s.w.ctx))).await;
+    assert_eq!(s.sandboxd(&id, "wake"), 1);
+    assert!(!paused(&s), "sandboxd woke it");
+    // Suspended again before the wake is retried.
+    s.owner_is(SUSPENDED);
+    within(reconcile(
+        Arc::new(deleting(resumed, 30)),
+        Arc::clone(&s.w.ctx),
+    ))
+    .await
+    .expect("delete");
+    s.turn().await;
+    assert!(
+        paused(&s),
+        "a suspended Sandbox's VM left running ({} hibernates asked)",
+        s.sandboxd(&id, "hibernate")
+    );
+    assert!(release_requests(&s.w.sim).is_empty());
+}

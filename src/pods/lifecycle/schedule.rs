@@ -161,7 +161,8 @@ pub fn due(f: &Facts<'_>, margin: Duration, now: Timestamp) -> Option<Due> {
     if f.pod == PodHere::Deleting || f.retry_at.is_some_and(|t| t > now) {
         return None;
     }
-    if matches!(f.vm, VmState::Hibernating { .. }) {
+    // With a Pod of the key here, its reconcile wakes the VM instead.
+    if f.pod == PodHere::No && matches!(f.vm, VmState::Hibernating { .. }) {
         return Some(Due::PendingHibernate);
     }
     if renew_at(&f.lease, margin).is_some_and(|at| at <= now) {
@@ -387,6 +388,15 @@ mod tests {
         assert_eq!(
             d(facts(fresh(), &pending, PodHere::No)),
             Some(Due::PendingHibernate)
+        );
+        assert_eq!(
+            d(facts(fresh(), &pending, PodHere::Running)),
+            None,
+            "a pending hibernate under a Pod here (being woken) is its reconcile's"
+        );
+        assert_eq!(
+            d(facts(due_soon(), &pending, PodHere::Running)),
+            Some(Due::Renewal)
         );
         assert_eq!(
             d(facts(due_soon(), &running, PodHere::Deleting)),

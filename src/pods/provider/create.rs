@@ -197,6 +197,7 @@ impl Provider {
     /// (its next create claims a fresh one); a failed wake keeps the Pod
     /// Pending, retried.
     async fn wake_for(&self, pod: &Pod, k: &str, claim: &Claim) -> Result<bool, CreateFailure> {
+        self.note_wake_asked(pod, k, claim).await?;
         match self.wake_claim(claim).await {
             Ok(()) => {
                 // An archived VM came back with a fresh lease: take it.
@@ -236,6 +237,41 @@ impl Provider {
                 cause: Cause::Ours,
             }),
         }
+    }
+
+    /// Before a hibernated VM is woken, the record stops saying
+    /// "hibernated": once the wake is sent the VM may run whatever its reply
+    /// says (sandboxd finishes a wake after its client has gone: a reply
+    /// past the timeout, this process killed while waiting). A pending
+    /// hibernate is what it is then: the key's next Pod wakes it, and a
+    /// suspend before that hibernates it again (sandboxd's hibernate is
+    /// idempotent). Not recorded, the wake is not sent.
+    async fn note_wake_asked(
+        &self,
+        pod: &Pod,
+        k: &str,
+        claim: &Claim,
+    ) -> Result<(), CreateFailure> {
+        if !matches!(claim.lifecycle.vm, VmState::Hibernated { .. }) {
+            return Ok(());
+        }
+        let why = format!("being woken for Pod {}", pod.uid());
+        let since = Timestamp::now();
+        self.claims
+            .update_lifecycle(k, &claim.id, |l, _| {
+                if matches!(l.vm, VmState::Hibernated { .. }) {
+                    l.vm = VmState::Hibernating { why, since };
+                }
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                CreateFailure::ours(format!(
+                    "cannot record that sandbox {} of {k} is being woken, so it is not woken \
+                     yet; retried: {e}",
+                    claim.id
+                ))
+            })
     }
 
     /// No row: claim a new sandbox (`step` is [`CreateStep::Claim`], or
