@@ -210,8 +210,27 @@ impl Turn for LifecycleUpkeep {
     }
 }
 
+/// Whether a turn holds its key's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Yes,
+    /// The key stayed busy past [`RENEWAL_LOCK_WAIT`]: a due lease is
+    /// renewed anyway; anything else waits for the key.
+    No,
+}
+
+/// How long a due renewal waits for its key before it goes on without it.
+/// The key may be held for as long as a slow sandboxd call (a wake, up to
+/// its 10 s timeout), which with a failed renewal or two can use up a
+/// short lease's window: sandboxd would reap the VM of a living owner.
+/// A renewal needs no lock: sandboxd serializes it with the VM's
+/// transitions itself, and its record is made only if the row still
+/// holds the claim.
+const RENEWAL_LOCK_WAIT: Duration = Duration::from_secs(2);
+
 /// One claim's turn, under its key's lock (no reconcile or other side
-/// loop works on the key meanwhile): ask the owner, decide, act.
+/// loop works on the key meanwhile): ask the owner, decide, act. A due
+/// renewal whose key stays busy is made without the lock.
 async fn look_after(
     ctx: &Context,
     store: &Store<Pod>,
@@ -221,18 +240,51 @@ async fn look_after(
     why: Due,
 ) -> Went {
     let provider = &ctx.provider;
-    let _key = provider.lock_key(key).await;
-    // As things are now that the key is ours: the row and the Pod may have
-    // changed while the lock was awaited.
+    let guard = if why == Due::Renewal {
+        tokio::time::timeout(RENEWAL_LOCK_WAIT, provider.lock_key(key))
+            .await
+            .ok()
+    } else {
+        Some(provider.lock_key(key).await)
+    };
+    let _key = match guard {
+        Some(g) => g,
+        None => {
+            debug!("the key is busy (a slow wake?): the due lease is renewed without it");
+            if let Some(went) = turn_of(ctx, store, settings, key, claim, why, Held::No).await {
+                return went;
+            }
+            provider.lock_key(key).await
+        }
+    };
+    turn_of(ctx, store, settings, key, claim, why, Held::Yes)
+        .await
+        .unwrap_or(Went::Through)
+}
+
+/// The turn itself; `None` (only when the key is not held): there is more
+/// to do than a renewal, which needs the key.
+async fn turn_of(
+    ctx: &Context,
+    store: &Store<Pod>,
+    settings: Settings,
+    key: &str,
+    claim: &Claim,
+    why: Due,
+    held: Held,
+) -> Option<Went> {
+    let provider = &ctx.provider;
+    // As things are now: the row and the Pod may have changed while the
+    // lock was awaited.
     let Some(claim) = provider.settled_claims_of(key).filter(|c| c.id == claim.id) else {
-        return Went::Through;
+        return Some(Went::Through);
     };
     let claim = &claim;
     let (pod, here) = pod_here(store, key);
     // A Pod being deleted is its reconcile's; one tracked but not yet in
     // the watch cache as well.
     if here == PodHere::Deleting || (pod.is_none() && provider.tracked(key).is_some()) {
-        return Went::Through;
+        return Some(Went::Through);
     }
     let (reference, lookup) = match (&pod, &claim.lifecycle.owner) {
         (Some(p), _) => (
@@ -243,10 +295,10 @@ async fn look_after(
             Some(reference(owner)),
             provider.lookup_owner(key, owner).await,
         ),
-        (None, None) => return Went::Through,
+        (None, None) => return Some(Went::Through),
     };
     let owner = owner_state(reference.as_ref(), &lookup);
-    if let (Some(p), None) = (&pod, &claim.lifecycle.owner) {
+    if let (Some(p), None, Held::Yes) = (&pod, &claim.lifecycle.owner, held) {
         remember_owner(ctx, key, claim, p).await;
     }
     let mut facts = Facts {
@@ -267,29 +319,31 @@ async fn look_after(
             Ok(w) => facts.whereabouts = w,
             Err(e) => {
                 warn!(error = %e, "could not find where the owner's Pod runs; asked again later");
-                return Went::Failed;
+                return Some(Went::Failed);
             }
         }
         decision = upkeep(&facts);
     }
-    debug!(?why, ?decision, "upkeep turn");
+    debug!(?why, ?decision, ?held, "upkeep turn");
     let regarding = regarding(key, claim.lifecycle.owner.as_ref(), pod.as_deref());
-    match decision {
+    let went = match decision {
         Upkeep::Wait(why) => {
             if matches!(owner, OwnerState::Doubt(_)) {
                 debug!(%why, "owner in doubt; asked again later");
-                return Went::Failed;
+                return Some(Went::Failed);
             }
             Went::Through
         }
+        Upkeep::Renew(ttl) => renew(ctx, key, claim, pod.as_deref(), ttl, regarding, held).await,
+        _ if held == Held::No => return None,
         Upkeep::AskWhereabouts => Went::Through,
-        Upkeep::Renew(ttl) => renew(ctx, key, claim, pod.as_deref(), ttl, regarding).await,
         Upkeep::Hibernate(why) => hibernate(ctx, key, claim, &why, regarding).await,
         Upkeep::Release(why) => release(ctx, key, claim, &why, regarding, None).await,
         Upkeep::ReleaseOwnerGone(why) => {
             release(ctx, key, claim, &why, regarding, pod.as_deref()).await
         }
-    }
+    };
+    Some(went)
 }
 
 /// A Pod here whose claim has no owner recorded (made before lifecycle
@@ -375,8 +429,13 @@ async fn renew(
     pod: Option<&Pod>,
     ttl: std::num::NonZeroU64,
     regarding: Option<ObjectReference>,
+    held: Held,
 ) -> Went {
-    match ctx.provider.renew_claim(key, claim, ttl).await {
+    match ctx
+        .provider
+        .renew_claim(key, claim, ttl, held == Held::Yes)
+        .await
+    {
         Renewal::Renewed(deadline) => {
             ctx.metrics.claim_renewed("renewed");
             info!(?deadline, ttl = ttl.get(), "lease renewed");
@@ -386,6 +445,8 @@ async fn renew(
             ctx.metrics.claim_renewed("archived");
             Went::Through
         }
+        // Acting on it needs the key: looked at again with it.
+        Renewal::Gone if held == Held::No => Went::Failed,
         Renewal::Gone => {
             ctx.metrics.claim_renewed("gone");
             if pod.is_some() {

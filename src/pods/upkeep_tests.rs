@@ -339,3 +339,55 @@ async fn a_wake_whose_reply_was_lost_is_hibernated_again_on_suspend() {
     );
     assert!(release_requests(&s.w.sim).is_empty());
 }
+
+/// A due renewal does not wait behind its key's lock for long: a resumed
+/// Pod's reconcile holds the key through a slow wake (up to its 10 s
+/// timeout), long enough, after a failed renewal or two, for sandboxd to
+/// reap a short lease under a living owner (full reliability run,
+/// scenario 10). The renewal goes on without the key; anything else
+/// still waits for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_due_renewal_does_not_wait_for_a_busy_key() {
+    let mut s = scene(ALIVE).await;
+    let id = claimed(&s.w).await;
+    s.cache(&running_pod(&id));
+    s.lease_due().await;
+    let before = s
+        .w
+        .ctx
+        .provider
+        .settled_claims_of(KEY)
+        .and_then(|c| c.deadline);
+    let busy = s.w.ctx.provider.lock_key(KEY).await;
+    s.turn().await;
+    assert_eq!(s.sandboxd(&id, "renew"), 1, "the renewal waited for the key");
+    let after = s
+        .w
+        .ctx
+        .provider
+        .settled_claims_of(KEY)
+        .and_then(|c| c.deadline);
+    assert!(after > before, "not recorded: {before:?} -> {after:?}");
+    drop(busy);
+}
+
+/// Without the key, a renewal that finds the sandbox gone does nothing
+/// about it (a release may be under way): the claim is kept, and looked
+/// at with the key on a later turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_without_the_key_leaves_a_gone_sandbox_to_a_turn_with_it() {
+    let mut s = scene(SUSPENDED).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    s.lease_due().await;
+    s.w.sim
+        .sim()
+        .arm_fault(Fault::status(Endpoint::Renew, 404).times(1))
+        .expect("arm");
+    let busy = s.w.ctx.provider.lock_key(KEY).await;
+    s.turn().await;
+    assert_eq!(s.sandboxd(&id, "renew"), 1);
+    assert!(s.w.ctx.provider.holds(KEY), "dropped without the key");
+    assert!(release_requests(&s.w.sim).is_empty());
+    drop(busy);
+}

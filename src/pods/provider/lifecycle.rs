@@ -146,8 +146,16 @@ impl Provider {
     }
 
     /// Renews `claim`'s lease for `ttl` seconds and records the deadline
-    /// sandboxd granted (and how long it was).
-    pub async fn renew_claim(&self, key: &str, claim: &Claim, ttl: NonZeroU64) -> Renewal {
+    /// sandboxd granted (and how long it was). Without the key's lock
+    /// (`held` false: a wake may be under way) a 409 is only a failure: an
+    /// archive read then could be recorded after the wake that ended it.
+    pub async fn renew_claim(
+        &self,
+        key: &str,
+        claim: &Claim,
+        ttl: NonZeroU64,
+        held: bool,
+    ) -> Renewal {
         let Some(auth) = self.auth(claim) else {
             return Renewal::NoCredential;
         };
@@ -175,7 +183,7 @@ impl Provider {
                 }
                 Renewal::Renewed(deadline)
             }
-            Err(e) if e.refusal() == Some(Refusal::Conflict) => {
+            Err(e) if held && e.refusal() == Some(Refusal::Conflict) => {
                 // Archived (or being archived): sandboxd's single read says.
                 match self.sandboxd.get(&claim.id).await {
                     Ok(info) if info.archived => {
