@@ -104,6 +104,42 @@ async fn claims_of(pods: &Api<Pod>, names: &[String]) -> HashMap<String, String>
         .collect()
 }
 
+/// For each resumed Pod not on its Sandbox's first claim, what the
+/// simulator holds of both ids (at most 10 lines): the figure is only
+/// trusted once every miss is explained.
+fn explain_other_claims(
+    sim: &SimHandle,
+    names: &[String],
+    first: &HashMap<String, String>,
+    again: &HashMap<String, String>,
+) {
+    let rows = sim.sim().claims();
+    let row = |id: Option<&String>| match id {
+        None => "none".to_string(),
+        Some(id) => match rows.iter().find(|c| &c.id == id) {
+            None => format!("{id} (not in sandboxd)"),
+            Some(c) => format!(
+                "{id} (claim_ref {:?}, hibernated {}, archived {})",
+                c.claim_ref, c.hibernated, c.archived
+            ),
+        },
+    };
+    let misses: Vec<&String> = names
+        .iter()
+        .filter(|n| again.get(*n) != first.get(*n))
+        .collect();
+    for n in misses.iter().take(10) {
+        eprintln!(
+            "bench: lifecycle: {n} ran on {}, now on {}",
+            row(first.get(*n)),
+            row(again.get(*n))
+        );
+    }
+    if misses.len() > 10 {
+        eprintln!("bench: lifecycle: ... and {} more", misses.len() - 10);
+    }
+}
+
 /// Polls the simulator until every id in `ids` is hibernated; when each
 /// was first seen so.
 async fn wait_hibernated(sim: &SimHandle, ids: &[String], timeout: Duration) -> Vec<Instant> {
@@ -276,6 +312,7 @@ pub async fn run(env: &Env, n: usize) -> Option<LifecycleFigures> {
         .iter()
         .filter(|n| again.get(*n).is_some_and(|id| claims.get(*n) == Some(id)))
         .count();
+    explain_other_claims(&sim, &names, &claims, &again);
     let figures = LifecycleFigures {
         n,
         suspend: quantiles(suspend),
