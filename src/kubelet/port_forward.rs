@@ -21,6 +21,9 @@ use crate::spdy::{self, End, Stream};
 pub const PAIR_TIMEOUT: Duration = Duration::from_secs(30);
 /// Read size from the guest.
 const READ_CHUNK: usize = 64 * 1024;
+/// The most of the client's data frames gathered into one write to the
+/// guest (a bulk upload is one syscall per batch, not per 32 KiB frame).
+const WRITE_BATCH: usize = 256 * 1024;
 
 /// A pair being assembled.
 #[derive(Default)]
@@ -153,7 +156,7 @@ async fn forward(
     let gone = to_client.clone();
     let up = async {
         loop {
-            match from_client.next().await {
+            match from_client.next_batch(WRITE_BATCH).await {
                 Ok(b) => {
                     if guest_write.write_all(&b).await.is_err() {
                         return Err(());

@@ -63,6 +63,8 @@ pub struct Stream {
 pub struct StreamReader {
     rx: mpsc::Receiver<Inbound>,
     shared: Arc<Shared>,
+    /// A FIN taken while gathering data: returned by the next call.
+    fin_seen: bool,
 }
 
 /// How a stream's input ended.
@@ -77,6 +79,9 @@ pub enum End {
 impl StreamReader {
     /// The next data from the peer, or how the input ended.
     pub async fn next(&mut self) -> Result<Bytes, End> {
+        if self.fin_seen {
+            return Err(End::Fin);
+        }
         match self.rx.recv().await {
             Some(Inbound::Data(d)) => Ok(d),
             Some(Inbound::Fin) => {
@@ -89,6 +94,40 @@ impl StreamReader {
                 End::Fin
             }),
         }
+    }
+
+    /// The next data, and with it whatever more has already arrived, up to
+    /// about `max` bytes: a bulk transfer becomes one write per batch
+    /// rather than one per frame. A FIN behind the data is kept for the
+    /// next call.
+    pub async fn next_batch(&mut self, max: usize) -> Result<Bytes, End> {
+        let first = self.next().await?;
+        if first.len() >= max {
+            return Ok(first);
+        }
+        let mut more: Option<bytes::BytesMut> = None;
+        let mut len = first.len();
+        while len < max {
+            match self.rx.try_recv() {
+                Ok(Inbound::Data(d)) => {
+                    len += d.len();
+                    more.get_or_insert_with(|| {
+                        let mut b = bytes::BytesMut::with_capacity(max);
+                        b.extend_from_slice(&first);
+                        b
+                    })
+                    .extend_from_slice(&d);
+                }
+                Ok(Inbound::Fin) => {
+                    self.rx.close();
+                    self.fin_seen = true;
+                    break;
+                }
+                // Nothing more yet, or closed: the next call says which.
+                Err(_) => break,
+            }
+        }
+        Ok(more.map_or(first, bytes::BytesMut::freeze))
     }
 }
 
@@ -403,6 +442,7 @@ impl Reader {
             id,
             headers,
             reader: StreamReader {
+                fin_seen: false,
                 rx,
                 shared: Arc::clone(&shared),
             },

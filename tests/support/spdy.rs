@@ -174,7 +174,15 @@ impl Client {
         let (mut read, mut write) = tokio::io::split(io);
         let (out, mut rx) = mpsc::channel::<Vec<u8>>(64);
         tokio::spawn(async move {
-            while let Some(b) = rx.recv().await {
+            // Frames already queued go out in one write (up to 256 KiB), as
+            // a client on a bufio.Writer sends them.
+            while let Some(mut b) = rx.recv().await {
+                while b.len() < 256 * 1024 {
+                    match rx.try_recv() {
+                        Ok(more) => b.extend_from_slice(&more),
+                        Err(_) => break,
+                    }
+                }
                 if write.write_all(&b).await.is_err() {
                     return;
                 }
@@ -249,7 +257,7 @@ impl Client {
     async fn send(&self, f: Frame) {
         let mut b = BytesMut::new();
         frame::encode(&f, &mut b).expect("encode");
-        self.out.send(b.to_vec()).await.expect("connection open");
+        self.out.send(Vec::from(b)).await.expect("connection open");
     }
 
     /// Open a stream with `headers` (awaits nothing).

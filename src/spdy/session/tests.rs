@@ -526,3 +526,38 @@ async fn dropped_streams_are_pruned_and_held_ones_kept() {
     .unwrap();
     assert!(first.writer.is_gone());
 }
+
+/// Frames already arrived are gathered into one batch (in order, up to the
+/// bound, never past a FIN); the FIN comes on the next call, and a reset
+/// stays a reset.
+#[tokio::test]
+async fn data_already_arrived_is_gathered_up_to_the_bound_and_the_fin_kept() {
+    let (mut peer, _session, mut streams) = pair();
+    peer.open(1, &[("streamType", "data")], false).await;
+    let mut s = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    peer.data(1, b"ab", false).await;
+    peer.data(1, b"cd", false).await;
+    peer.data(1, b"ef", false).await;
+    peer.data(1, b"gh", false).await;
+    peer.data(1, b"", true).await;
+    // Let the session's reader queue all of them.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        s.reader.next_batch(5).await,
+        Ok(Bytes::from_static(b"abcdef")),
+        "gathers until the bound is reached"
+    );
+    assert_eq!(s.reader.next_batch(100).await, Ok(Bytes::from_static(b"gh")));
+    assert_eq!(s.reader.next_batch(100).await, Err(End::Fin));
+    assert_eq!(s.reader.next().await, Err(End::Fin), "stays ended");
+    // One frame at or over the bound is returned as it is.
+    peer.open(3, &[("streamType", "data")], false).await;
+    let mut t = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    peer.data(3, b"wxyz", false).await;
+    peer.data(3, b"12", false).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(t.reader.next_batch(4).await, Ok(Bytes::from_static(b"wxyz")));
+    assert_eq!(t.reader.next_batch(4).await, Ok(Bytes::from_static(b"12")));
+}
