@@ -13,6 +13,8 @@
 //! - `BENCH_VK_BIN`: the vk-sandbox binary to measure (default: the
 //!   release build cargo made for this bench; e.g. the static musl build);
 //! - `BENCH_FLEET` (default `1,10,50`): the fleet sizes of the `fleet` part;
+//! - `BENCH_TRACE_PODS`: print each Pod's first seen/bound/Running watch
+//!   event with its wall-clock time (to line up with vk-sandbox's log).
 //! - `BENCH_VK_LOG`: RUST_LOG for the vk-sandbox processes (default info;
 //!   their logs are under target/bench-cluster/<node>/);
 //! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load`,
@@ -544,6 +546,7 @@ impl Recorder {
         let synced = Arc::new(tokio::sync::Notify::new());
         let api: Api<Pod> = Api::namespaced(client.clone(), ns);
         let (p, s) = (pods.clone(), synced.clone());
+        let trace = std::env::var_os("BENCH_TRACE_PODS").is_some();
         let task = tokio::spawn(async move {
             let mut stream = watcher(api, watcher::Config::default()).boxed();
             while let Ok(Some(ev)) = stream
@@ -560,7 +563,21 @@ impl Recorder {
                             == Some("Running");
                         let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
                         let mut map = lock(&p);
-                        let t = map.entry(name).or_default();
+                        let t = map.entry(name.clone()).or_default();
+                        if trace {
+                            // Wall-clock times, to line up with
+                            // vk-sandbox's log (BENCH_TRACE_PODS=1).
+                            let wall = jiff::Timestamp::now();
+                            if t.seen.is_none() {
+                                eprintln!("bench: trace: {name} seen {wall}");
+                            }
+                            if bound && t.bound.is_none() {
+                                eprintln!("bench: trace: {name} bound {wall}");
+                            }
+                            if running && t.running.is_none() {
+                                eprintln!("bench: trace: {name} running {wall}");
+                            }
+                        }
                         t.seen.get_or_insert(now);
                         if bound {
                             t.bound.get_or_insert(now);

@@ -13,12 +13,37 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_vk-sandbox");
 /// `RUST_LOG` of processes under test unless a test asks for more.
 pub const DEFAULT_RUST_LOG: &str = "info,vk_sandbox=debug";
 
-/// A free loopback port (bound then released; good enough for tests).
+/// Ports handed out by [`free_port`]: below the kernel's ephemeral range
+/// (32768 and up by default), so an outgoing connection of another process
+/// never takes one between our check and its user's bind (50 vk-sandbox
+/// processes starting at once, each connecting out, did), and above the
+/// local plane's fixed ports (16xxx, 17xxx, 23xxx).
+const PORTS: std::ops::Range<u16> = 24_500..32_700;
+
+/// A free loopback port (bound then released): taken in turn from
+/// [`PORTS`], starting at an offset of this process's own, so concurrent
+/// test and bench processes rarely meet.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = u32::from(PORTS.end - PORTS.start);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7_919) % span,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst) % span;
+        let port = PORTS.start + n as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .expect("bind an ephemeral loopback port")
+        .expect("bind a loopback port")
 }
 
 /// Writes `<dir>/dead.kubeconfig`, a kubeconfig whose server refuses
