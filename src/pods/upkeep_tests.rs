@@ -352,21 +352,23 @@ async fn a_due_renewal_does_not_wait_for_a_busy_key() {
     let id = claimed(&s.w).await;
     s.cache(&running_pod(&id));
     s.lease_due().await;
-    let before = s
-        .w
-        .ctx
-        .provider
-        .settled_claims_of(KEY)
-        .and_then(|c| c.deadline);
+    let before =
+        s.w.ctx
+            .provider
+            .settled_claims_of(KEY)
+            .and_then(|c| c.deadline);
     let busy = s.w.ctx.provider.lock_key(KEY).await;
     s.turn().await;
-    assert_eq!(s.sandboxd(&id, "renew"), 1, "the renewal waited for the key");
-    let after = s
-        .w
-        .ctx
-        .provider
-        .settled_claims_of(KEY)
-        .and_then(|c| c.deadline);
+    assert_eq!(
+        s.sandboxd(&id, "renew"),
+        1,
+        "the renewal waited for the key"
+    );
+    let after =
+        s.w.ctx
+            .provider
+            .settled_claims_of(KEY)
+            .and_then(|c| c.deadline);
     assert!(after > before, "not recorded: {before:?} -> {after:?}");
     drop(busy);
 }

@@ -548,7 +548,10 @@ async fn data_already_arrived_is_gathered_up_to_the_bound_and_the_fin_kept() {
         Ok(Bytes::from_static(b"abcdef")),
         "gathers until the bound is reached"
     );
-    assert_eq!(s.reader.next_batch(100).await, Ok(Bytes::from_static(b"gh")));
+    assert_eq!(
+        s.reader.next_batch(100).await,
+        Ok(Bytes::from_static(b"gh"))
+    );
     assert_eq!(s.reader.next_batch(100).await, Err(End::Fin));
     assert_eq!(s.reader.next().await, Err(End::Fin), "stays ended");
     // One frame at or over the bound is returned as it is.
@@ -558,6 +561,9 @@ async fn data_already_arrived_is_gathered_up_to_the_bound_and_the_fin_kept() {
     peer.data(3, b"wxyz", false).await;
     peer.data(3, b"12", false).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(t.reader.next_batch(4).await, Ok(Bytes::from_static(b"wxyz")));
+    assert_eq!(
+        t.reader.next_batch(4).await,
+        Ok(Bytes::from_static(b"wxyz"))
+    );
     assert_eq!(t.reader.next_batch(4).await, Ok(Bytes::from_static(b"12")));
 }
