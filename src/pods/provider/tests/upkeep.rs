@@ -1,7 +1,7 @@
 //! The provider's upkeep: the compensating release of an unrecorded claim,
 //! releasing a recovered claim by id, the lease-expiry candidates and the
 //! listed deadline, and the questions the side loops ask (`holds_id`,
-//! `has_quarantined`, `running_on`).
+//! `has_quarantined`, `running_on`), and the recheck of preserved claims.
 
 use super::*;
 
@@ -225,30 +225,10 @@ async fn running_on_is_a_settled_claim_made_for_that_pod() {
 /// is forgotten at the next check, without asking its owner again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_preserved_claim_no_longer_held_is_forgotten_unasked() {
-    use crate::pods::fixtures::{ApiServer, owned_pod, provider_over, sandbox, sandbox_discovery};
-    crate::crypto::install_provider();
-    let api = ApiServer::new(|s| match (s.method.as_str(), s.path()) {
-        ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
-        ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb") => sandbox("o1", false),
-        _ => (404, serde_json::Value::Null),
-    });
-    let sim = sim_with_pool().await;
-    let (provider, _dir) = provider_over(&sim, None, api.client.clone()).await;
-    let p = Arc::new(owned_pod("p1", "o1"));
-    let Created::Claimed { id, .. } = provider.create(&p).await.expect("claim") else {
-        panic!("expected a fresh claim");
-    };
-    let deleted = crate::pods::fixtures::within(provider.delete(&deleting((*p).clone())))
-        .await
-        .expect("delete");
-    assert!(matches!(deleted, Deleted::Preserved { .. }), "{deleted:?}");
-    assert_eq!(lock(&provider.preserved).len(), 1);
-    let asked = || {
-        api.seen()
-            .iter()
-            .filter(|s| s.path().ends_with("/sandboxes/sb"))
-            .count()
-    };
+    let sim = crate::pods::fixtures::sim_with_pool(Some(crate::pods::fixtures::TOKEN), 2).await;
+    let living = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (provider, _dir, id, api) = preserved_without_owner(&sim, living).await;
+    let asked = || owner_asked(&api);
     assert_eq!(asked(), 1);
 
     provider.claims.remove("ns/sb", &id).await.expect("remove");
@@ -259,4 +239,139 @@ async fn a_preserved_claim_no_longer_held_is_forgotten_unasked() {
     .await;
     assert_eq!(asked(), 1, "the owner was asked for a claim no longer held");
     assert!(lock(&provider.preserved).is_empty());
+}
+
+/// A preserved claim with no owner recorded (the write failed), whose Pod
+/// went while its owner lived; `gone` switches the owner's answer to 404. Returns the provider,
+/// its store's guard, the claim id and a count of the owner lookups.
+async fn preserved_without_owner(
+    sim: &sandboxd_sim::SimHandle,
+    gone: Arc<std::sync::atomic::AtomicBool>,
+) -> (
+    Provider,
+    tempfile::TempDir,
+    String,
+    crate::pods::fixtures::ApiServer,
+) {
+    use crate::pods::fixtures::{
+        ApiServer, TOKEN, owned_pod, provider_over, sandbox, sandbox_discovery, status,
+    };
+    use std::sync::atomic::Ordering;
+    crate::crypto::install_provider();
+    let api = ApiServer::new(move |s| match (s.method.as_str(), s.path()) {
+        ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
+        ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb")
+            if !gone.load(Ordering::SeqCst) =>
+        {
+            sandbox("o1", false)
+        }
+        _ => status(404, "NotFound", json!({"name": "sb", "kind": "sandboxes"})),
+    });
+    let (provider, dir) = provider_over(sim, Some(TOKEN), api.client.clone()).await;
+    let p = Arc::new(owned_pod("p1", "o1"));
+    let Created::Claimed { id, .. } = provider.create(&p).await.expect("claim") else {
+        panic!("expected a fresh claim");
+    };
+    let deleted = crate::pods::fixtures::within(provider.delete(&deleting((*p).clone())))
+        .await
+        .expect("delete");
+    assert!(matches!(deleted, Deleted::Preserved { .. }), "{deleted:?}");
+    assert_eq!(lock(&provider.preserved).len(), 1);
+    // As if recording the owner had failed (a store write error): the
+    // claim is the recheck's.
+    provider
+        .claims
+        .update_lifecycle("ns/sb", &id, |l, _| l.owner = None)
+        .await
+        .expect("forget the owner");
+    let held = provider.claims.get("ns/sb").map(|(c, _)| c.id);
+    assert_eq!(held.as_deref(), Some(id.as_str()));
+    (provider, dir, id, api)
+}
+
+fn owner_asked(api: &crate::pods::fixtures::ApiServer) -> usize {
+    api.seen()
+        .iter()
+        .filter(|s| s.path().ends_with("/sandboxes/sb"))
+        .count()
+}
+
+/// The recheck's purpose: a preserved claim whose owner has gone since,
+/// with no Pod of its key here, is given back to sandboxd.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_preserved_claim_whose_owner_went_is_released_by_the_recheck() {
+    let sim = crate::pods::fixtures::sim_with_pool(Some(crate::pods::fixtures::TOKEN), 2).await;
+    let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (provider, _dir, id, api) = preserved_without_owner(&sim, Arc::clone(&gone)).await;
+    assert!(crate::pods::fixtures::release_requests(&sim).is_empty());
+
+    gone.store(true, std::sync::atomic::Ordering::SeqCst);
+    crate::pods::fixtures::within(provider.recheck_preserved(
+        &crate::periodic::Beat::none(),
+        crate::pods::fixtures::any_time(),
+    ))
+    .await;
+    // Once by the recheck, once more by the deletion path it hands over to.
+    assert_eq!(owner_asked(&api), 3, "the owner is asked again");
+    assert_eq!(
+        crate::pods::fixtures::release_requests(&sim),
+        vec![format!("/v1/sandboxes/{id}/release")],
+        "the claim goes back to sandboxd"
+    );
+    assert!(
+        provider.claims.get("ns/sb").is_none(),
+        "and leaves the store"
+    );
+}
+
+/// A claim whose owner the lifecycle upkeep recorded while the recheck
+/// waited for its key is the upkeep's from then on: not asked, not
+/// released, dropped from the recheck.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_preserved_claim_given_an_owner_meanwhile_is_left_to_the_upkeep() {
+    let sim = crate::pods::fixtures::sim_with_pool(Some(crate::pods::fixtures::TOKEN), 2).await;
+    let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (provider, _dir, id, api) = preserved_without_owner(&sim, Arc::clone(&gone)).await;
+    // Were the recheck to ask, it would release.
+    gone.store(true, std::sync::atomic::Ordering::SeqCst);
+    let provider = Arc::new(provider);
+
+    let guard = provider.lock_key("ns/sb").await;
+    let recheck = tokio::spawn({
+        let provider = Arc::clone(&provider);
+        async move {
+            provider
+                .recheck_preserved(
+                    &crate::periodic::Beat::none(),
+                    crate::pods::fixtures::any_time(),
+                )
+                .await
+        }
+    });
+    // The recheck has chosen the key and waits for it.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!recheck.is_finished());
+    let owner = crate::claims::lifecycle::OwnerRef {
+        api_version: "agents.x-k8s.io/v1beta1".into(),
+        kind: "Sandbox".into(),
+        name: "sb".into(),
+        uid: "o1".into(),
+    };
+    provider
+        .record_owner("ns/sb", &id, owner)
+        .await
+        .expect("record owner");
+    drop(guard);
+    crate::pods::fixtures::within(recheck)
+        .await
+        .expect("recheck");
+
+    assert_eq!(
+        owner_asked(&api),
+        1,
+        "the recheck asked an owner the upkeep keeps"
+    );
+    assert!(lock(&provider.preserved).is_empty(), "left to the upkeep");
+    assert!(crate::pods::fixtures::release_requests(&sim).is_empty());
+    assert!(provider.claims.get("ns/sb").is_some());
 }
