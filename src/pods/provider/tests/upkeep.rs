@@ -242,8 +242,9 @@ async fn a_preserved_claim_no_longer_held_is_forgotten_unasked() {
 }
 
 /// A preserved claim with no owner recorded (the write failed), whose Pod
-/// went while its owner lived; `gone` switches the owner's answer to 404. Returns the provider,
-/// its store's guard, the claim id and a count of the owner lookups.
+/// went while its owner lived; `gone` switches the owner's answer to 404.
+/// Returns the provider, its store's guard, the claim id and the scripted
+/// apiserver (to count the owner lookups).
 async fn preserved_without_owner(
     sim: &sandboxd_sim::SimHandle,
     gone: Arc<std::sync::atomic::AtomicBool>,
