@@ -10,20 +10,58 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::kubelet::sandbox::{DataPlane, RelayError, SandboxRef};
-use crate::spdy::{self, End, Stream};
+use crate::spdy::{self, End, Recycler, Stream};
 
 /// How long the second stream of a pair may take to arrive.
 pub const PAIR_TIMEOUT: Duration = Duration::from_secs(30);
 /// Read size from the guest.
 const READ_CHUNK: usize = 64 * 1024;
+/// Blocks of guest data kept for reuse while the session's writer still
+/// holds them (docs/benchmarks.md, "Port-forward"): at most 512 KiB per
+/// connection.
+const SPARE_READ_CHUNKS: usize = 8;
 /// The most of the client's data frames gathered into one write to the
 /// guest (a bulk upload is one syscall per batch, not per 32 KiB frame).
 const WRITE_BATCH: usize = 256 * 1024;
+/// Frames written by one vectored write at most.
+const MAX_SLICES: usize = 32;
+
+/// Write every frame of `frames` in order, as few (vectored) writes as the
+/// writer takes, then empty it. A writer that is not vectored still gets
+/// every byte, one frame per write.
+async fn write_all_frames<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frames: &mut Vec<Bytes>,
+) -> std::io::Result<()> {
+    let mut first = 0;
+    while first < frames.len() {
+        let mut slices = [std::io::IoSlice::new(&[]); MAX_SLICES];
+        let mut used = 0;
+        for (slot, f) in slices.iter_mut().zip(&frames[first..]) {
+            *slot = std::io::IoSlice::new(f);
+            used += 1;
+        }
+        let mut n = w.write_vectored(&slices[..used]).await?;
+        if n == 0 && frames[first..].iter().any(|f| !f.is_empty()) {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while first < frames.len() && n >= frames[first].len() {
+            n -= frames[first].len();
+            first += 1;
+        }
+        // (A writer claiming more than it was given leaves nothing to advance.)
+        if let Some(f) = frames.get_mut(first).filter(|_| n > 0) {
+            f.advance(n);
+        }
+    }
+    frames.clear();
+    Ok(())
+}
 
 /// A pair being assembled.
 #[derive(Default)]
@@ -155,10 +193,14 @@ async fn forward(
     } = data;
     let gone = to_client.clone();
     let up = async {
+        let mut batch = Vec::new();
         loop {
-            match from_client.next_batch(WRITE_BATCH).await {
-                Ok(b) => {
-                    if guest_write.write_all(&b).await.is_err() {
+            match from_client.next_batch(&mut batch, WRITE_BATCH).await {
+                Ok(()) => {
+                    if write_all_frames(&mut guest_write, &mut batch)
+                        .await
+                        .is_err()
+                    {
                         return Err(());
                     }
                 }
@@ -172,9 +214,10 @@ async fn forward(
         }
     };
     let down = async {
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        let mut room = Recycler::new(READ_CHUNK, SPARE_READ_CHUNKS);
+        let mut buf = BytesMut::new();
         loop {
-            buf.reserve(READ_CHUNK);
+            room.make_room(&mut buf, READ_CHUNK);
             match guest_read.read_buf(&mut buf).await {
                 Ok(0) => {
                     // The guest's half-close reaches the client.
@@ -222,6 +265,113 @@ async fn fail(error: &Stream, data: &Stream, message: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// Takes at most `step` bytes per write, across slices when vectored,
+    /// and records each write's size.
+    struct Trickle {
+        got: Vec<u8>,
+        writes: Vec<usize>,
+        step: usize,
+        vectored: bool,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let n = buf.len().min(self.step);
+            self.got.extend_from_slice(&buf[..n]);
+            self.writes.push(n);
+            Poll::Ready(Ok(n))
+        }
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            if !self.vectored {
+                let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| b);
+                return self.poll_write(cx, first);
+            }
+            let mut n = 0;
+            for b in bufs {
+                let take = b.len().min(self.step - n);
+                self.got.extend_from_slice(&b[..take]);
+                n += take;
+                if n == self.step {
+                    break;
+                }
+            }
+            self.writes.push(n);
+            Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            self.vectored
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn frames() -> Vec<Bytes> {
+        [&b"abc"[..], b"", b"defgh", b"i", b"jklmnopq"]
+            .into_iter()
+            .map(Bytes::from_static)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn frames_are_written_whole_and_in_order_across_partial_writes() {
+        for (step, vectored) in [(4, true), (100, true), (1, true), (3, false), (100, false)] {
+            let mut w = Trickle {
+                got: Vec::new(),
+                writes: Vec::new(),
+                step,
+                vectored,
+            };
+            let mut batch = frames();
+            write_all_frames(&mut w, &mut batch).await.expect("written");
+            assert_eq!(
+                w.got, b"abcdefghijklmnopq",
+                "step {step}, vectored {vectored}"
+            );
+            assert!(batch.is_empty(), "the batch is emptied for reuse");
+            if step == 100 && vectored {
+                assert_eq!(w.writes, [17], "one write for the whole batch");
+            }
+            if step == 100 && !vectored {
+                assert_eq!(w.writes, [3, 5, 1, 8], "one write per frame");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_takes_nothing_is_an_error_not_a_spin() {
+        let mut w = Trickle {
+            got: Vec::new(),
+            writes: Vec::new(),
+            step: 0,
+            vectored: true,
+        };
+        let mut batch = frames();
+        let e = write_all_frames(&mut w, &mut batch)
+            .await
+            .expect_err("write zero");
+        assert_eq!(e.kind(), std::io::ErrorKind::WriteZero);
+        // A batch of empty frames only is no write at all.
+        let mut empty = vec![Bytes::new(), Bytes::new()];
+        write_all_frames(&mut w, &mut empty)
+            .await
+            .expect("nothing to write");
+        assert!(empty.is_empty());
+    }
 
     #[test]
     fn ports() {

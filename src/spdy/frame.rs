@@ -153,6 +153,17 @@ fn bad_len(kind: &'static str, len: usize, expected: &'static str) -> FrameError
     }
 }
 
+/// How many more bytes `buf` needs before [`decode`] can take a frame off
+/// it: what is missing of the next frame's header, or, once the header is
+/// in, of its payload (0 when a whole frame is there).
+pub fn missing(buf: &[u8]) -> usize {
+    if buf.len() < HEADER_LEN {
+        return HEADER_LEN - buf.len();
+    }
+    let len = usize::from(buf[5]) << 16 | usize::from(buf[6]) << 8 | usize::from(buf[7]);
+    (HEADER_LEN + len).saturating_sub(buf.len())
+}
+
 /// Take one frame off the front of `buf`. `Ok(None)` when `buf` holds no
 /// whole frame yet (nothing is consumed). A frame whose payload is over
 /// `limit` bytes is an error as soon as its header is in, so a peer cannot
@@ -168,7 +179,9 @@ pub fn decode(buf: &mut BytesMut, limit: usize) -> Result<Option<Frame>, FrameEr
         return Err(FrameError::TooLarge { len, limit });
     }
     if buf.len() < HEADER_LEN + len {
-        buf.reserve(HEADER_LEN + len - buf.len());
+        // The caller makes room ([`missing`] says how much): reserving here
+        // would allocate a new block while frames cut from this one are
+        // still in use.
         return Ok(None);
     }
     buf.advance(HEADER_LEN);

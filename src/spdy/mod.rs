@@ -4,13 +4,16 @@
 //! - [`frame`]: frames to and from bytes (pure);
 //! - [`headers`]: header blocks and their zlib compression with the
 //!   protocol's [`dictionary`];
-//! - [`session`]: a server session over an upgraded connection.
+//! - [`session`]: a server session over an upgraded connection;
+//! - [`recycle`]: read buffers reused for the life of a connection.
 
 pub mod dictionary;
 pub mod frame;
 pub mod headers;
+pub mod recycle;
 pub mod session;
 
 pub use frame::{Frame, FrameError};
 pub use headers::Headers;
+pub use recycle::Recycler;
 pub use session::{Closed, End, Session, Stream, StreamReader, StreamWriter, start};

@@ -22,12 +22,22 @@ use tokio_util::sync::CancellationToken;
 
 use super::frame::{self, Frame, FrameError, goaway, rst};
 use super::headers::{Deflater, Headers, Inflater, decode_block, encode_block};
+use super::recycle::Recycler;
 
 /// Largest data frame this side sends.
 pub const MAX_DATA_FRAME: usize = 64 * 1024;
 /// Largest frame accepted from the peer (data frames from the Go clients
 /// are at most 32 KiB; header blocks are tiny).
 pub const MAX_INBOUND_FRAME: usize = 1024 * 1024;
+/// The session reads into blocks of this size (a larger frame gets a block
+/// of its own)...
+const READ_BLOCK: usize = 128 * 1024;
+/// ...and keeps this many of them for reuse while frames cut from them are
+/// still queued or being written (16 frames per stream of at most 32 KiB
+/// from the Go clients, plus a batch): at most 1 MiB per session.
+const SPARE_READ_BLOCKS: usize = 8;
+/// The least room a read is given.
+const MIN_READ: usize = 8 * 1024;
 /// Frames queued per stream before the session's reader waits.
 const STREAM_QUEUE: usize = 16;
 /// Frames queued for the writer task.
@@ -97,26 +107,18 @@ impl StreamReader {
     }
 
     /// The next data, and with it whatever more has already arrived, up to
-    /// about `max` bytes: a bulk transfer becomes one write per batch
-    /// rather than one per frame. A FIN behind the data is kept for the
-    /// next call.
-    pub async fn next_batch(&mut self, max: usize) -> Result<Bytes, End> {
+    /// about `max` bytes, appended to `batch` as the frames came (no copy):
+    /// a bulk transfer becomes one vectored write per batch rather than one
+    /// write per frame. A FIN behind the data is kept for the next call.
+    pub async fn next_batch(&mut self, batch: &mut Vec<Bytes>, max: usize) -> Result<(), End> {
         let first = self.next().await?;
-        if first.len() >= max {
-            return Ok(first);
-        }
-        let mut more: Option<bytes::BytesMut> = None;
         let mut len = first.len();
+        batch.push(first);
         while len < max {
             match self.rx.try_recv() {
                 Ok(Inbound::Data(d)) => {
                     len += d.len();
-                    more.get_or_insert_with(|| {
-                        let mut b = bytes::BytesMut::with_capacity(max);
-                        b.extend_from_slice(&first);
-                        b
-                    })
-                    .extend_from_slice(&d);
+                    batch.push(d);
                 }
                 Ok(Inbound::Fin) => {
                     self.rx.close();
@@ -127,7 +129,7 @@ impl StreamReader {
                 Err(_) => break,
             }
         }
-        Ok(more.map_or(first, bytes::BytesMut::freeze))
+        Ok(())
     }
 }
 
@@ -313,7 +315,8 @@ struct Reader {
 
 impl Reader {
     async fn run<R: AsyncRead + Unpin>(mut self, mut read: R) -> Result<(), SessionError> {
-        let mut buf = BytesMut::with_capacity(64 * 1024);
+        let mut room = Recycler::new(READ_BLOCK, SPARE_READ_BLOCKS);
+        let mut buf = BytesMut::new();
         let result = loop {
             match frame::decode(&mut buf, MAX_INBOUND_FRAME) {
                 Ok(Some(f)) => {
@@ -325,9 +328,8 @@ impl Reader {
                 Ok(None) => {}
                 Err(e) => break Err(e.into()),
             }
-            if buf.capacity() - buf.len() < 8 * 1024 {
-                buf.reserve(64 * 1024);
-            }
+            let want = frame::missing(&buf).max(MIN_READ);
+            room.make_room(&mut buf, want);
             match read.read_buf(&mut buf).await {
                 Ok(0) => break Ok(()),
                 Ok(_) => {}

@@ -543,27 +543,30 @@ async fn data_already_arrived_is_gathered_up_to_the_bound_and_the_fin_kept() {
     peer.data(1, b"", true).await;
     // Let the session's reader queue all of them.
     tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut batch = Vec::new();
+    assert_eq!(s.reader.next_batch(&mut batch, 5).await, Ok(()));
     assert_eq!(
-        s.reader.next_batch(5).await,
-        Ok(Bytes::from_static(b"abcdef")),
-        "gathers until the bound is reached"
+        batch,
+        [&b"ab"[..], b"cd", b"ef"],
+        "gathers until the bound is reached, frame by frame"
     );
-    assert_eq!(
-        s.reader.next_batch(100).await,
-        Ok(Bytes::from_static(b"gh"))
-    );
-    assert_eq!(s.reader.next_batch(100).await, Err(End::Fin));
+    batch.clear();
+    assert_eq!(s.reader.next_batch(&mut batch, 100).await, Ok(()));
+    assert_eq!(batch, [&b"gh"[..]]);
+    batch.clear();
+    assert_eq!(s.reader.next_batch(&mut batch, 100).await, Err(End::Fin));
+    assert!(batch.is_empty());
     assert_eq!(s.reader.next().await, Err(End::Fin), "stays ended");
-    // One frame at or over the bound is returned as it is.
+    // One frame at or over the bound is returned alone.
     peer.open(3, &[("streamType", "data")], false).await;
     let mut t = next_stream(&mut streams).await;
     let _ = peer.recv().await;
     peer.data(3, b"wxyz", false).await;
     peer.data(3, b"12", false).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
-        t.reader.next_batch(4).await,
-        Ok(Bytes::from_static(b"wxyz"))
-    );
-    assert_eq!(t.reader.next_batch(4).await, Ok(Bytes::from_static(b"12")));
+    assert_eq!(t.reader.next_batch(&mut batch, 4).await, Ok(()));
+    assert_eq!(batch, [&b"wxyz"[..]]);
+    batch.clear();
+    assert_eq!(t.reader.next_batch(&mut batch, 4).await, Ok(()));
+    assert_eq!(batch, [&b"12"[..]]);
 }
