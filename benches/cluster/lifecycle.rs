@@ -30,6 +30,8 @@ const WAKE_HIST: (&str, &str) = (
     "vk_sandbox_sandboxd_request_duration_seconds",
     "endpoint=\"wake\",",
 );
+/// Reconcile start → the Running status stored.
+const STORED_HIST: &str = "vk_sandbox_claim_duration_seconds";
 const HIBERNATE_HIST: (&str, &str) = (
     "vk_sandbox_sandboxd_request_duration_seconds",
     "endpoint=\"hibernate\",",
@@ -49,6 +51,12 @@ pub struct LifecycleFigures {
     /// vk-sandbox's resume reconciles: start → Running write sent (the
     /// adoption, the wake and the claims-store commit; seconds).
     pub provider: Split,
+    /// The same reconciles: start → Running status stored (the write's
+    /// round trip included; seconds).
+    pub stored: Split,
+    /// Resumed Pods the Sandbox controller deleted again before they
+    /// settled.
+    pub redeleted: usize,
     /// vk-sandbox's sandboxd calls as it timed them (seconds).
     pub wake_call: Split,
     pub hibernate_call: Split,
@@ -102,6 +110,23 @@ async fn claims_of(pods: &Api<Pod>, names: &[String]) -> HashMap<String, String>
             names.contains(&name).then_some((name, id))
         })
         .collect()
+}
+
+/// The claim ids once every named Pod is Running with one (or what there
+/// is at `timeout`).
+async fn settled_claims(
+    pods: &Api<Pod>,
+    names: &[String],
+    timeout: Duration,
+) -> HashMap<String, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let claims = claims_of(pods, names).await;
+        if claims.len() == names.len() || Instant::now() > deadline {
+            return claims;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// For each resumed Pod not on its Sandbox's first claim, what the
@@ -307,7 +332,12 @@ pub async fn run(env: &Env, n: usize) -> Option<LifecycleFigures> {
         .iter()
         .filter_map(|t| Some(t.running?.duration_since(t.bound?).as_secs_f64() * 1e3))
         .collect();
-    let again = claims_of(&pods, &names).await;
+    // Count the resumed Pods deleted again meanwhile (the upstream
+    // controller deletes a resumed Pod when a reconcile reads its Sandbox
+    // from a cache still at Suspended), then let the Sandboxes settle: the
+    // same-claim check reads Pods that are Running, not ones in between.
+    let redeleted = times.iter().filter(|t| t.gone.is_some()).count();
+    let again = settled_claims(&pods, &names, timeout).await;
     let same_claim = names
         .iter()
         .filter(|n| again.get(*n).is_some_and(|id| claims.get(*n) == Some(id)))
@@ -320,6 +350,8 @@ pub async fn run(env: &Env, n: usize) -> Option<LifecycleFigures> {
         scheduled: quantiles(scheduled),
         bound: quantiles(bound),
         provider: Split::between(&before_resume, &after, CLAIM_HIST, ""),
+        stored: Split::between(&before_resume, &after, STORED_HIST, ""),
+        redeleted,
         wake_call: Split::between(&before, &after, WAKE_HIST.0, WAKE_HIST.1),
         hibernate_call: Split::between(&before, &after, HIBERNATE_HIST.0, HIBERNATE_HIST.1),
         same_claim,

@@ -403,14 +403,20 @@ fn render_lifecycle(s: &mut String, l: &LifecycleFigures) {
     let _ = writeln!(
         s,
         "\nvk-sandbox's histograms: a resume's reconcile start → Running write sent p50 {}, p99 {}; \
+         → Running stored (the write's round trip under the burst included) p50 {}, p99 {}; \
          its sandboxd calls: wake p50 {}, p99 {}; hibernate p50 {}, p99 {}. \
-         Resumed on the same claim: {}/{}; wakes answered: {}; releases: {}.",
+         Resumed Pods the Sandbox controller deleted again before they settled \
+         (its reconcile read the Sandbox from a cache still at Suspended): {}. \
+         Resumed on the same claim once settled: {}/{}; wakes answered: {}; releases: {}.",
         bucket_ms(l.provider.p50),
         bucket_ms(l.provider.p99),
+        bucket_ms(l.stored.p50),
+        bucket_ms(l.stored.p99),
         bucket_ms(l.wake_call.p50),
         bucket_ms(l.wake_call.p99),
         bucket_ms(l.hibernate_call.p50),
         bucket_ms(l.hibernate_call.p99),
+        l.redeleted,
         l.same_claim,
         l.n,
         l.wakes,
