@@ -139,6 +139,23 @@ mod tests {
     }
 
     #[test]
+    fn a_nearly_full_buffer_gets_room() {
+        let mut r = Recycler::new(64, 4);
+        let mut buf = BytesMut::new();
+        r.make_room(&mut buf, 16);
+        let room = buf.capacity() - buf.len();
+        buf.extend(std::iter::repeat_n(1u8, room - 4));
+        // Four bytes free, sixteen wanted: more room, in place or not.
+        r.make_room(&mut buf, 16);
+        assert!(
+            buf.capacity() - buf.len() >= 16,
+            "{} free",
+            buf.capacity() - buf.len()
+        );
+        assert_eq!(buf.len(), room - 4, "nothing lost");
+    }
+
+    #[test]
     fn a_buffer_with_room_is_left_alone() {
         let mut r = Recycler::new(64, 4);
         let mut buf = BytesMut::with_capacity(128);

@@ -569,4 +569,15 @@ async fn data_already_arrived_is_gathered_up_to_the_bound_and_the_fin_kept() {
     batch.clear();
     assert_eq!(t.reader.next_batch(&mut batch, 4).await, Ok(()));
     assert_eq!(batch, [&b"12"[..]]);
+    // One-byte frames count one byte each towards the bound.
+    peer.open(5, &[("streamType", "data")], false).await;
+    let mut u = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    for b in [b"a", b"b", b"c", b"d"] {
+        peer.data(5, b, false).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    batch.clear();
+    assert_eq!(u.reader.next_batch(&mut batch, 2).await, Ok(()));
+    assert_eq!(batch, [&b"a"[..], b"b"]);
 }
