@@ -153,6 +153,12 @@ fn bad_len(kind: &'static str, len: usize, expected: &'static str) -> FrameError
     }
 }
 
+/// The payload length a frame header names (its 24-bit length field);
+/// `buf` holds at least the header.
+fn payload_len(buf: &[u8]) -> usize {
+    usize::from(buf[5]) << 16 | usize::from(buf[6]) << 8 | usize::from(buf[7])
+}
+
 /// How many more bytes `buf` needs before [`decode`] can take a frame off
 /// it: what is missing of the next frame's header, or, once the header is
 /// in, of its payload (0 when a whole frame is there).
@@ -160,7 +166,7 @@ pub fn missing(buf: &[u8]) -> usize {
     if buf.len() < HEADER_LEN {
         return HEADER_LEN - buf.len();
     }
-    let len = usize::from(buf[5]) << 16 | usize::from(buf[6]) << 8 | usize::from(buf[7]);
+    let len = payload_len(buf);
     (HEADER_LEN + len).saturating_sub(buf.len())
 }
 
@@ -174,7 +180,7 @@ pub fn decode(buf: &mut BytesMut, limit: usize) -> Result<Option<Frame>, FrameEr
     }
     let word = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let flags = buf[4];
-    let len = usize::from(buf[5]) << 16 | usize::from(buf[6]) << 8 | usize::from(buf[7]);
+    let len = payload_len(buf);
     if len > limit {
         return Err(FrameError::TooLarge { len, limit });
     }

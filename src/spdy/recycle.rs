@@ -65,8 +65,9 @@ impl Recycler {
         }
     }
 
-    /// Blocks held as spares (for tests and accounting).
-    pub fn spares(&self) -> usize {
+    /// Blocks held as spares.
+    #[cfg(test)]
+    fn spares(&self) -> usize {
         self.spare.len()
     }
 }
