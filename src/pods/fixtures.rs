@@ -241,8 +241,16 @@ pub async fn world(owner: Answer) -> World {
 }
 
 pub async fn world_with(answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static) -> World {
+    world_slow(answer, |_| Duration::ZERO).await
+}
+
+/// [`world_with`] over [`ApiServer::slow`].
+pub async fn world_slow(
+    answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static,
+    delay: impl Fn(&Seen) -> Duration + Send + Sync + 'static,
+) -> World {
     crate::crypto::install_provider();
-    let api = ApiServer::new(answer);
+    let api = ApiServer::slow(answer, delay);
     let sim = sim_with_pool(Some(TOKEN), 2).await;
     let (provider, dir) = provider_over(&sim, Some(TOKEN), api.client.clone()).await;
     let provider = Arc::new(provider);

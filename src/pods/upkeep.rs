@@ -14,13 +14,14 @@ use std::time::Duration;
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use kube::api::PostParams;
 use kube::runtime::events::{Event, EventType};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::authority;
 use super::authority::owner_of;
+use super::authority::{self, OwnerLookup};
 use super::context::{Context, once_event};
 use super::lifecycle::decide::{
     OwnerState, Settings, Turn as Facts, Upkeep, Whereabouts, owner_state, upkeep,
@@ -67,6 +68,9 @@ enum Went {
     Through,
     /// Could not decide or act: back off.
     Failed,
+    /// The key's row or Pod changed while its owner was asked: nothing was
+    /// decided from the answers; look again on the next turn.
+    Changed,
 }
 
 /// The upkeep loop's state: the context and each claim's schedule, by
@@ -199,6 +203,10 @@ impl Turn for LifecycleUpkeep {
                     slot.recheck_at = schedule::cadence(&claim.lifecycle.vm, here, unserved)
                         .and_then(|c| later(now, c));
                 }
+                Went::Changed => {
+                    slot.retry_at = None;
+                    slot.recheck_at = None;
+                }
                 Went::Failed => {
                     slot.failures = slot.failures.saturating_add(1);
                     let wait = crate::backoff::nth(BACKOFF_START, BACKOFF_CAP, slot.failures);
@@ -228,9 +236,14 @@ enum Held {
 /// holds the claim.
 const RENEWAL_LOCK_WAIT: Duration = Duration::from_secs(2);
 
-/// One claim's turn, under its key's lock (no reconcile or other side
-/// loop works on the key meanwhile): ask the owner, decide, act. A due
-/// renewal whose key stays busy is made without the lock.
+/// One claim's turn: ask the apiserver (the owner, where its Pod runs)
+/// with the key free, then, under the key's lock (no reconcile or other
+/// side loop works on the key meanwhile), decide and act, provided the row
+/// and the Pod here are still what they were when the questions were asked.
+/// Those questions are API round trips (a second under a burst): a
+/// resumed Pod's reconcile waiting on the key behind them waited as long
+/// before its wake. A due renewal whose key stays busy is made without the
+/// lock.
 async fn look_after(
     ctx: &Context,
     store: &Store<Pod>,
@@ -240,6 +253,15 @@ async fn look_after(
     why: Due,
 ) -> Went {
     let provider = &ctx.provider;
+    // As things are now: the row and the Pod may have changed since the
+    // loop collected the due claims.
+    let Some(asked_for) = Local::read(ctx, store, key, &claim.id) else {
+        return Went::Through;
+    };
+    let asked = match ask(ctx, key, &asked_for, settings).await {
+        Ok(asked) => asked,
+        Err(went) => return went,
+    };
     let guard = if why == Due::Renewal {
         tokio::time::timeout(RENEWAL_LOCK_WAIT, provider.lock_key(key))
             .await
@@ -251,42 +273,81 @@ async fn look_after(
         Some(g) => g,
         None => {
             debug!("the key is busy (a slow wake?): the due lease is renewed without it");
-            if let Some(went) = turn_of(ctx, store, settings, key, claim, why, Held::No).await {
-                return went;
+            match Local::read(ctx, store, key, &claim.id) {
+                Some(now) if now.same(&asked_for) => {
+                    if let Some(went) = act(ctx, key, &now, &asked, settings, why, Held::No).await {
+                        return went;
+                    }
+                }
+                Some(_) => return Went::Changed,
+                None => return Went::Through,
             }
             provider.lock_key(key).await
         }
     };
-    turn_of(ctx, store, settings, key, claim, why, Held::Yes)
-        .await
-        .unwrap_or(Went::Through)
+    match Local::read(ctx, store, key, &claim.id) {
+        Some(now) if now.same(&asked_for) => act(ctx, key, &now, &asked, settings, why, Held::Yes)
+            .await
+            .unwrap_or(Went::Through),
+        Some(_) => {
+            debug!("the key changed while its owner was asked: asked again next turn");
+            Went::Changed
+        }
+        None => Went::Through,
+    }
 }
 
-/// The turn itself; `None` (only when the key is not held): there is more
-/// to do than a renewal, which needs the key.
-async fn turn_of(
-    ctx: &Context,
-    store: &Store<Pod>,
-    settings: Settings,
-    key: &str,
-    claim: &Claim,
-    why: Due,
-    held: Held,
-) -> Option<Went> {
-    let provider = &ctx.provider;
-    // As things are now: the row and the Pod may have changed while the
-    // lock was awaited.
-    let Some(claim) = provider.settled_claims_of(key).filter(|c| c.id == claim.id) else {
-        return Some(Went::Through);
-    };
-    let claim = &claim;
-    let (pod, here) = pod_here(store, key);
-    // A Pod being deleted is its reconcile's; one tracked but not yet in
-    // the watch cache as well.
-    if here == PodHere::Deleting || (pod.is_none() && provider.tracked(key).is_some()) {
-        return Some(Went::Through);
+/// The key's row and Pod on this node, as a turn reads them.
+struct Local {
+    claim: Claim,
+    pod: Option<Arc<Pod>>,
+    here: PodHere,
+    tracked: bool,
+}
+
+impl Local {
+    /// `None`: nothing for the upkeep (the row is gone or holds another
+    /// claim, or the key's Pod is its reconcile's: being deleted, or
+    /// tracked but not yet in the watch cache).
+    fn read(ctx: &Context, store: &Store<Pod>, key: &str, id: &str) -> Option<Local> {
+        let claim = ctx.provider.settled_claims_of(key).filter(|c| c.id == id)?;
+        let (pod, here) = pod_here(store, key);
+        let tracked = ctx.provider.tracked(key).is_some();
+        if here == PodHere::Deleting || (pod.is_none() && tracked) {
+            return None;
+        }
+        Some(Local {
+            claim,
+            pod,
+            here,
+            tracked,
+        })
     }
-    let (reference, lookup) = match (&pod, &claim.lifecycle.owner) {
+
+    /// Nothing a decision reads changed: the row (an adoption rebinds it,
+    /// a wake or a renewal records itself in it), the Pod here (the same
+    /// one, in the same state), whether a reconcile tracks one.
+    fn same(&self, other: &Local) -> bool {
+        let uid = |l: &Local| l.pod.as_ref().map(|p| p.uid().to_string());
+        self.claim == other.claim
+            && self.here == other.here
+            && self.tracked == other.tracked
+            && uid(self) == uid(other)
+    }
+}
+
+/// What the apiserver answered for a turn.
+struct Asked {
+    reference: Option<OwnerReference>,
+    lookup: OwnerLookup,
+    whereabouts: Whereabouts,
+}
+
+/// Asks the owner and, when the decision needs it, where the owner's Pod
+/// runs. `Err`: how the turn went without an answer.
+async fn ask(ctx: &Context, key: &str, local: &Local, settings: Settings) -> Result<Asked, Went> {
+    let provider = &ctx.provider;
+    let (reference, lookup) = match (&local.pod, &local.claim.lifecycle.owner) {
         (Some(p), _) => (
             authority::controller_ref(p).cloned(),
             provider.owner_of_pod(p).await,
@@ -295,37 +356,66 @@ async fn turn_of(
             Some(reference(owner)),
             provider.lookup_owner(key, owner).await,
         ),
-        (None, None) => return Some(Went::Through),
+        (None, None) => return Err(Went::Through),
     };
-    let owner = owner_state(reference.as_ref(), &lookup);
-    if let (Some(p), None, Held::Yes) = (&pod, &claim.lifecycle.owner, held) {
-        remember_owner(ctx, key, claim, p).await;
-    }
-    let mut facts = Facts {
-        pod_here: pod.is_some(),
-        owner: &owner,
-        vm: &claim.lifecycle.vm,
-        hibernate_refused: claim.lifecycle.hibernate_refused,
-        lease: lease(claim, pod.as_deref()),
+    let mut asked = Asked {
+        reference,
+        lookup,
         whereabouts: Whereabouts::Unknown,
-        now: Timestamp::now(),
-        settings,
     };
-    let mut decision = upkeep(&facts);
-    if decision == Upkeep::AskWhereabouts
-        && let Some(owner) = &claim.lifecycle.owner
+    let owner = owner_state(asked.reference.as_ref(), &asked.lookup);
+    if upkeep(&facts(local, &owner, Whereabouts::Unknown, settings)) == Upkeep::AskWhereabouts
+        && let Some(owner) = &local.claim.lifecycle.owner
     {
         match provider.whereabouts(key, owner, &ctx.node).await {
-            Ok(w) => facts.whereabouts = w,
+            Ok(w) => asked.whereabouts = w,
             Err(e) => {
                 warn!(error = %e, "could not find where the owner's Pod runs; asked again later");
-                return Some(Went::Failed);
+                return Err(Went::Failed);
             }
         }
-        decision = upkeep(&facts);
     }
+    Ok(asked)
+}
+
+fn facts<'a>(
+    local: &'a Local,
+    owner: &'a OwnerState,
+    whereabouts: Whereabouts,
+    settings: Settings,
+) -> Facts<'a> {
+    Facts {
+        pod_here: local.pod.is_some(),
+        owner,
+        vm: &local.claim.lifecycle.vm,
+        hibernate_refused: local.claim.lifecycle.hibernate_refused,
+        lease: lease(&local.claim, local.pod.as_deref()),
+        whereabouts,
+        now: Timestamp::now(),
+        settings,
+    }
+}
+
+/// Decides from the answers and acts; `None` (only when the key is not
+/// held): there is more to do than a renewal, which needs the key.
+async fn act(
+    ctx: &Context,
+    key: &str,
+    local: &Local,
+    asked: &Asked,
+    settings: Settings,
+    why: Due,
+    held: Held,
+) -> Option<Went> {
+    let claim = &local.claim;
+    let pod = local.pod.as_deref();
+    let owner = owner_state(asked.reference.as_ref(), &asked.lookup);
+    if let (Some(p), None, Held::Yes) = (pod, &claim.lifecycle.owner, held) {
+        remember_owner(ctx, key, claim, p).await;
+    }
+    let decision = upkeep(&facts(local, &owner, asked.whereabouts.clone(), settings));
     debug!(?why, ?decision, ?held, "upkeep turn");
-    let regarding = regarding(key, claim.lifecycle.owner.as_ref(), pod.as_deref());
+    let regarding = regarding(key, claim.lifecycle.owner.as_ref(), pod);
     let went = match decision {
         Upkeep::Wait(why) => {
             if matches!(owner, OwnerState::Doubt(_)) {
@@ -334,14 +424,12 @@ async fn turn_of(
             }
             Went::Through
         }
-        Upkeep::Renew(ttl) => renew(ctx, key, claim, pod.as_deref(), ttl, regarding, held).await,
+        Upkeep::Renew(ttl) => renew(ctx, key, claim, pod, ttl, regarding, held).await,
         _ if held == Held::No => return None,
         Upkeep::AskWhereabouts => Went::Through,
         Upkeep::Hibernate(why) => hibernate(ctx, key, claim, &why, regarding).await,
         Upkeep::Release(why) => release(ctx, key, claim, &why, regarding, None).await,
-        Upkeep::ReleaseOwnerGone(why) => {
-            release(ctx, key, claim, &why, regarding, pod.as_deref()).await
-        }
+        Upkeep::ReleaseOwnerGone(why) => release(ctx, key, claim, &why, regarding, pod).await,
     };
     Some(went)
 }

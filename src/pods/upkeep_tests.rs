@@ -4,7 +4,8 @@
 //! turn looks at, and when it looks again.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::Duration;
 
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
@@ -29,34 +30,64 @@ struct Scene {
     owner: Arc<AtomicU8>,
     upkeep: LifecycleUpkeep,
     cache: Writer<Pod>,
+    /// The apiserver lists the key's Pod on node-b under the same owner.
+    elsewhere: Arc<AtomicBool>,
+    /// The key's Pods were listed (the answer may still be on its way).
+    listed: Arc<AtomicBool>,
 }
 
 async fn scene(owner: u8) -> Scene {
+    scene_slow(owner, Duration::ZERO).await
+}
+
+/// [`scene`] whose apiserver takes `list` to answer where the key's Pod
+/// runs (nothing else is answered meanwhile).
+async fn scene_slow(owner: u8, list: Duration) -> Scene {
     let state = Arc::new(AtomicU8::new(owner));
     let answer = Arc::clone(&state);
-    let w = world_with(move |s| match (s.method.as_str(), s.path()) {
-        ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
-        ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb") => {
-            match answer.load(Ordering::SeqCst) {
-                ALIVE => sandbox("o1", false),
-                SUSPENDED => {
-                    let (code, mut obj) = sandbox("o1", false);
-                    obj["spec"] = json!({"operatingMode": "Suspended"});
-                    (code, obj)
+    let (elsewhere, listed) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (moved, seen_list) = (Arc::clone(&elsewhere), Arc::clone(&listed));
+    let is_list = |s: &Seen| s.method == "GET" && s.path() == "/api/v1/namespaces/ns/pods";
+    let delay = move |s: &Seen| if is_list(s) { list } else { Duration::ZERO };
+    let w = world_slow(
+        move |s| match (s.method.as_str(), s.path()) {
+            ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
+            ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb") => {
+                match answer.load(Ordering::SeqCst) {
+                    ALIVE => sandbox("o1", false),
+                    SUSPENDED => {
+                        let (code, mut obj) = sandbox("o1", false);
+                        obj["spec"] = json!({"operatingMode": "Suspended"});
+                        (code, obj)
+                    }
+                    _ => status(404, "NotFound", json!({"name": "sb", "kind": "sandboxes"})),
                 }
-                _ => status(404, "NotFound", json!({"name": "sb", "kind": "sandboxes"})),
             }
-        }
-        // Where the key's Pod runs: nowhere else.
-        ("GET", "/api/v1/namespaces/ns/pods") => (
-            200,
-            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []}),
-        ),
-        ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => (200, pod_json()),
-        ("DELETE", "/api/v1/namespaces/ns/pods/sb") => (200, pod_json()),
-        ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
-        _ => (404, Value::Null),
-    })
+            // Where the key's Pod runs: nowhere else, or (`elsewhere`) on
+            // node-b under the same owner.
+            ("GET", "/api/v1/namespaces/ns/pods") => {
+                seen_list.store(true, Ordering::SeqCst);
+                let mut items = Vec::new();
+                if moved.load(Ordering::SeqCst) {
+                    let mut p = serde_json::to_value(owned_pod("p2", "o1")).expect("json");
+                    p["spec"]["nodeName"] = json!("node-b");
+                    items.push(p);
+                }
+                (
+                    200,
+                    json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
+                )
+            }
+            ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => (200, pod_json()),
+            ("DELETE", "/api/v1/namespaces/ns/pods/sb") => (200, pod_json()),
+            ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
+            _ => (404, Value::Null),
+        },
+        delay,
+    )
     .await;
     let (store, cache) = reflector::store::<Pod>();
     let upkeep = LifecycleUpkeep::new(Arc::clone(&w.ctx), store);
@@ -65,6 +96,8 @@ async fn scene(owner: u8) -> Scene {
         owner: state,
         upkeep,
         cache,
+        elsewhere,
+        listed,
     }
 }
 
@@ -392,4 +425,71 @@ async fn a_renewal_without_the_key_leaves_a_gone_sandbox_to_a_turn_with_it() {
     assert!(s.w.ctx.provider.holds(KEY), "dropped without the key");
     assert!(release_requests(&s.w.sim).is_empty());
     drop(busy);
+}
+
+/// How long the apiserver takes to list the key's Pods in the tests below.
+const SLOW_LIST: Duration = Duration::from_millis(1500);
+
+/// Until the apiserver has been asked where the key's Pod runs.
+async fn until_listed(listed: &AtomicBool) {
+    within(async {
+        while !listed.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// The owner, and where its Pod runs, are asked with the key free: a
+/// resumed Pod's reconcile (which takes the key to wake its VM) does not
+/// wait behind those round trips.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_owner_is_asked_with_the_key_free() {
+    let mut s = scene_slow(ALIVE, SLOW_LIST).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    let (ctx, listed) = (Arc::clone(&s.w.ctx), Arc::clone(&s.listed));
+    let ((), took) = tokio::join!(s.turn(), async {
+        until_listed(&listed).await;
+        let asked = tokio::time::Instant::now();
+        let key = ctx.provider.lock_key(KEY).await;
+        drop(key);
+        asked.elapsed()
+    });
+    assert!(
+        took < SLOW_LIST / 2,
+        "the key was held while the owner's Pod was listed: taken after {took:?}"
+    );
+    assert!(s.w.ctx.provider.holds(KEY));
+}
+
+/// A Pod of the key that arrives here while the owner is asked: nothing is
+/// decided from those answers (they said the Sandbox now runs on another
+/// node), the claim is kept; once that Pod is gone, the next turn asks
+/// again and the same answers release it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_arriving_while_the_owner_is_asked_is_not_decided_from_the_answers() {
+    let mut s = scene_slow(ALIVE, SLOW_LIST).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    s.elsewhere.store(true, Ordering::SeqCst);
+    let pod = running_pod(&id);
+    let listed = Arc::clone(&s.listed);
+    let (upkeep, cache, beat) = (&mut s.upkeep, &mut s.cache, Beat::none());
+    tokio::join!(within(upkeep.turn(&beat)), async {
+        until_listed(&listed).await;
+        cache.apply_watcher_event(&watcher::Event::Apply(pod.clone()));
+    });
+    assert!(
+        release_requests(&s.w.sim).is_empty(),
+        "released under the Pod that arrived"
+    );
+    assert!(s.w.ctx.provider.holds(KEY));
+    s.cache
+        .apply_watcher_event(&watcher::Event::Delete(pod.clone()));
+    s.listed.store(false, Ordering::SeqCst);
+    s.turn().await;
+    assert!(s.listed.load(Ordering::SeqCst), "not asked again");
+    assert_eq!(release_requests(&s.w.sim).len(), 1, "moved, not released");
+    assert!(!s.w.ctx.provider.holds(KEY));
 }

@@ -114,6 +114,7 @@ pub async fn write_status(
         ..Default::default()
     };
     let body = guarded(patch, pod, guard);
+    let sent = std::time::Instant::now();
     let result = match pods_api(client, pod)
         .patch_status(name, &pp, &Patch::Merge(&body))
         .await
@@ -123,7 +124,12 @@ pub async fn write_status(
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Written::Conflict),
         Err(e) => Err(Error::kube(format!("write status of Pod {}", pod.key()), e)),
     };
-    metrics.pod_status_write(result.as_ref().map_or("error", |w| w.label()));
+    let outcome = result.as_ref().map_or("error", |w| w.label());
+    // The round trip as this process sees it: under a burst, set against
+    // the apiserver's own request duration it tells a slow apiserver from
+    // a slow client (docs/benchmarks.md).
+    tracing::debug!(elapsed = ?sent.elapsed(), outcome, "status write answered");
+    metrics.pod_status_write(outcome);
     result
 }
 
