@@ -493,3 +493,27 @@ async fn a_pod_arriving_while_the_owner_is_asked_is_not_decided_from_the_answers
     assert_eq!(release_requests(&s.w.sim).len(), 1, "moved, not released");
     assert!(!s.w.ctx.provider.holds(KEY));
 }
+
+/// A due renewal made without the key is made only on the row its owner
+/// was asked for: when the key's holder changed the row meanwhile, this
+/// turn renews nothing, and the next one (with the key free) does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_without_the_key_waits_for_a_turn_when_the_row_changed() {
+    let mut s = scene(ALIVE).await;
+    let id = claimed(&s.w).await;
+    s.cache(&running_pod(&id));
+    s.lease_due().await;
+    let busy = s.w.ctx.provider.lock_key(KEY).await;
+    let ctx = Arc::clone(&s.w.ctx);
+    let claim = ctx.provider.settled_claims_of(KEY).expect("the claim");
+    let ((), ()) = tokio::join!(s.turn(), async {
+        // The holder records something while the turn waits for the key
+        // (a deadline, kept to the second: a second later).
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        ctx.provider.lease_gone(KEY, &claim).await;
+    });
+    assert_eq!(s.sandboxd(&id, "renew"), 0, "renewed on a row that changed");
+    drop(busy);
+    s.turn().await;
+    assert_eq!(s.sandboxd(&id, "renew"), 1, "not renewed on the next turn");
+}
