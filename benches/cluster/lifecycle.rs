@@ -32,6 +32,11 @@ const WAKE_HIST: (&str, &str) = (
 );
 /// Reconcile start → the Running status stored.
 const STORED_HIST: &str = "vk_sandbox_claim_duration_seconds";
+/// The status writes' round trips as vk-sandbox timed them.
+const WRITE_HIST: (&str, &str) = (
+    "vk_sandbox_pod_status_write_duration_seconds",
+    "result=\"written\",",
+);
 const HIBERNATE_HIST: (&str, &str) = (
     "vk_sandbox_sandboxd_request_duration_seconds",
     "endpoint=\"hibernate\",",
@@ -54,6 +59,8 @@ pub struct LifecycleFigures {
     /// The same reconciles: start → Running status stored (the write's
     /// round trip included; seconds).
     pub stored: Split,
+    /// The same window's `pods/status` writes: sent → answered (seconds).
+    pub write: Split,
     /// Resumed Pods the Sandbox controller deleted again before they
     /// settled.
     pub redeleted: usize,
@@ -351,6 +358,7 @@ pub async fn run(env: &Env, n: usize) -> Option<LifecycleFigures> {
         bound: quantiles(bound),
         provider: Split::between(&before_resume, &after, CLAIM_HIST, ""),
         stored: Split::between(&before_resume, &after, STORED_HIST, ""),
+        write: Split::between(&before_resume, &after, WRITE_HIST.0, WRITE_HIST.1),
         redeleted,
         wake_call: Split::between(&before, &after, WAKE_HIST.0, WAKE_HIST.1),
         hibernate_call: Split::between(&before, &after, HIBERNATE_HIST.0, HIBERNATE_HIST.1),

@@ -404,6 +404,7 @@ fn render_lifecycle(s: &mut String, l: &LifecycleFigures) {
         s,
         "\nvk-sandbox's histograms: a resume's reconcile start → Running write sent p50 {}, p99 {}; \
          → Running stored (the write's round trip under the burst included) p50 {}, p99 {}; \
+         the status writes' round trips in the same window p50 {}, p99 {}; \
          its sandboxd calls: wake p50 {}, p99 {}; hibernate p50 {}, p99 {}. \
          Resumed Pods the Sandbox controller deleted again before they settled \
          (its reconcile read the Sandbox from a cache still at Suspended): {}. \
@@ -412,6 +413,8 @@ fn render_lifecycle(s: &mut String, l: &LifecycleFigures) {
         bucket_ms(l.provider.p99),
         bucket_ms(l.stored.p50),
         bucket_ms(l.stored.p99),
+        bucket_ms(l.write.p50),
+        bucket_ms(l.write.p99),
         bucket_ms(l.wake_call.p50),
         bucket_ms(l.wake_call.p99),
         bucket_ms(l.hibernate_call.p50),

@@ -75,8 +75,12 @@ impl Metrics {
 
     /// One `pods/status` write sent, by result (`written`, `conflict`,
     /// `gone`, `error`).
-    pub fn pod_status_write(&self, result: &str) {
+    /// One `pods/status` write sent and answered after `took`.
+    pub fn pod_status_write(&self, result: &str, took: Duration) {
         self.pod_status_writes.with_label_values(&[result]).inc();
+        self.pod_status_write_duration
+            .with_label_values(&[result])
+            .observe(took.as_secs_f64());
     }
 
     /// One kubelet API request answered, by route template and status.

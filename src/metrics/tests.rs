@@ -89,9 +89,9 @@ fn registries_are_independent() {
 #[test]
 fn value_reads_one_series_by_its_labels() {
     let m = Metrics::new().unwrap();
-    m.pod_status_write("written");
-    m.pod_status_write("written");
-    m.pod_status_write("conflict");
+    m.pod_status_write("written", Duration::from_millis(4));
+    m.pod_status_write("written", Duration::from_millis(4));
+    m.pod_status_write("conflict", Duration::from_millis(4));
     m.claim_written(Duration::from_millis(1), Duration::from_millis(3));
     let writes = |r: &str| m.value("vk_sandbox_pod_status_writes_total", &[("result", r)]);
     assert_eq!(writes("written"), Some(2.0));
@@ -104,6 +104,36 @@ fn value_reads_one_series_by_its_labels() {
         m.value("vk_sandbox_orphan_audit_sandboxes", &[("verdict", "stray")]),
         Some(3.0)
     );
+}
+
+#[test]
+fn a_status_writes_round_trip_lands_in_its_bucket_by_result() {
+    let m = Metrics::new().unwrap();
+    m.pod_status_write("written", Duration::from_millis(180));
+    m.pod_status_write("written", Duration::from_millis(4));
+    m.pod_status_write("gone", Duration::from_millis(80));
+    let text = m.encode().unwrap();
+    let h = "vk_sandbox_pod_status_write_duration_seconds";
+    for (needle, want) in [
+        (
+            format!("{h}_bucket{{result=\"written\",le=\"0.005\"}} "),
+            "1",
+        ),
+        (
+            format!("{h}_bucket{{result=\"written\",le=\"0.15\"}} "),
+            "1",
+        ),
+        (format!("{h}_bucket{{result=\"written\",le=\"0.2\"}} "), "2"),
+        (format!("{h}_bucket{{result=\"gone\",le=\"0.075\"}} "), "0"),
+        (format!("{h}_bucket{{result=\"gone\",le=\"0.1\"}} "), "1"),
+        (format!("{h}_count{{result=\"written\"}} "), "2"),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&needle))
+            .unwrap_or_else(|| panic!("no {needle} in:\n{text}"));
+        assert_eq!(line.trim_start_matches(&needle), want, "{line}");
+    }
 }
 
 #[test]

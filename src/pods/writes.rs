@@ -124,12 +124,15 @@ pub async fn write_status(
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Written::Conflict),
         Err(e) => Err(Error::kube(format!("write status of Pod {}", pod.key()), e)),
     };
-    let outcome = result.as_ref().map_or("error", |w| w.label());
+    let (outcome, took) = (
+        result.as_ref().map_or("error", |w| w.label()),
+        sent.elapsed(),
+    );
     // The round trip as this process sees it: under a burst, set against
-    // the apiserver's own request duration it tells a slow apiserver from
-    // a slow client (docs/benchmarks.md).
-    tracing::debug!(elapsed = ?sent.elapsed(), outcome, "status write answered");
-    metrics.pod_status_write(outcome);
+    // the apiserver's own request duration (or its audit log) it tells a
+    // slow apiserver from a slow client (docs/benchmarks.md).
+    tracing::debug!(elapsed = ?took, outcome, "status write answered");
+    metrics.pod_status_write(outcome, took);
     result
 }
 
