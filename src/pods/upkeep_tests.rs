@@ -517,3 +517,33 @@ async fn a_renewal_without_the_key_waits_for_a_turn_when_the_row_changed() {
     s.turn().await;
     assert_eq!(s.sandboxd(&id, "renew"), 1, "not renewed on the next turn");
 }
+
+/// Without the key, a turn renews and does nothing else: an owner found
+/// gone while the key is busy is acted on only once the turn holds it.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_the_key_a_gone_owner_waits_for_the_key_to_be_released() {
+    let mut s = scene(ALIVE).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    s.lease_due().await;
+    s.owner_is(GONE);
+    let ctx = Arc::clone(&s.w.ctx);
+    let busy = ctx.provider.lock_key(KEY).await;
+    let (upkeep, sim, beat) = (&mut s.upkeep, &s.w.sim, Beat::none());
+    let ((), ()) = tokio::join!(
+        async {
+            tokio::time::timeout(Duration::from_secs(10), upkeep.turn(&beat))
+                .await
+                .expect("the turn ended");
+        },
+        async {
+            // Past the 2 s a due renewal waits for the key.
+            tokio::time::sleep(Duration::from_millis(2600)).await;
+            assert!(release_requests(sim).is_empty(), "released without the key");
+            drop(busy);
+        }
+    );
+    assert_eq!(release_requests(sim).len(), 1, "not released with the key");
+    assert!(!ctx.provider.holds(KEY));
+    assert_eq!(s.sandboxd(&id, "release"), 1);
+}
