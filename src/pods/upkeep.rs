@@ -273,27 +273,34 @@ async fn look_after(
         Some(g) => g,
         None => {
             debug!("the key is busy (a slow wake?): the due lease is renewed without it");
-            match Local::read(ctx, store, key, &claim.id) {
-                Some(now) if now.same(&asked_for) => {
-                    if let Some(went) = act(ctx, key, &now, &asked, settings, why, Held::No).await {
-                        return went;
-                    }
-                }
-                Some(_) => return Went::Changed,
-                None => return Went::Through,
+            let now = match still(ctx, store, key, &asked_for) {
+                Ok(now) => now,
+                Err(went) => return went,
+            };
+            if let Some(went) = act(ctx, key, &now, &asked, settings, why, Held::No).await {
+                return went;
             }
             provider.lock_key(key).await
         }
     };
-    match Local::read(ctx, store, key, &claim.id) {
-        Some(now) if now.same(&asked_for) => act(ctx, key, &now, &asked, settings, why, Held::Yes)
+    match still(ctx, store, key, &asked_for) {
+        Ok(now) => act(ctx, key, &now, &asked, settings, why, Held::Yes)
             .await
             .unwrap_or(Went::Through),
+        Err(went) => went,
+    }
+}
+
+/// The key's row and Pod as they are now, if nothing a decision reads
+/// changed since `asked_for`; otherwise how the turn went without acting.
+fn still(ctx: &Context, store: &Store<Pod>, key: &str, asked_for: &Local) -> Result<Local, Went> {
+    match Local::read(ctx, store, key, &asked_for.claim.id) {
+        Some(now) if now.same(asked_for) => Ok(now),
         Some(_) => {
             debug!("the key changed while its owner was asked: asked again next turn");
-            Went::Changed
+            Err(Went::Changed)
         }
-        None => Went::Through,
+        None => Err(Went::Through),
     }
 }
 
