@@ -21,8 +21,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use vk_sandbox::config::TlsFiles;
 use vk_sandbox::kubelet::auth::{Authenticator, Authorizer, Decision, RequestAttributes};
+use vk_sandbox::kubelet::server::serve_on_own_thread;
 use vk_sandbox::kubelet::tls::{self, KubeletTls};
-use vk_sandbox::kubelet::{KubeletAuth, KubeletState, UserInfo, router, serve};
+use vk_sandbox::kubelet::{KubeletAuth, KubeletState, UserInfo, router};
 use vk_sandbox::metrics::Metrics;
 use vk_sandbox::pods::pod::Pod;
 
@@ -134,7 +135,13 @@ async fn start(
     let addr = listener.local_addr().expect("addr");
     let config = tls.server_config(client_roots).expect("server config");
     let stop = CancellationToken::new();
-    let task = tokio::spawn(serve(listener, config, router(state), stop.clone()));
+    // As the daemon serves it: on a thread of its own.
+    let task = tokio::spawn(serve_on_own_thread(
+        listener,
+        config,
+        router(state),
+        stop.clone(),
+    ));
     Server {
         addr,
         stop,
@@ -850,6 +857,48 @@ async fn shutdown_lets_in_flight_connections_finish_and_stops_listening() {
     let addr = server.addr;
     server.stop().await;
     // The port is closed.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+// Every request, and what it spawns, runs on the kubelet API's own thread,
+// never on the caller's runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_served_on_the_kubelet_api_thread() {
+    vk_sandbox::crypto::install_provider();
+    let name = || std::thread::current().name().unwrap_or("").to_string();
+    let app = axum::Router::new().route(
+        "/where",
+        axum::routing::get(move || async move {
+            let spawned = tokio::spawn(async move { name() })
+                .await
+                .unwrap_or_default();
+            format!("{} {spawned}", name())
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let config = self_signed_tls()
+        .server_config(None)
+        .expect("server config");
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(serve_on_own_thread(listener, config, app, stop.clone()));
+    let body = client()
+        .get(format!("https://127.0.0.1:{}/where", addr.port()))
+        .send()
+        .await
+        .expect("request")
+        .text()
+        .await
+        .expect("body");
+    assert_eq!(body, "kubelet-api kubelet-api");
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("stops in time")
+        .expect("join")
+        .expect("served");
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
 

@@ -121,7 +121,8 @@ impl KubeletApi {
             Arc::clone(&self.metrics),
             stop.clone(),
         );
-        let server = serve(self.listener, self.server_config, self.router, stop);
+        let server =
+            server::serve_on_own_thread(self.listener, self.server_config, self.router, stop);
         let ((), result) = tokio::join!(watcher, server);
         result
     }

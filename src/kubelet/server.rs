@@ -2,6 +2,11 @@
 //! auto builder for HTTP/1.1 and h2 (ALPN), one task per connection, a
 //! 30 s read-header timeout (a client that never finishes its headers cannot
 //! hold a connection), graceful shutdown.
+//!
+//! The daemon serves it on a thread of its own ([`serve_on_own_thread`]):
+//! one exec is a TLS handshake, a request, an upgrade, a relay to sandboxd
+//! and a handful of tasks passing frames; on one single-threaded runtime
+//! none of those hand-offs wakes another thread (docs/streaming.md).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kubelet::auth::{PeerIdentity, UserInfo};
 
 /// Longest a TLS handshake may take.
@@ -78,6 +83,43 @@ pub async fn serve(
     }
     tracing::info!("kubelet API stopped");
     Ok(())
+}
+
+/// [`serve`] on a thread of its own, named `kubelet-api`, with a
+/// single-threaded runtime: every task of a connection (the handshake, the
+/// request, a streaming session, its relay to sandboxd) then runs on that
+/// thread, and passing a frame between them costs no wake-up of another
+/// thread. Returns when `serve` does.
+pub async fn serve_on_own_thread(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    stop: CancellationToken,
+) -> Result<()> {
+    let listener = listener
+        .into_std()
+        .map_err(|e| Error::io("hand the kubelet API listener to its thread", e))?;
+    let span = tracing::Span::current();
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("kubelet-api".into())
+        .spawn(move || {
+            let _entered = span.enter();
+            let served = crate::runtime::build(crate::runtime::Threads::Current).and_then(|rt| {
+                rt.block_on(async move {
+                    let listener = TcpListener::from_std(listener)
+                        .map_err(|e| Error::io("register the kubelet API listener", e))?;
+                    serve(listener, tls, router, stop).await
+                })
+            });
+            let _ = done.send(served);
+        })
+        .map_err(|e| Error::io("start the kubelet API thread", e))?;
+    result.await.unwrap_or_else(|_| {
+        Err(Error::Internal(
+            "the kubelet API thread ended without a result (it panicked)".into(),
+        ))
+    })
 }
 
 async fn serve_connection(
