@@ -15,13 +15,20 @@ use kube::api::PostParams;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource};
-use tokio::sync::watch;
-use tracing::warn;
+use tokio::sync::{Semaphore, watch};
+use tracing::{Instrument, warn};
 
 use super::provider::Provider;
 use crate::health::Health;
 use crate::identity::{FIELD_MANAGER, REPORTING_CONTROLLER};
 use crate::metrics::Metrics;
+
+/// Normal Events [`Context::announce`] has waiting to be posted (in the
+/// Events' token bucket or on the wire), at most; past it, the announcing
+/// reconcile waits for one to finish: nothing is dropped, and a queue
+/// longer than this slows the Pods down instead of growing. The kubelet's
+/// recorder queues 1000 and drops the rest.
+pub const ANNOUNCING_MAX: usize = 1024;
 
 const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(180);
@@ -57,6 +64,8 @@ pub struct Context {
     /// Reconciles wait until this turns true (the Node is registered), so
     /// the Node's own writes are not queued behind every Pod's.
     gate: Option<watch::Receiver<bool>>,
+    /// One permit per Event [`Context::announce`] is posting.
+    announcing: Arc<Semaphore>,
 }
 
 impl Context {
@@ -82,6 +91,7 @@ impl Context {
             health: None,
             failures: Mutex::new(HashMap::new()),
             gate: None,
+            announcing: Arc::new(Semaphore::new(ANNOUNCING_MAX)),
         }
     }
 
@@ -111,18 +121,48 @@ impl Context {
     /// to fold repeats: nothing to fold here, and a burst of thousands of
     /// Pods is not remembered.
     pub async fn normal(&self, pod: &Pod, reason: &str, note: String) {
-        let regarding = pod.object_ref(&());
-        let ev = once_event(&regarding, &self.node, reason, note, jiff::Timestamp::now());
-        let ns = regarding.namespace.as_deref().unwrap_or("default");
-        let pp = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
+        let ev = once_event(
+            &pod.object_ref(&()),
+            &self.node,
+            reason,
+            note,
+            jiff::Timestamp::now(),
+        );
+        post(&self.client, &ev).await;
+    }
+
+    /// [`Context::normal`] without waiting for the apiserver's answer: the
+    /// Event is posted by a task of its own, as a kubelet's Events go
+    /// through a queue. A claim's or a wake's reconcile then gives its slot
+    /// back (the controller runs a bounded number at once) as soon as the
+    /// Running status is stored; under a burst an Event's round trip is
+    /// about as long as the status write's.
+    pub async fn announce(&self, pod: &Pod, reason: &'static str, note: String) {
+        let ev = once_event(
+            &pod.object_ref(&()),
+            &self.node,
+            reason,
+            note,
+            jiff::Timestamp::now(),
+        );
+        let Ok(permit) = Arc::clone(&self.announcing).acquire_owned().await else {
+            return;
         };
-        if let Err(e) = Api::<K8sEvent>::namespaced(self.client.clone(), ns)
-            .create(&pp, &ev)
-            .await
-        {
-            warn!(error = %e, reason, "event not recorded");
+        let client = self.client.clone();
+        tokio::spawn(
+            async move {
+                post(&client, &ev).await;
+                drop(permit);
+            }
+            .in_current_span(),
+        );
+    }
+
+    /// Returns once every Event [`Context::announce`] started is posted
+    /// (or failed).
+    pub async fn announced(&self) {
+        if let Ok(all) = self.announcing.acquire_many(ANNOUNCING_MAX as u32).await {
+            drop(all);
         }
     }
 
@@ -161,6 +201,22 @@ impl Context {
     pub fn prune_backoff(&self, present: impl Fn(&ObjectRef<Pod>) -> bool) {
         let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         f.retain(|obj, _| present(obj));
+    }
+}
+
+/// Create `ev`; a failure is logged, never retried (an Event is a note,
+/// not state).
+async fn post(client: &Client, ev: &K8sEvent) {
+    let ns = ev.metadata.namespace.as_deref().unwrap_or("default");
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    if let Err(e) = Api::<K8sEvent>::namespaced(client.clone(), ns)
+        .create(&pp, ev)
+        .await
+    {
+        warn!(error = %e, reason = ev.reason.as_deref().unwrap_or(""), "event not recorded");
     }
 }
 

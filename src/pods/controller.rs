@@ -44,6 +44,8 @@ const CONFLICT_RETRY: Duration = Duration::from_secs(2);
 /// sandboxd and apiserver call under its own deadline, only a hang gets
 /// there.
 const RECONCILE_BOUND: Duration = Duration::from_secs(300);
+/// How long a shutdown waits for Events still being posted.
+const EVENTS_GRACE: Duration = Duration::from_secs(2);
 
 async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
     match ctx.provider.delete(&pod).await {
@@ -153,7 +155,7 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                 metrics.claim_own(sent.saturating_sub(waited));
             }
             if let Some((why, note)) = announce {
-                ctx.normal(&pod, why, note).await;
+                ctx.announce(&pod, why, note).await;
             }
             Ok(Action::requeue(RESYNC))
         }
@@ -320,6 +322,7 @@ pub async fn run_with(
 ) {
     let store = controller.store();
     let mut side = sweeps::spawn(Arc::clone(&ctx), store, synced, periods, stop.child_token());
+    let events = Arc::clone(&ctx);
     controller
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
@@ -340,4 +343,11 @@ pub async fn run_with(
         .await;
     stop.cancel();
     while side.join_next().await.is_some() {}
+    // Events still being posted get a moment before the process ends.
+    if tokio::time::timeout(EVENTS_GRACE, events.announced())
+        .await
+        .is_err()
+    {
+        warn!("shutting down with Events not yet posted");
+    }
 }

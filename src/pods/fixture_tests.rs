@@ -24,6 +24,44 @@ async fn a_claim_is_written_once_onto_this_pod() {
     assert_eq!(id, Some(Some("p1".to_string())));
 }
 
+/// The Claimed Event is posted after the Running status, by a task of its
+/// own: the reconcile (and its slot among the controller's bounded
+/// reconciles) does not wait for the apiserver's answer to it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claims_reconcile_does_not_wait_for_its_event() {
+    let w = world_slow(
+        |s| match (s.method.as_str(), s.path()) {
+            ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => (200, pod_json()),
+            ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
+            _ => (404, Value::Null),
+        },
+        |s| {
+            if s.path().ends_with("/events") {
+                Duration::from_secs(4)
+            } else {
+                Duration::ZERO
+            }
+        },
+    )
+    .await;
+    let done = tokio::time::timeout(
+        Duration::from_secs(2),
+        reconcile(Arc::new(owned_pod("p1", "o1")), Arc::clone(&w.ctx)),
+    )
+    .await
+    .expect("the reconcile ends before its Event is answered")
+    .expect("reconcile");
+    assert_eq!(done, Action::requeue(Duration::from_secs(300)));
+    w.ctx.announced().await;
+    let seen = w.api.seen();
+    let order: Vec<_> = seen
+        .iter()
+        .filter(|s| s.method != "GET")
+        .map(|s| (s.method.as_str(), s.body["reason"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(order, [("PATCH", ""), ("POST", "Claimed")], "{seen:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_republish_onto_a_newer_version_conflicts_and_is_not_forced() {
     let conflict = status(409, "Conflict", json!({"name": "sb", "kind": "pods"}));
@@ -115,6 +153,7 @@ async fn a_write_refused_for_another_pod_is_dropped() {
     .await
     .expect("a replaced Pod is not an error");
     assert_eq!(action, Action::await_change());
+    w.ctx.announced().await;
     let events = w
         .api
         .seen()
