@@ -121,14 +121,17 @@ impl Context {
     /// to fold repeats: nothing to fold here, and a burst of thousands of
     /// Pods is not remembered.
     pub async fn normal(&self, pod: &Pod, reason: &str, note: String) {
-        let ev = once_event(
+        post(&self.client, &self.event_now(pod, reason, note)).await;
+    }
+
+    fn event_now(&self, pod: &Pod, reason: &str, note: String) -> K8sEvent {
+        once_event(
             &pod.object_ref(&()),
             &self.node,
             reason,
             note,
             jiff::Timestamp::now(),
-        );
-        post(&self.client, &ev).await;
+        )
     }
 
     /// [`Context::normal`] without waiting for the apiserver's answer: the
@@ -137,14 +140,8 @@ impl Context {
     /// back (the controller runs a bounded number at once) as soon as the
     /// Running status is stored; under a burst an Event's round trip is
     /// about as long as the status write's.
-    pub async fn announce(&self, pod: &Pod, reason: &'static str, note: String) {
-        let ev = once_event(
-            &pod.object_ref(&()),
-            &self.node,
-            reason,
-            note,
-            jiff::Timestamp::now(),
-        );
+    pub async fn announce(&self, pod: &Pod, reason: &str, note: String) {
+        let ev = self.event_now(pod, reason, note);
         let Ok(permit) = Arc::clone(&self.announcing).acquire_owned().await else {
             return;
         };
