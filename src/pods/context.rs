@@ -282,6 +282,8 @@ mod tests {
         );
         assert_eq!(ev.reporting_controller.as_deref(), Some("vk-sandbox"));
         assert_eq!(ev.reporting_instance.as_deref(), Some("node-1"));
+        assert_eq!(ev.note.as_deref(), Some("claimed sandbox sb"));
+        assert_eq!(ev.event_time, Some(MicroTime(now)));
         let regarding = ev.regarding.expect("regarding");
         assert_eq!(
             (

@@ -52,7 +52,13 @@ async fn a_claims_reconcile_does_not_wait_for_its_event() {
     .expect("the reconcile ends before its Event is answered")
     .expect("reconcile");
     assert_eq!(done, Action::requeue(Duration::from_secs(300)));
+    // `announced` waits for the answer, which comes 4 s after the POST.
+    let waited = std::time::Instant::now();
     w.ctx.announced().await;
+    assert!(
+        waited.elapsed() >= Duration::from_secs(2),
+        "announced returned before the Event was answered"
+    );
     let seen = w.api.seen();
     let order: Vec<_> = seen
         .iter()
@@ -60,6 +66,12 @@ async fn a_claims_reconcile_does_not_wait_for_its_event() {
         .map(|s| (s.method.as_str(), s.body["reason"].as_str().unwrap_or("")))
         .collect();
     assert_eq!(order, [("PATCH", ""), ("POST", "Claimed")], "{seen:#?}");
+    let posted = seen.iter().find(|s| s.method == "POST").expect("the Event");
+    assert!(
+        posted.uri.contains("fieldManager=vk-sandbox"),
+        "{}",
+        posted.uri
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
