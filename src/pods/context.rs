@@ -115,33 +115,27 @@ impl Context {
         self
     }
 
-    /// A Normal Event on the Pod (claimed, adopted, released, preserved).
-    /// Each happens once per Pod, so it is created directly rather than
-    /// through kube's `Recorder`, which remembers every Event for 6 minutes
-    /// to fold repeats: nothing to fold here, and a burst of thousands of
-    /// Pods is not remembered.
-    pub async fn normal(&self, pod: &Pod, reason: &str, note: String) {
-        post(&self.client, &self.event_now(pod, reason, note)).await;
-    }
-
-    fn event_now(&self, pod: &Pod, reason: &str, note: String) -> K8sEvent {
-        once_event(
-            &pod.object_ref(&()),
-            &self.node,
-            reason,
-            note,
-            jiff::Timestamp::now(),
-        )
-    }
-
-    /// [`Context::normal`] without waiting for the apiserver's answer: the
-    /// Event is posted by a task of its own, as a kubelet's Events go
-    /// through a queue. A claim's or a wake's reconcile then gives its slot
-    /// back (the controller runs a bounded number at once) as soon as the
-    /// Running status is stored; under a burst an Event's round trip is
-    /// about as long as the status write's.
+    /// A Normal Event on the Pod (claimed, adopted, woken, released,
+    /// preserved), posted without waiting: see [`Context::announce_about`].
     pub async fn announce(&self, pod: &Pod, reason: &str, note: String) {
-        let ev = self.event_now(pod, reason, note);
+        self.announce_about(&pod.object_ref(&()), reason, note)
+            .await;
+    }
+
+    /// A Normal Event about `regarding` (a Pod, or a Sandbox whose Pod is
+    /// gone), posted by a task of its own, as a kubelet's Events go through
+    /// a queue: a reconcile gives its slot back (the controller runs a
+    /// bounded number at once) as soon as its own work is stored, and an
+    /// upkeep turn goes on; under a burst an Event's round trip is about as
+    /// long as a status write's. At most `ANNOUNCING_MAX` wait; beyond, the
+    /// caller waits for a place (nothing is dropped).
+    ///
+    /// Each of these happens once per Pod, so it is created directly rather
+    /// than through kube's `Recorder`, which remembers every Event for 6
+    /// minutes to fold repeats: nothing to fold here, and a burst of
+    /// thousands of Pods is not remembered.
+    pub async fn announce_about(&self, regarding: &ObjectReference, reason: &str, note: String) {
+        let ev = once_event(regarding, &self.node, reason, note, jiff::Timestamp::now());
         let Ok(permit) = Arc::clone(&self.announcing).acquire_owned().await else {
             return;
         };

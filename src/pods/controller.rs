@@ -53,11 +53,11 @@ async fn delete_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             match &outcome {
                 Deleted::Preserved { id, reason: why } => {
                     let note = format!("sandbox {id} preserved for the next Pod: {why}");
-                    ctx.normal(&pod, reason::PRESERVED, note).await
+                    ctx.announce(&pod, reason::PRESERVED, note).await
                 }
                 Deleted::Released { id, reason: why } => {
                     let note = format!("sandbox {id} released: {why}");
-                    ctx.normal(&pod, reason::RELEASED, note).await
+                    ctx.announce(&pod, reason::RELEASED, note).await
                 }
                 Deleted::LeftToExpire { id, reason: why } => {
                     let note = format!(

@@ -207,6 +207,56 @@ async fn deletion_with_the_owner_alive_preserves() {
     assert_eq!(del.body["preconditions"]["uid"], "p1");
 }
 
+/// A deletion's `SandboxReleased` Event is posted by a task of its own:
+/// the reconcile deletes the Pod and ends without waiting for the
+/// apiserver's answer to the Event.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deletes_reconcile_does_not_wait_for_its_event() {
+    let gone = status(404, "NotFound", json!({"name": "sb", "kind": "sandboxes"}));
+    let w = world_slow(
+        move |s| match (s.method.as_str(), s.path()) {
+            ("GET", "/apis/agents.x-k8s.io/v1beta1") => sandbox_discovery(),
+            ("GET", "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes/sb") => gone.clone(),
+            ("PATCH", "/api/v1/namespaces/ns/pods/sb/status") => (200, pod_json()),
+            ("DELETE", "/api/v1/namespaces/ns/pods/sb") => (200, pod_json()),
+            ("POST", p) if p.ends_with("/events") => (201, s.body.clone()),
+            _ => (404, Value::Null),
+        },
+        |s| {
+            if s.body["reason"] == "SandboxReleased" {
+                Duration::from_secs(4)
+            } else {
+                Duration::ZERO
+            }
+        },
+    )
+    .await;
+    let id = claimed(&w).await;
+    let done = tokio::time::timeout(
+        Duration::from_secs(2),
+        reconcile(Arc::new(deleting(running_pod(&id), 30)), Arc::clone(&w.ctx)),
+    )
+    .await
+    .expect("the reconcile ends before its Event is answered")
+    .expect("delete");
+    assert_eq!(done, Action::await_change());
+    assert!(!w.ctx.provider.holds("ns/sb"), "released");
+    let waited = std::time::Instant::now();
+    w.ctx.announced().await;
+    assert!(
+        waited.elapsed() >= Duration::from_secs(1),
+        "announced returned before the Event was answered"
+    );
+    let seen = w.api.seen();
+    let released: Vec<_> = seen
+        .iter()
+        .filter(|s| s.method == "POST" && s.body["reason"] == "SandboxReleased")
+        .collect();
+    assert_eq!(released.len(), 1, "{seen:#?}");
+    assert_eq!(released[0].body["regarding"]["name"], "sb");
+    assert!(seen.iter().any(|s| s.method == "DELETE"), "{seen:#?}");
+}
+
 /// Pod deletion with the owner gone (404 naming it): released with the
 /// claim's own token.
 #[tokio::test(flavor = "multi_thread")]

@@ -50,7 +50,9 @@ impl ApiServer {
     }
 
     /// [`ApiServer::new`] answering each request after `delay(request)`.
-    /// Requests are answered one at a time, as they come.
+    /// Requests are recorded in the order they come and answered
+    /// concurrently, as an apiserver does: a slow answer holds up only its
+    /// own request.
     pub fn slow(
         answer: impl Fn(&Seen) -> Answer + Send + Sync + 'static,
         delay: impl Fn(&Seen) -> Duration + Send + Sync + 'static,
@@ -77,9 +79,6 @@ impl ApiServer {
                 let (status, reply) = answer(&seen);
                 let wait = delay(&seen);
                 log.lock().expect("log").push(seen);
-                if !wait.is_zero() {
-                    tokio::time::sleep(wait).await;
-                }
                 let (body, content_type) = if reply.is_null() {
                     (b"404 page not found\n".to_vec(), "text/plain")
                 } else {
@@ -93,7 +92,14 @@ impl ApiServer {
                     .header("content-type", content_type)
                     .body(Body::from(body))
                     .expect("response");
-                send.send_response(resp);
+                if wait.is_zero() {
+                    send.send_response(resp);
+                } else {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        send.send_response(resp);
+                    });
+                }
             }
         });
         ApiServer {

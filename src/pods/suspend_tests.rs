@@ -40,8 +40,11 @@ fn sim_hibernated(w: &World, id: &str) -> bool {
         .any(|c| c.id == id && c.hibernated)
 }
 
-/// The Events with `reason` the scripted apiserver was sent.
-fn posted(w: &World, reason: &str) -> Vec<Seen> {
+/// The Events with `reason` the scripted apiserver was sent, once every
+/// Event announced so far is posted (Normal ones go out in tasks of their
+/// own).
+async fn posted(w: &World, reason: &str) -> Vec<Seen> {
+    w.ctx.announced().await;
     w.api
         .seen()
         .into_iter()
@@ -50,8 +53,8 @@ fn posted(w: &World, reason: &str) -> Vec<Seen> {
         .collect()
 }
 
-fn events(w: &World, reason: &str) -> usize {
-    posted(w, reason).len()
+async fn events(w: &World, reason: &str) -> usize {
+    posted(w, reason).await.len()
 }
 
 /// Claimed under a suspended owner, the Pod deleted, then reconciled once
@@ -94,7 +97,7 @@ async fn a_refused_hibernate_is_asked_once_also_when_the_delete_is_reconciled_ag
     assert!(claim.lifecycle.hibernate_refused);
     assert_eq!(claim.lifecycle.vm, VmState::Running);
     assert!(!sim_hibernated(&w, &id), "the VM keeps running");
-    let warned = posted(&w, "SandboxHibernateFailed");
+    let warned = posted(&w, "SandboxHibernateFailed").await;
     assert_eq!(warned.len(), 1, "one Warning says so");
     assert_eq!(warned[0].body["type"], "Warning");
     assert_eq!(warned[0].body["action"], "HibernateRefused");
@@ -113,7 +116,7 @@ async fn a_hibernate_done_is_not_repeated_when_the_delete_is_reconciled_again() 
         recorded(&w).lifecycle.vm,
         VmState::Hibernated { .. }
     ));
-    assert_eq!(events(&w, "SandboxHibernated"), 1, "announced twice");
+    assert_eq!(events(&w, "SandboxHibernated").await, 1, "announced twice");
     within(upkeep_turn(&w.ctx, &[])).await;
     assert_eq!(hibernates(&w, &id), 1, "the upkeep hibernated it again");
     assert!(release_requests(&w.sim).is_empty());
@@ -138,7 +141,7 @@ async fn a_failed_hibernate_is_left_pending_to_the_upkeep() {
     assert_eq!(hibernates(&w, &id), 2, "the upkeep retries it");
     assert!(sim_hibernated(&w, &id));
     // Announced about the Sandbox: its Pod is gone.
-    let done = posted(&w, "SandboxHibernated");
+    let done = posted(&w, "SandboxHibernated").await;
     assert_eq!(done.len(), 1, "{done:#?}");
     assert!(
         done[0].uri.contains("fieldManager=vk-sandbox"),

@@ -16,13 +16,12 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
-use kube::api::PostParams;
 use kube::runtime::events::{Event, EventType};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::authority::owner_of;
 use super::authority::{self, OwnerLookup};
-use super::context::{Context, once_event};
+use super::context::Context;
 use super::lifecycle::decide::{
     OwnerState, Settings, Turn as Facts, Upkeep, Whereabouts, owner_state, upkeep,
 };
@@ -35,7 +34,6 @@ use super::provider::view;
 use super::status;
 use super::writes::{self, Guard};
 use crate::claims::{Claim, OwnerRef, VmState};
-use crate::identity::FIELD_MANAGER;
 use crate::periodic::{Beat, Next, Turn};
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -474,23 +472,10 @@ fn regarding(key: &str, owner: Option<&OwnerRef>, pod: Option<&Pod>) -> Option<O
     })
 }
 
-/// A Normal Event (created directly: each happens once).
+/// A Normal Event, posted without waiting (`Context::announce_about`).
 pub async fn normal(ctx: &Context, regarding: Option<ObjectReference>, reason: &str, note: String) {
-    let Some(regarding) = regarding else {
-        return;
-    };
-    let ev = once_event(&regarding, &ctx.node, reason, note, Timestamp::now());
-    let ns = regarding.namespace.as_deref().unwrap_or("default");
-    let pp = PostParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    };
-    if let Err(e) =
-        kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(ctx.client.clone(), ns)
-            .create(&pp, &ev)
-            .await
-    {
-        warn!(error = %e, reason, "event not recorded");
+    if let Some(regarding) = regarding {
+        ctx.announce_about(&regarding, reason, note).await;
     }
 }
 
