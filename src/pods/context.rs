@@ -162,6 +162,19 @@ impl Context {
     /// `action` says what was being done (the precise cause, when `reason`
     /// is virtual-kubelet's generic one).
     pub async fn warning(&self, pod: &Pod, reason: &str, action: &str, note: String) {
+        self.warning_about(&pod.object_ref(&()), reason, action, note)
+            .await;
+    }
+
+    /// [`Context::warning`] about `regarding` (a Pod, or a Sandbox whose
+    /// Pod is gone).
+    pub async fn warning_about(
+        &self,
+        regarding: &ObjectReference,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_: EventType::Warning,
             reason: reason.into(),
@@ -169,7 +182,7 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &pod.object_ref(&())).await {
+        if let Err(e) = self.recorder.publish(&ev, regarding).await {
             warn!(error = %e, reason, "event not recorded");
         }
     }

@@ -5,7 +5,6 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::runtime::events::{Event, EventType};
 use tracing::{info, warn};
 
 use super::{Held, Went};
@@ -59,18 +58,8 @@ async fn warning(
     action: &str,
     note: String,
 ) {
-    let Some(regarding) = regarding else {
-        return;
-    };
-    let ev = Event {
-        type_: EventType::Warning,
-        reason: reason.into(),
-        note: Some(note),
-        action: action.into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&ev, &regarding).await {
-        warn!(error = %e, reason, "event not recorded");
+    if let Some(regarding) = regarding {
+        ctx.warning_about(&regarding, reason, action, note).await;
     }
 }
 
