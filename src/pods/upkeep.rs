@@ -32,9 +32,11 @@ use crate::periodic::{Beat, Next, Turn};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 mod acts;
+mod turn;
 
 pub use acts::report_hibernation;
 use acts::{hibernate, regarding, release, renew};
+use turn::{Held, Went};
 
 /// The loop's period.
 pub const PERIOD: Duration = Duration::from_secs(2);
@@ -56,18 +58,6 @@ struct Slot {
     recheck_at: Option<Timestamp>,
     retry_at: Option<Timestamp>,
     failures: u32,
-}
-
-/// How a claim's turn went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Went {
-    /// Done (or nothing to do): look again at its cadence.
-    Through,
-    /// Could not decide or act: back off.
-    Failed,
-    /// The key's row or Pod changed while its owner was asked: nothing was
-    /// decided from the answers; look again on the next turn.
-    Changed,
 }
 
 /// The upkeep loop's state: the context and each claim's schedule, by
@@ -213,15 +203,6 @@ impl Turn for LifecycleUpkeep {
         }
         Next::Period
     }
-}
-
-/// Whether a turn holds its key's lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Held {
-    Yes,
-    /// The key stayed busy past [`RENEWAL_LOCK_WAIT`]: a due lease is
-    /// renewed anyway; anything else waits for the key.
-    No,
 }
 
 /// How long a due renewal waits for its key before it goes on without it.

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 use tracing::{info, warn};
 
-use super::{Held, Went};
+use super::turn::{Held, Went};
 use crate::claims::{Claim, OwnerRef};
 use crate::pods::context::Context;
 use crate::pods::lifecycle::reason;
