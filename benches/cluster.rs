@@ -69,6 +69,10 @@ mod lease;
 #[path = "cluster/stream.rs"]
 mod stream;
 
+/// The stream part's floor: a kubelet API that does nothing, in a child.
+#[path = "cluster/null_kubelet.rs"]
+mod null_kubelet;
+
 /// `BENCH_ONLY=lifecycle`: suspend → hibernated, resume → Running.
 #[path = "cluster/lifecycle.rs"]
 mod lifecycle;
@@ -1677,6 +1681,10 @@ async fn run() -> Report {
 }
 
 fn main() {
+    if std::env::var_os(null_kubelet::MODE_VAR).is_some() {
+        null_kubelet::serve();
+        return;
+    }
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!("benches/cluster: skipped (run it with `make bench`)");
         return;

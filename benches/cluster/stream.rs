@@ -6,7 +6,10 @@
 //! vk-sandbox drives it, in this process; vk-sandbox's kubelet API over
 //! WebSocket v5 (TLS, token auth, the relay); the same through the
 //! apiserver; and `kubectl exec`. vk-sandbox's addition is the kubelet API
-//! figure minus the relay's.
+//! figure minus the relay's. A kubelet API that does nothing
+//! ([`super::null_kubelet`]), timed the same way between them, is the
+//! floor of that addition on this machine: the new connection an exec
+//! opens and its upgrade, which any kubelet API pays.
 //!
 //! Port-forward throughput, one way into a guest service that counts what
 //! it reads: sandboxd's `/ports` relay alone; vk-sandbox's kubelet API over
@@ -53,6 +56,12 @@ impl StreamFigures {
         Some(self.p50(KUBELET_WS)? - self.p50(AGENT)?)
     }
 
+    /// The null kubelet API's p50 (ms): a new connection's set-up, an
+    /// upgrade and a status between two processes on this machine.
+    pub fn exec_floor_ms(&self) -> Option<f64> {
+        self.p50(NULL_WS)
+    }
+
     fn rate(&self, label: &str) -> Option<f64> {
         self.throughput
             .iter()
@@ -73,6 +82,8 @@ impl StreamFigures {
 pub const EXEC_DIRECT: &str = "sandboxd POST /exec alone";
 pub const AGENT: &str = "sandboxd /agent relay (exec frames, as vk-sandbox drives it)";
 pub const KUBELET_WS: &str = "vk-sandbox kubelet API, WebSocket v5 (TLS, token)";
+pub const NULL_WS: &str =
+    "a kubelet API that does nothing, another process (TLS, WebSocket v5, a status): the floor";
 pub const APISERVER_WS: &str = "apiserver → vk-sandbox, WebSocket v5";
 pub const KUBECTL_EXEC: &str = "kubectl exec (process start included)";
 pub const RELAY: &str = "sandboxd /ports relay alone";
@@ -416,6 +427,8 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
         t.elapsed().as_secs_f64() * 1000.0
     };
     let kubelet_tls = any_cert();
+    let null = super::null_kubelet::start().await;
+    let null_path = "/exec/ns/p/agent?command=true&output=1&error=1";
     let admin = admin_tls(&env.cluster.kubeconfig).await;
     let api_port: u16 = env
         .cluster
@@ -439,6 +452,7 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
 
     // Warm-up, then n of each, interleaved so that load drifts hit all.
     let _ = (direct().await, agent().await);
+    let _ = ws_exec(kubelet_tls.clone(), null.port, null_path, None).await;
     let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut kubelet_phases = Vec::new();
     for _ in 0..n {
@@ -447,6 +461,11 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
         let ph = ws_exec(kubelet_tls.clone(), kubelet, &exec_path, Some(&bearer)).await;
         samples.entry(KUBELET_WS).or_default().push(ph.closed);
         kubelet_phases.push(ph);
+        samples.entry(NULL_WS).or_default().push(
+            ws_exec(kubelet_tls.clone(), null.port, null_path, None)
+                .await
+                .closed,
+        );
         samples.entry(APISERVER_WS).or_default().push(
             ws_exec(admin.clone(), api_port, &api_path, None)
                 .await
@@ -459,15 +478,23 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
             .or_default()
             .push(timed_kubectl(&kubeconfig, &["-n", &ns_s, "exec", "p", "--", "true"]).await);
     }
-    let exec = [EXEC_DIRECT, AGENT, KUBELET_WS, APISERVER_WS, KUBECTL_EXEC]
-        .iter()
-        .map(|l| {
-            (
-                l.to_string(),
-                quantiles(samples.remove(l).unwrap_or_default()),
-            )
-        })
-        .collect();
+    drop(null);
+    let exec = [
+        EXEC_DIRECT,
+        AGENT,
+        KUBELET_WS,
+        NULL_WS,
+        APISERVER_WS,
+        KUBECTL_EXEC,
+    ]
+    .iter()
+    .map(|l| {
+        (
+            l.to_string(),
+            quantiles(samples.remove(l).unwrap_or_default()),
+        )
+    })
+    .collect();
     let phases = phase_quantiles(&kubelet_phases);
     let resumed = kubelet_phases.iter().filter(|p| p.resumed).count();
 
