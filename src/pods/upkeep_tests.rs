@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
-use sandboxd_sim::{Endpoint, Fault};
+use sandboxd_sim::{ClaimPatch, Endpoint, Fault};
 use serde_json::{Value, json};
 
 use super::controller::reconcile;
 use super::fixtures::*;
 use super::pod::Pod;
 use super::upkeep::LifecycleUpkeep;
+use crate::claims::VmState;
 use crate::periodic::{Beat, Turn};
 
 const ALIVE: u8 = 0;
@@ -406,24 +407,114 @@ async fn a_due_renewal_does_not_wait_for_a_busy_key() {
     drop(busy);
 }
 
+/// A hibernated claim (no Pod here) whose lease is due.
+async fn hibernated_and_due() -> (Scene, String) {
+    let s = scene(SUSPENDED).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    s.lease_due().await;
+    (s, id)
+}
+
+/// [`hibernated_and_due`], and sandboxd no longer has the sandbox: its
+/// renewal is answered 404.
+async fn gone_and_due() -> (Scene, String) {
+    let (s, id) = hibernated_and_due().await;
+    s.w.sim
+        .sim()
+        .arm_fault(Fault::status(Endpoint::Renew, 404).times(1))
+        .expect("arm");
+    (s, id)
+}
+
 /// Without the key, a renewal that finds the sandbox gone does nothing
 /// about it (a release may be under way): the claim is kept, and looked
 /// at with the key on a later turn.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_renewal_without_the_key_leaves_a_gone_sandbox_to_a_turn_with_it() {
-    let mut s = scene(SUSPENDED).await;
-    let id = claimed(&s.w).await;
-    s.pod_deleted(&id).await;
-    s.lease_due().await;
-    s.w.sim
-        .sim()
-        .arm_fault(Fault::status(Endpoint::Renew, 404).times(1))
-        .expect("arm");
+    let (mut s, id) = gone_and_due().await;
     let busy = s.w.ctx.provider.lock_key(KEY).await;
     s.turn().await;
     assert_eq!(s.sandboxd(&id, "renew"), 1);
     assert!(s.w.ctx.provider.holds(KEY), "dropped without the key");
     assert!(release_requests(&s.w.sim).is_empty());
+    drop(busy);
+}
+
+/// With the key, a renewal that finds the sandbox gone from sandboxd (no
+/// Pod here) drops the claim and says so on the owner: nothing is left
+/// to renew or wake, and the owner's next Pod gets a fresh sandbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_with_the_key_drops_a_gone_sandbox_and_says_so() {
+    let (mut s, id) = gone_and_due().await;
+    s.turn().await;
+    assert_eq!(s.sandboxd(&id, "renew"), 1);
+    assert!(!s.w.ctx.provider.holds(KEY), "a gone sandbox still held");
+    within(async {
+        while !s
+            .w
+            .api
+            .seen()
+            .iter()
+            .any(|e| e.method == "POST" && e.body["reason"] == "SandboxLost")
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// [`hibernated_and_due`], and sandboxd has archived the sandbox: its
+/// renewal is refused with 409.
+async fn archived_and_due() -> (Scene, String) {
+    let (s, id) = hibernated_and_due().await;
+    s.w.sim
+        .sim()
+        .patch_claim(
+            &id,
+            ClaimPatch {
+                archived: Some(true),
+                ..Default::default()
+            },
+        )
+        .expect("archive");
+    (s, id)
+}
+
+fn vm(s: &Scene) -> VmState {
+    s.w.ctx
+        .provider
+        .settled_claims_of(KEY)
+        .expect("the claim kept")
+        .lifecycle
+        .vm
+}
+
+/// With the key, a renewal refused because sandboxd archived the sandbox
+/// (its single read says so) records it archived: not renewable until a
+/// wake gives it a fresh lease. Without the key the same refusal records
+/// nothing (the row may be changing under it).
+#[tokio::test(flavor = "multi_thread")]
+async fn only_a_renewal_with_the_key_records_an_archived_sandbox() {
+    let (mut s, id) = archived_and_due().await;
+    s.turn().await;
+    assert_eq!(s.sandboxd(&id, "renew"), 1);
+    assert!(
+        matches!(vm(&s), VmState::Archived { .. }),
+        "not recorded: {:?}",
+        vm(&s)
+    );
+    assert!(release_requests(&s.w.sim).is_empty());
+
+    let (mut s, id) = archived_and_due().await;
+    let busy = s.w.ctx.provider.lock_key(KEY).await;
+    s.turn().await;
+    assert_eq!(s.sandboxd(&id, "renew"), 1);
+    assert!(
+        !matches!(vm(&s), VmState::Archived { .. }),
+        "recorded without the key: {:?}",
+        vm(&s)
+    );
     drop(busy);
 }
 
