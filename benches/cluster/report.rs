@@ -441,18 +441,19 @@ fn render_stream(s: &mut String, st: &StreamFigures) {
             q.p50, q.p90, q.p99, q.max
         );
     }
-    let _ = writeln!(
+    step_rows(
         s,
-        "\n| vk-sandbox kubelet API exec, by step ({} of {} TLS sessions resumed) | p50 | p90 | p99 | max |\n|---|---|---|---|---|",
-        st.resumed.0, st.resumed.1
+        &format!(
+            "vk-sandbox kubelet API exec, by step ({} of {} TLS sessions resumed)",
+            st.resumed.0, st.resumed.1
+        ),
+        &st.phases,
     );
-    for (label, q) in &st.phases {
-        let _ = writeln!(
-            s,
-            "| {label} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
-            q.p50, q.p90, q.p99, q.max
-        );
-    }
+    step_rows(
+        s,
+        "the null kubelet API (the floor), by the same steps",
+        &st.null_phases,
+    );
     let _ = writeln!(
         s,
         "\n| port-forward, {} MiB one way (best of 3) | MiB/s |\n|---|---|",
@@ -535,6 +536,21 @@ fn lease_max(rs: &[BurstResult]) -> Option<f64> {
     rs.iter()
         .flat_map(|b| b.lease_ms.iter().copied())
         .reduce(f64::max)
+}
+
+/// A table of an exec's steps, each with its quantiles.
+fn step_rows(s: &mut String, title: &str, steps: &[(&str, Quantiles)]) {
+    let _ = writeln!(
+        s,
+        "\n| {title} | p50 | p90 | p99 | max |\n|---|---|---|---|---|"
+    );
+    for (label, q) in steps {
+        let _ = writeln!(
+            s,
+            "| {label} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+            q.p50, q.p90, q.p99, q.max
+        );
+    }
 }
 
 /// Whether `v` is within `factor` of `base` (or below it).

@@ -36,6 +36,8 @@ pub struct StreamFigures {
     pub exec: Vec<(String, Quantiles)>,
     /// The kubelet API's round trip by step (ms each step took).
     pub phases: Vec<(&'static str, Quantiles)>,
+    /// The null kubelet API's round trip by the same steps.
+    pub null_phases: Vec<(&'static str, Quantiles)>,
     /// Of the kubelet API's round trips, how many resumed a TLS session.
     pub resumed: (usize, usize),
     /// Port-forward throughput (MiB/s), by path, and the bytes moved.
@@ -455,17 +457,16 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
     let _ = ws_exec(kubelet_tls.clone(), null.port, null_path, None).await;
     let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut kubelet_phases = Vec::new();
+    let mut null_phases = Vec::new();
     for _ in 0..n {
         samples.entry(EXEC_DIRECT).or_default().push(direct().await);
         samples.entry(AGENT).or_default().push(agent().await);
         let ph = ws_exec(kubelet_tls.clone(), kubelet, &exec_path, Some(&bearer)).await;
         samples.entry(KUBELET_WS).or_default().push(ph.closed);
         kubelet_phases.push(ph);
-        samples.entry(NULL_WS).or_default().push(
-            ws_exec(kubelet_tls.clone(), null.port, null_path, None)
-                .await
-                .closed,
-        );
+        let ph = ws_exec(kubelet_tls.clone(), null.port, null_path, None).await;
+        samples.entry(NULL_WS).or_default().push(ph.closed);
+        null_phases.push(ph);
         samples.entry(APISERVER_WS).or_default().push(
             ws_exec(admin.clone(), api_port, &api_path, None)
                 .await
@@ -496,6 +497,7 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
     })
     .collect();
     let phases = phase_quantiles(&kubelet_phases);
+    let null_phases = phase_quantiles(&null_phases);
     let resumed = kubelet_phases.iter().filter(|p| p.resumed).count();
 
     let throughput = if mib > 0 {
@@ -510,6 +512,7 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
     StreamFigures {
         exec,
         phases,
+        null_phases,
         resumed: (resumed, kubelet_phases.len()),
         throughput,
         mib,
