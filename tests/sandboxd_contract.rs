@@ -157,6 +157,178 @@ async fn refused(h: &SimHandle) -> bool {
 }
 
 // ---------------------------------------------------------------------------
+// GET /metrics
+// ---------------------------------------------------------------------------
+
+/// `GET /metrics` with this bearer: status, content type, body.
+async fn scrape(h: &SimHandle, token: Option<&str>) -> (u16, String, String) {
+    let mut r = reqwest::Client::new().get(format!("{}/metrics", h.base_url()));
+    if let Some(t) = token {
+        r = r.bearer_auth(t);
+    }
+    let resp = r.send().await.expect("GET /metrics");
+    let status = resp.status().as_u16();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().expect("ascii").to_string())
+        .unwrap_or_default();
+    (status, ct, resp.text().await.expect("body"))
+}
+
+/// `name{labels}` → value, from the text format (comments skipped; every
+/// sample line must parse).
+fn samples(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap_or_else(|| panic!("sample {l:?}"));
+            (
+                k.to_string(),
+                v.parse().unwrap_or_else(|_| panic!("value {l:?}")),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn metrics_are_root_only_prometheus_text_with_the_contracts_families() {
+    let mut c = cfg();
+    c.pools.push(PoolConfig {
+        golden: true,
+        ..pool("golden:1", 0)
+    });
+    c.tenants = vec![TenantConfig {
+        name: "acme".into(),
+        token: "tenant-tok".into(),
+        max_claims: 0,
+    }];
+    c.hibernate_delay_ms = 0;
+    c.wake_delay_ms = 5;
+    c.archive_after_seconds = 60;
+    let h = sim(c).await;
+    let root = client(&h);
+    let tenant = client_with(&h, Some("tenant-tok"), Duration::from_secs(5));
+
+    let (status, _, _) = scrape(&h, None).await;
+    assert_eq!(status, 401);
+    let (status, _, _) = scrape(&h, Some("tenant-tok")).await;
+    assert_eq!(status, 403, "a tenant is not the operator");
+
+    // warm: the pool's; golden: a miss cloned from the snapshot; cold: no pool.
+    let warm = root.claim(&req("ns/warm")).await.expect("warm claim");
+    let golden = ClaimRequest {
+        template: "golden:1".into(),
+        ..req("ns/golden")
+    };
+    root.claim(&golden).await.expect("golden claim");
+    let cold = ClaimRequest {
+        template: "cold:1".into(),
+        ..req("ns/cold")
+    };
+    let cold = root.claim(&cold).await.expect("cold claim");
+    let by_tenant = tenant.claim(&req("ns/tenant")).await.expect("tenant claim");
+    // A hibernate and a wake; a release; a reap.
+    root.hibernate(&warm.id, vk_sandbox::sandboxd::SandboxAuth::Node)
+        .await
+        .expect("hibernate");
+    root.wake(&warm.id, vk_sandbox::sandboxd::SandboxAuth::Node)
+        .await
+        .expect("wake");
+    root.release(&cold.id, &cold.token).await.expect("release");
+    let patch = |id: &str, p: serde_json::Value| {
+        h.patch_claim(id, serde_json::from_value(p).expect("patch"))
+            .expect("patch claim")
+    };
+    patch(
+        &by_tenant.id,
+        serde_json::json!({"deadline_in_seconds": -1}),
+    );
+    assert_eq!(h.reap(), vec![by_tenant.id.clone()]);
+    // Archived by the idle sweep, woken from the archive, archived again
+    // and deleted at the end of its retention.
+    patch(
+        &warm.id,
+        serde_json::json!({"hibernated": true, "idle_seconds": 120}),
+    );
+    assert_eq!(h.sweep(), vec![warm.id.clone()]);
+    root.wake(&warm.id, vk_sandbox::sandboxd::SandboxAuth::Node)
+        .await
+        .expect("wake from the archive");
+    patch(
+        &warm.id,
+        serde_json::json!({"hibernated": true, "idle_seconds": 120}),
+    );
+    assert_eq!(h.sweep(), vec![warm.id.clone()]);
+    patch(&warm.id, serde_json::json!({"deadline_in_seconds": -1}));
+    assert_eq!(h.reap(), vec![warm.id.clone()]);
+
+    let (status, ct, text) = scrape(&h, Some(ROOT)).await;
+    assert_eq!((status, ct.as_str()), (200, "text/plain; version=0.0.4"));
+    let m = samples(&text);
+    let want = [
+        ("sandboxd_claimed", 1.0),
+        ("sandboxd_hibernated", 0.0),
+        ("sandboxd_archived", 0.0),
+        ("sandboxd_failed", 0.0),
+        ("sandboxd_draining", 0.0),
+        ("sandboxd_tenant_claims{tenant=\"acme\"}", 0.0),
+        ("sandboxd_claims_total{tier=\"warm\"}", 2.0),
+        ("sandboxd_claims_total{tier=\"golden\"}", 1.0),
+        ("sandboxd_claims_total{tier=\"cold\"}", 1.0),
+        ("sandboxd_wakes_total", 2.0),
+        ("sandboxd_hibernates_total", 1.0),
+        ("sandboxd_releases_total", 1.0),
+        ("sandboxd_reaps_total", 1.0),
+        ("sandboxd_archives_total", 2.0),
+        ("sandboxd_unarchives_total", 1.0),
+        ("sandboxd_archive_deletes_total", 1.0),
+        ("sandboxd_forks_total", 0.0),
+        ("sandboxd_checkpoints_total", 0.0),
+        ("sandboxd_promotes_total", 0.0),
+        (
+            "sandboxd_pool_target{template=\"base:24.04\",net=\"none\",size=\"small\"}",
+            4.0,
+        ),
+        (
+            "sandboxd_pool_target{template=\"golden:1\",net=\"none\",size=\"small\"}",
+            0.0,
+        ),
+    ];
+    for (name, value) in want {
+        assert_eq!(m.get(name), Some(&value), "{name} in\n{text}");
+    }
+    assert!(
+        m.contains_key("sandboxd_pool_warm{template=\"base:24.04\",net=\"none\",size=\"small\"}"),
+        "{text}"
+    );
+    // Two wakes of at least 5 ms each; four claims, one provisioned for 20 ms.
+    assert!(m["sandboxd_wake_seconds_total"] >= 0.010, "{text}");
+    assert!(m["sandboxd_claim_seconds_total"] >= 0.020, "{text}");
+    for family in ["claimed", "claims_total", "wake_seconds_total", "pool_warm"] {
+        let kind = if family.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        assert!(
+            text.contains(&format!("# TYPE sandboxd_{family} {kind}\n")),
+            "{family}: {text}"
+        );
+    }
+    // A tenant's live claim is counted under its name; draining shows.
+    tenant
+        .claim(&req("ns/tenant2"))
+        .await
+        .expect("tenant claim");
+    h.patch_config(serde_json::from_value(serde_json::json!({"draining": true})).expect("patch"));
+    let m = samples(&scrape(&h, Some(ROOT)).await.2);
+    assert_eq!(m["sandboxd_tenant_claims{tenant=\"acme\"}"], 1.0);
+    assert_eq!(m["sandboxd_draining"], 1.0);
+    assert_eq!(m["sandboxd_claimed"], 2.0);
+}
+
+// ---------------------------------------------------------------------------
 // POST /v1/claim
 // ---------------------------------------------------------------------------
 

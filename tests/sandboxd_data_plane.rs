@@ -859,3 +859,371 @@ async fn owner_probe_answers_for_the_token_and_leaves_a_paused_sandbox_paused() 
     );
     let _ = SandboxAuth::Node;
 }
+
+// ---------------------------------------------------------------------------
+// The guest network and the VM's processes
+// ---------------------------------------------------------------------------
+
+/// A process's state letter from `/proc/PID/stat` (`None`: no such
+/// process).
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// Alive: exists and is neither a zombie nor dead.
+fn alive(pid: u32) -> bool {
+    proc_state(pid).is_some_and(|s| !matches!(s, 'Z' | 'X'))
+}
+
+/// Processes (alive) in the network namespace the simulator names `path`.
+fn processes_in(path: &str) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && alive(pid))
+        .filter(|pid| {
+            std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .is_ok_and(|m| m.dev() == ns.dev() && m.ino() == ns.ino())
+        })
+        .collect()
+}
+
+/// The simulator makes a namespace per VM here, or the test says why it
+/// skips.
+fn namespaces_or_skip(h: &SimHandle) -> bool {
+    match h.guests().network() {
+        sandboxd_sim::GuestNetwork::Namespaces => true,
+        other => {
+            eprintln!("SKIPPED: no network namespaces here: {}", other.describe());
+            false
+        }
+    }
+}
+
+fn busybox_or_skip() -> bool {
+    let found = std::process::Command::new("busybox")
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        eprintln!("SKIPPED: busybox is not installed (e2e/deps.sh installs busybox-static)");
+    }
+    found
+}
+
+/// `GET /` over a port relay to the guest's port.
+async fn http_get_in_guest(c: &SandboxdClient, id: &str, token: &Secret, port: u16) -> String {
+    let mut relay = c.port(id, token, port).await.expect("relay to the guest");
+    relay
+        .write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .await
+        .expect("request");
+    let mut reply = Vec::new();
+    tokio::time::timeout(PATIENCE, relay.read_to_end(&mut reply))
+        .await
+        .expect("a reply in time")
+        .expect("read the reply");
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+fn sh(script: &str) -> ExecRequest {
+    ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        ..ExecRequest::default()
+    }
+}
+
+#[tokio::test]
+async fn each_vm_has_a_guest_network_of_its_own() {
+    let h = sim(cfg()).await;
+    if !namespaces_or_skip(&h) || !busybox_or_skip() {
+        return;
+    }
+    let c = client(&h);
+    let (a, a_token) = claim(&c, "").await;
+    let (b, b_token) = claim(&c, "").await;
+    // Both listen on 8080, each in its own VM; busybox httpd makes itself
+    // a daemon (a session of its own) and the exec ends at once.
+    for (id, token, name) in [(&a, &a_token, "vm-a"), (&b, &b_token, "vm-b")] {
+        let out = c
+            .exec(
+                id,
+                token,
+                &sh(&format!(
+                    "echo {name} > index.html && busybox httpd -p 127.0.0.1:8080 -h ."
+                )),
+            )
+            .await
+            .expect("start a server");
+        assert_eq!(out.exit_code, 0, "{out:?}");
+    }
+    for (id, token, name) in [(&a, &a_token, "vm-a"), (&b, &b_token, "vm-b")] {
+        let reply = http_get_in_guest(&c, id, token, 8080).await;
+        assert!(
+            reply.starts_with("HTTP/1.") && reply.ends_with(&format!("{name}\n")),
+            "{reply}"
+        );
+    }
+    // The guest's own loopback: a port nobody listens on answers 502 at
+    // once, and the guest sees only its loopback.
+    assert_refused(
+        c.port(&a, &a_token, 8081).await,
+        Op::Port,
+        502,
+        Refusal::GuestUnreachable,
+    );
+    let links = c
+        .exec(&a, &a_token, &sh("cat /proc/net/dev"))
+        .await
+        .expect("exec");
+    let ifaces: Vec<&str> = links
+        .stdout
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+        .collect();
+    assert_eq!(ifaces, ["lo"], "{}", links.stdout);
+
+    // The namespace is named in the admin API; the server is in it.
+    let netns = |id: &str| {
+        h.claim_state(id).expect("state")["netns"]
+            .as_str()
+            .expect("a namespace path")
+            .to_string()
+    };
+    let (a_ns, b_ns) = (netns(&a), netns(&b));
+    assert_ne!(a_ns, b_ns);
+    let a_procs = processes_in(&a_ns);
+    assert_eq!(a_procs.len(), 1, "the daemon alone: {a_procs:?}");
+    let server = a_procs[0];
+    let cmdline = std::fs::read(format!("/proc/{server}/cmdline")).expect("cmdline");
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("httpd"),
+        "{cmdline:?}"
+    );
+
+    // Hibernate stops it, wake continues it; the other VM is untouched.
+    c.hibernate(&a, SandboxAuth::Node).await.expect("hibernate");
+    wait_until("the server stopped with its VM", || async {
+        proc_state(server) == Some('T')
+    })
+    .await;
+    let b_server = processes_in(&b_ns)[0];
+    assert_ne!(proc_state(b_server), Some('T'));
+    c.wake(&a, SandboxAuth::Node).await.expect("wake");
+    assert_ne!(proc_state(server), Some('T'), "continued on wake");
+    assert!(
+        http_get_in_guest(&c, &a, &a_token, 8080)
+            .await
+            .ends_with("vm-a\n")
+    );
+
+    // Releasing the VM ends its processes; the other one serves on.
+    c.release(&a, &a_token).await.expect("release");
+    wait_until("the released VM's server is gone", || async {
+        !alive(server)
+    })
+    .await;
+    assert!(
+        http_get_in_guest(&c, &b, &b_token, 8080)
+            .await
+            .ends_with("vm-b\n")
+    );
+    c.release(&b, &b_token).await.expect("release");
+    wait_until("the other server is gone", || async { !alive(b_server) }).await;
+}
+
+/// `sh -c '… & echo $!'` over the agent: the background pid it prints.
+async fn agent_background(a: &mut Agent, script: &str) -> (u32, Vec<Value>) {
+    a.send(json!({"v":1,"op":"exec","argv":["sh","-c",script],"detach":false}))
+        .await;
+    let mut frames = Vec::new();
+    let mut out = String::new();
+    loop {
+        let f = a.next().await;
+        if f["type"] == "stdout" {
+            out.push_str(&Agent::output(std::slice::from_ref(&f), "stdout"));
+        }
+        frames.push(f);
+        if let Some(pid) = out
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<u32>().ok())
+            && out.contains('\n')
+        {
+            return (pid, frames);
+        }
+    }
+}
+
+async fn background_processes_outlive_their_exec(network: sandboxd_sim::GuestNetworkMode) {
+    let mut cfg = cfg();
+    cfg.guest_network = network;
+    let h = sim(cfg).await;
+    let c = client(&h);
+    let (id, token) = claim(&c, "").await;
+
+    // A foreground exec that leaves a process behind and ends.
+    let mut a = Agent::open(&c, &id, &token).await;
+    let (kept, _) = agent_background(&mut a, "sleep 300 >/dev/null 2>&1 & echo $!").await;
+    let rest = a.rpc_frames().await;
+    assert_eq!(rest.last().expect("exit")["code"], 0, "{rest:?}");
+    assert!(alive(kept), "the background process outlives the exec");
+
+    // The buffered exec too.
+    let out = c
+        .exec(&id, &token, &sh("sleep 301 >/dev/null 2>&1 & echo $!"))
+        .await
+        .expect("exec");
+    let kept_buffered: u32 = out.stdout.trim().parse().expect("a pid");
+    assert!(
+        alive(kept_buffered),
+        "the background process outlives /exec"
+    );
+
+    // A client that hangs up: the node kills the exec's own process (on a
+    // second connection, as vk-sandbox does); what it started in the
+    // background runs on.
+    let mut gone = Agent::open(&c, &id, &token).await;
+    let (kept_hangup, frames) = agent_background(
+        &mut gone,
+        "sleep 302 >/dev/null 2>&1 & echo $!; exec sleep 600",
+    )
+    .await;
+    let exec_pid = frames
+        .iter()
+        .find(|f| f["type"] == "started")
+        .and_then(|f| f["pid"].as_u64())
+        .expect("started") as u32;
+    drop(gone);
+    let mut ctl = Agent::open(&c, &id, &token).await;
+    ctl.send(json!({"v":1,"op":"kill","pid":exec_pid})).await;
+    assert_eq!(ctl.rpc_frames().await[0]["type"], "done");
+    wait_until("the exec's own process is killed", || async {
+        !alive(exec_pid)
+    })
+    .await;
+    assert!(alive(kept_hangup), "its background process runs on");
+
+    // Hibernate stops them all, wake continues them.
+    c.hibernate(&id, SandboxAuth::Node)
+        .await
+        .expect("hibernate");
+    wait_until("every process stopped", || async {
+        [kept, kept_buffered, kept_hangup]
+            .into_iter()
+            .all(|pid| proc_state(pid) == Some('T'))
+    })
+    .await;
+    c.wake(&id, SandboxAuth::Node).await.expect("wake");
+    for pid in [kept, kept_buffered, kept_hangup] {
+        assert_ne!(proc_state(pid), Some('T'), "{pid} continued");
+    }
+    // All of them end with the VM.
+    c.release(&id, &token).await.expect("release");
+    wait_until("every process of the VM is gone", || async {
+        ![kept, kept_buffered, kept_hangup].into_iter().any(alive)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn background_processes_outlive_their_exec_in_a_namespace() {
+    let h = sim(cfg()).await;
+    if !namespaces_or_skip(&h) {
+        return;
+    }
+    drop(h);
+    background_processes_outlive_their_exec(sandboxd_sim::GuestNetworkMode::Namespaces).await;
+}
+
+#[tokio::test]
+async fn background_processes_outlive_their_exec_on_the_hosts_loopback() {
+    background_processes_outlive_their_exec(sandboxd_sim::GuestNetworkMode::Host).await;
+}
+
+#[tokio::test]
+async fn without_namespaces_guest_ports_are_the_hosts_loopback() {
+    let mut cfg = cfg();
+    cfg.guest_network = sandboxd_sim::GuestNetworkMode::Host;
+    let h = sim(cfg).await;
+    assert!(
+        h.snapshot()["guest_network"]
+            .as_str()
+            .is_some_and(|s| s.contains("host's loopback")),
+        "{}",
+        h.snapshot()["guest_network"]
+    );
+    let c = client(&h);
+    let (id, token) = claim(&c, "").await;
+    // No mapping: the guest's port N is the host's 127.0.0.1:N.
+    let echo = echo_service().await;
+    let mut relay = c.port(&id, &token, echo.port()).await.expect("relay");
+    relay.write_all(b"host").await.expect("write");
+    relay.shutdown().await.expect("half-close");
+    let mut back = Vec::new();
+    relay.read_to_end(&mut back).await.expect("read");
+    assert_eq!(back, b"host");
+    assert_eq!(h.claim_state(&id).expect("state")["netns"], Value::Null);
+}
+
+/// The raw bytes up to the end of the reply's head.
+async fn raw_head(h: &SimHandle, request: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(h.addr())
+        .await
+        .expect("connect");
+    s.write_all(request.as_bytes()).await.expect("request");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut byte))
+            .await
+            .expect("the reply in time")
+            .expect("read");
+        assert_eq!(n, 1, "closed after {:?}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).expect("an ASCII head")
+}
+
+#[tokio::test]
+async fn upgrades_answer_exactly_the_status_line_and_the_two_headers() {
+    let h = sim(cfg()).await;
+    let c = client(&h);
+    let (id, token) = claim(&c, "").await;
+    map(&h, Some(TEMPLATE), None, 8080, echo_service().await);
+    let token = token.expose();
+    for (path, proto) in [
+        (format!("/v1/sandboxes/{id}/agent"), "silkd"),
+        (format!("/v1/sandboxes/{id}/ports/8080"), "tcp"),
+    ] {
+        let head = raw_head(
+            &h,
+            &format!(
+                "GET {path} HTTP/1.1\r\nHost: sandboxd\r\nAuthorization: Bearer {token}\r\n\
+                 Upgrade: {proto}\r\nConnection: Upgrade\r\n\r\n"
+            ),
+        )
+        .await;
+        assert_eq!(
+            head,
+            format!(
+                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: {proto}\r\nConnection: Upgrade\r\n\r\n"
+            ),
+            "{path}"
+        );
+    }
+    // Other replies carry a Date, as Go's server writes one.
+    let head = raw_head(
+        &h,
+        "GET /healthz HTTP/1.1\r\nHost: sandboxd\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(head.contains("\r\nDate: "), "{head}");
+}

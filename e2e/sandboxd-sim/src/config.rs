@@ -84,8 +84,14 @@ pub struct SimConfig {
     /// else `/bin/sh`.
     pub agent_shell: String,
     /// Where guest ports lead: `(sandbox or template, guest port) →
-    /// 127.0.0.1:PORT`. A relay to an unmapped port gets 502.
+    /// 127.0.0.1:PORT`, an explicit override of the guest's own port. A
+    /// relay to an unmapped port dials the guest's 127.0.0.1:PORT (inside
+    /// its network namespace); nothing listening there is a 502.
     pub port_map: Vec<PortMapping>,
+    /// Each VM's guest network: a network namespace per VM (`namespaces`),
+    /// the host's loopback (`host`), or namespaces where the simulator may
+    /// make them and the host's loopback otherwise (`auto`, the default).
+    pub guest_network: GuestNetworkMode,
     /// Late builds: the root token on `/ports` opens a passive relay (no
     /// wake, 409 for a paused sandbox). Off: root gets 404 like a wrong
     /// token (mid builds).
@@ -182,6 +188,7 @@ impl Default for SimConfig {
             scratch_dir: None,
             agent_shell: String::new(),
             port_map: Vec::new(),
+            guest_network: GuestNetworkMode::Auto,
             passive_root_ports: true,
             quirks: Quirks::default(),
         }
@@ -196,6 +203,35 @@ pub struct TenantConfig {
     /// Live-claim cap for this tenant; 0 is unlimited.
     #[serde(default)]
     pub max_claims: u32,
+}
+
+/// Where the VMs' guest networks are (`guest_network`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum GuestNetworkMode {
+    /// A namespace per VM where the simulator may make them (root), else
+    /// the host's loopback, said at start-up.
+    #[default]
+    Auto,
+    /// A namespace per VM; the simulator does not start without them.
+    Namespaces,
+    /// The host's loopback: guest port N is the host's 127.0.0.1:N.
+    Host,
+}
+
+impl std::str::FromStr for GuestNetworkMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(GuestNetworkMode::Auto),
+            "namespaces" => Ok(GuestNetworkMode::Namespaces),
+            "host" => Ok(GuestNetworkMode::Host),
+            other => Err(format!(
+                "guest network {other:?}: want auto, namespaces or host"
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -22,10 +22,11 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use config::{
-    ConfigPatch, DeadlineQuirk, OwnerAddrMode, PoolConfig, PortMapping, Quirks, SimConfig,
-    TenantConfig, TenantList,
+    ConfigPatch, DeadlineQuirk, GuestNetworkMode, OwnerAddrMode, PoolConfig, PortMapping, Quirks,
+    SimConfig, TenantConfig, TenantList,
 };
 pub use faults::{Endpoint, Fault, FaultKind};
+pub use guest::netns::GuestNetwork;
 pub use model::{ClaimRecord, PoolKey};
 pub use sim::{ClaimPatch, ClockPatch, ReapRecord, RequestRecord, Sim, SimError};
 

@@ -41,7 +41,8 @@ ADMIN API (under /_sim on the API port, and on --admin-listen if given):
   GET|POST /_sim/clock {\"advance_seconds\":N | \"advance_ms\":N | \"set\":RFC3339 | \"frozen\":B}
   POST   /_sim/reap                  run the reaper now
   GET    /_sim/claims[?claim_ref=R]  live claims with tokens
-  GET    /_sim/claims/{id}           one claim and its guest side (processes, relays, scratch dir)
+  GET    /_sim/claims/{id}           one claim and its guest side (processes, relays, scratch dir,
+                                     netns: its network namespace, e.g. nsenter --net=PATH)
   POST   /_sim/claims/{id}  {\"hibernated\":B,\"archived\":B,\"deadline\":RFC3339|\"zero\",\"deadline_in_seconds\":N,
                              \"failed\":\"reason\"|\"\",\"volumes\":[..],\"mem_used_bytes\":N,\"idle_seconds\":N}
   GET|POST|DELETE /_sim/ports {\"sandbox\"|\"template\":S,\"guest_port\":N,\"target\":\"127.0.0.1:P\",\"remove\":B}
@@ -155,6 +156,13 @@ struct ServeArgs {
     /// The shell pty_open starts [default: /bin/bash, else /bin/sh].
     #[arg(long, value_name = "PATH")]
     agent_shell: Option<String>,
+    /// Each VM's guest network: `namespaces` (a network namespace per VM,
+    /// its own loopback; needs root), `host` (the host's loopback, shared:
+    /// guest port N is the host's 127.0.0.1:N), or `auto`: namespaces when
+    /// the simulator may make them, else the host's loopback, said at
+    /// start-up [default: auto].
+    #[arg(long, value_name = "auto|namespaces|host")]
+    guest_network: Option<sandboxd_sim::GuestNetworkMode>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -361,6 +369,9 @@ fn build_config(args: ServeArgs) -> Result<SimConfig, String> {
     if let Some(dir) = args.scratch_dir {
         cfg.scratch_dir = Some(dir);
     }
+    if let Some(mode) = args.guest_network {
+        cfg.guest_network = mode;
+    }
     Ok(cfg)
 }
 
@@ -381,6 +392,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
             .map(|a| format!(" and http://{a}/_sim"))
             .unwrap_or_default()
     );
+
     wait_for_shutdown().await;
     println!("sandboxd-sim: shutting down");
     Ok(())

@@ -9,8 +9,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body as AxumBody, Bytes, to_bytes};
 use axum::extract::{Extension, Path, Request, State};
-use axum::http::header::{ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::header::{ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, DATE};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
@@ -62,6 +62,7 @@ pub fn router(sim: Arc<Sim>) -> Router {
         .route("/v1/sandboxes/{id}/agent", any(verbs::agent_relay))
         .route("/v1/sandboxes/{id}/ports/{port}", any(verbs::port_relay))
         .route("/v1/info", any(info))
+        .route("/metrics", any(metrics))
         .route("/healthz", any(healthz))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(sim.clone(), record))
@@ -69,6 +70,21 @@ pub fn router(sim: Arc<Sim>) -> Router {
     Router::new()
         .nest("/_sim", crate::admin::router(sim))
         .merge(api)
+        .layer(middleware::map_response(go_date))
+}
+
+/// Go's server writes a `Date` on every reply, but not on the `101` of a
+/// connection its handler hijacked: sandboxd writes that one itself, with
+/// exactly the status line, `Upgrade` and `Connection`. hyper's own `Date`
+/// is off on the API's connections, so it is added here to the others.
+async fn go_date(mut resp: Response) -> Response {
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS && !resp.headers().contains_key(DATE) {
+        let now = jiff::Timestamp::now().strftime("%a, %d %b %Y %H:%M:%S GMT");
+        if let Ok(v) = HeaderValue::from_str(&now.to_string()) {
+            resp.headers_mut().insert(DATE, v);
+        }
+    }
+    resp
 }
 
 fn auth(headers: &HeaderMap) -> Option<String> {
@@ -133,6 +149,22 @@ async fn release(
     deliver(&sim, outcome, conn, seq).await
 }
 
+/// A node-wide read (`GET` only): the list, info, metrics.
+async fn node_read(
+    sim: Arc<Sim>,
+    method: Method,
+    headers: HeaderMap,
+    conn: Option<Extension<ConnCtl>>,
+    seq: Option<Extension<LogSeq>>,
+    read: fn(&Sim, Option<&str>) -> Outcome,
+) -> Response {
+    if !is_get(&method) {
+        return method_not_allowed(GET_ALLOW);
+    }
+    let outcome = read(&sim, auth(&headers).as_deref());
+    deliver(&sim, outcome, conn, seq).await
+}
+
 async fn list(
     State(sim): State<Arc<Sim>>,
     method: Method,
@@ -140,11 +172,7 @@ async fn list(
     conn: Option<Extension<ConnCtl>>,
     seq: Option<Extension<LogSeq>>,
 ) -> Response {
-    if !is_get(&method) {
-        return method_not_allowed(GET_ALLOW);
-    }
-    let outcome = sim.list(auth(&headers).as_deref());
-    deliver(&sim, outcome, conn, seq).await
+    node_read(sim, method, headers, conn, seq, Sim::list).await
 }
 
 async fn info(
@@ -154,11 +182,17 @@ async fn info(
     conn: Option<Extension<ConnCtl>>,
     seq: Option<Extension<LogSeq>>,
 ) -> Response {
-    if !is_get(&method) {
-        return method_not_allowed(GET_ALLOW);
-    }
-    let outcome = sim.info(auth(&headers).as_deref());
-    deliver(&sim, outcome, conn, seq).await
+    node_read(sim, method, headers, conn, seq, Sim::info).await
+}
+
+async fn metrics(
+    State(sim): State<Arc<Sim>>,
+    method: Method,
+    headers: HeaderMap,
+    conn: Option<Extension<ConnCtl>>,
+    seq: Option<Extension<LogSeq>>,
+) -> Response {
+    node_read(sim, method, headers, conn, seq, Sim::metrics).await
 }
 
 async fn healthz(method: Method) -> Response {
@@ -319,9 +353,13 @@ fn spawn_connection(stream: TcpStream, app: Router, sim: &Arc<Sim>) {
         });
         let svc = TowerToHyperService::new(svc);
         // Upgrades (agent, ports) leave this future when the 101 is sent;
-        // their relays watch the kill switch themselves.
+        // their relays watch the kill switch themselves. Header names are
+        // written as Go writes them (`Upgrade`, `Content-Type`), and the
+        // `Date` only where Go writes one ([`go_date`]).
         let conn = hyper::server::conn::http1::Builder::new()
             .keep_alive(true)
+            .title_case_headers(true)
+            .auto_date_header(false)
             .serve_connection(TokioIo::new(stream), svc)
             .with_upgrades();
         tokio::select! {

@@ -8,8 +8,10 @@
 
 mod data_plane;
 mod lifecycle;
+mod metrics;
 
 pub use data_plane::RelayGrant;
+pub use metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -24,10 +26,12 @@ use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::config::{
-    ConfigPatch, DeadlineQuirk, OwnerAddrMode, PoolConfig, Quirks, SimConfig, TenantList,
+    ConfigPatch, DeadlineQuirk, GuestNetworkMode, OwnerAddrMode, PoolConfig, Quirks, SimConfig,
+    TenantList,
 };
 use crate::faults::{ArmedFault, Endpoint, Fault, FaultKind, Faults};
 use crate::guest::Guests;
+use crate::guest::netns::{self, GuestNetwork};
 use crate::model::{
     ClaimBody, ClaimRecord, PoolKey, ZERO_TIME, bearer, clamp_ttl, ct_eq, decode_claim_body,
     format_deadline, new_id, new_token,
@@ -221,6 +225,8 @@ pub struct Sim {
     guests: Guests,
     /// Hibernate and wake of one sandbox are serialized.
     transitions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// What `/metrics` counts.
+    counters: metrics::Counters,
     pub(crate) accepting: watch::Sender<bool>,
     pub(crate) kill: watch::Sender<u64>,
 }
@@ -291,6 +297,34 @@ fn key_hash(key: &PoolKey) -> u64 {
     h
 }
 
+/// Where the guests' networks go, as configured; said at start-up.
+fn guest_network(mode: GuestNetworkMode) -> Result<GuestNetwork, SimError> {
+    // Whether namespaces can be made does not change while the process
+    // runs: probed once (tests start many simulators).
+    static PROBED: std::sync::OnceLock<GuestNetwork> = std::sync::OnceLock::new();
+    let network = match mode {
+        GuestNetworkMode::Host => {
+            GuestNetwork::HostLoopback("guest_network: host was asked for".to_string())
+        }
+        GuestNetworkMode::Auto => PROBED.get_or_init(netns::probe).clone(),
+        GuestNetworkMode::Namespaces => match PROBED.get_or_init(netns::probe) {
+            GuestNetwork::HostLoopback(why) => {
+                return Err(SimError::Config(format!(
+                    "guest_network: namespaces: {why}"
+                )));
+            }
+            ok => ok.clone(),
+        },
+    };
+    match &network {
+        GuestNetwork::HostLoopback(_) if mode == GuestNetworkMode::Auto => {
+            warn!("sandboxd-sim: guest network: {}", network.describe());
+        }
+        _ => info!("sandboxd-sim: guest network: {}", network.describe()),
+    }
+    Ok(network)
+}
+
 fn default_status_message(status: u16) -> &'static str {
     match status {
         429 => "node claim quota reached: injected by sandboxd-sim",
@@ -313,7 +347,7 @@ impl Sim {
             m.validate().map_err(SimError::Config)?;
         }
         let clock = Clock::new(cfg.clock_start, cfg.clock_frozen);
-        let guests = Guests::new(cfg.scratch_dir.clone());
+        let guests = Guests::new(cfg.scratch_dir.clone(), guest_network(cfg.guest_network)?);
         let sim = Arc::new(Sim {
             state: Mutex::new(State {
                 cfg,
@@ -327,6 +361,7 @@ impl Sim {
             state_file,
             guests,
             transitions: Mutex::new(HashMap::new()),
+            counters: metrics::Counters::default(),
             accepting: watch::Sender::new(true),
             kill: watch::Sender::new(0),
         });
@@ -532,6 +567,7 @@ impl Sim {
     }
 
     async fn claim_inner(self: &Arc<Self>, auth: Option<&str>, body: &[u8]) -> Reply {
+        let started = std::time::Instant::now();
         let delay_us = self.lock().cfg.claim_delay_us;
         if delay_us > 0 {
             // tokio's timer has millisecond granularity; a blocking-pool
@@ -544,7 +580,7 @@ impl Sim {
                 return Reply::error(500, "claim delay failed");
             }
         }
-        let (req, key, tenant, provision) = {
+        let (req, key, tenant, provision, tier) = {
             let mut st = self.lock();
             let tenant = match Self::auth_node(&st, auth) {
                 Ok(Principal::Tenant(name)) => Some(name),
@@ -578,7 +614,10 @@ impl Sim {
             };
             if took_warm {
                 self.top_up(&mut st, &key);
-                return self.create_claim(&mut st, &req, key, tenant);
+                let reply = self.create_claim(&mut st, &req, key, tenant);
+                self.counters
+                    .claimed(metrics::Tier::Warm, started.elapsed());
+                return reply;
             }
             if redirect_ok {
                 return Reply::json(200, json!({ "redirect": st.cfg.peers }));
@@ -591,7 +630,13 @@ impl Sim {
                 Duration::from_millis(st.cfg.provision_delay_ms),
                 st.cfg.provision_survives_disconnect,
             );
-            (req, key, tenant, provision)
+            // A clone of the pool's golden snapshot, or a cold boot.
+            let tier = if st.pools.get(&key).is_some_and(|p| p.golden) {
+                metrics::Tier::Golden
+            } else {
+                metrics::Tier::Cold
+            };
+            (req, key, tenant, provision, tier)
         };
         // Warm miss without a redirect: provision synchronously.
         let (delay, survives) = provision;
@@ -599,7 +644,9 @@ impl Sim {
         let build = async move {
             tokio::time::sleep(delay).await;
             let mut st = sim.lock();
-            sim.create_claim(&mut st, &req, key, tenant)
+            let reply = sim.create_claim(&mut st, &req, key, tenant);
+            sim.counters.claimed(tier, started.elapsed());
+            reply
         };
         if survives {
             tokio::spawn(build)
@@ -795,6 +842,7 @@ impl Sim {
         self.guests.destroy(id);
         self.forget_transition(id);
         self.refill_all(&mut st);
+        self.counters.released();
         info!(id, "sandboxd-sim: released");
         if matches!(fault, Some(FaultKind::ReleaseFailDrop)) {
             // Dropped and persisted, but the VM survived removal.
@@ -963,13 +1011,16 @@ impl Sim {
                     .map(|p| p.archive_retention_seconds)
             };
             let archived = archive_policy.is_some();
+            let was_archived = claim.archived;
             match archive_policy {
                 Some(retention) => {
                     if let Some(c) = st.claims.get_mut(&id) {
                         c.archive(now, retention);
                     }
+                    self.counters.archived(1);
                 }
                 None => {
+                    self.counters.reaped(was_archived);
                     st.claims.remove(&id);
                     self.guests.destroy(&id);
                     self.forget_transition(&id);
@@ -1179,6 +1230,7 @@ impl Sim {
             "now": self.clock.now().to_string(),
             "clock_frozen": self.clock.is_frozen(),
             "accepting": *self.accepting.borrow(),
+            "guest_network": self.guests.network().describe(),
             "config": st.cfg,
             "pools": pools,
             "claims": st.claims.values().collect::<Vec<_>>(),

@@ -7,7 +7,8 @@
 //!   process must come on a second connection.
 //! - A client EOF is "client gone" (sandboxd closes the guest connection):
 //!   a foreground command is killed when it next writes output (a silent
-//!   one runs to completion); a shell is killed at once.
+//!   one runs to completion); a shell is killed at once. Only that process
+//!   is: what it started in the background runs on, as in a VM.
 //! - After a command exits its remaining output is relayed for up to 2 s,
 //!   then `exit`.
 
@@ -211,6 +212,7 @@ impl Conn {
             env: &spec.env,
             user: spec.user.as_deref(),
             term: "dumb",
+            net: self.vm.net(),
         };
         let mut child = match spawn_piped(&self.vm.scratch, &launch, true) {
             Ok(c) => c,
@@ -232,9 +234,7 @@ impl Conn {
             stderr: child.stderr.take(),
             merged: spec.session.is_some(),
         };
-        let code = self
-            .pump(pid, &mut child, input, source, rx, w, queued)
-            .await;
+        let code = self.pump(&mut child, input, source, rx, w, queued).await;
         self.vm.unregister(pid);
         self.send(w, &frames::exit(code)).await;
     }
@@ -255,6 +255,7 @@ impl Conn {
             env: &spec.env,
             user: spec.user.as_deref(),
             term: "xterm-256color",
+            net: self.vm.net(),
         };
         let mut cmd: Command = match super::process::command(&self.vm.scratch, &launch) {
             Ok(c) => c,
@@ -307,7 +308,7 @@ impl Conn {
         self.send(w, &frames::started(pid)).await;
         let input = Some(Input::pty(Arc::clone(&master)));
         let code = self
-            .pump(pid, &mut child, input, Source::Pty(master), rx, w, queued)
+            .pump(&mut child, input, Source::Pty(master), rx, w, queued)
             .await;
         self.vm.unregister(pid);
         self.send(w, &frames::exit(code)).await;
@@ -316,10 +317,8 @@ impl Conn {
     /// Relay a running process: input frames in, output frames out, until
     /// it exits and its output is drained (at most [`DRAIN`] after the
     /// exit). Returns the exit code.
-    #[allow(clippy::too_many_arguments)]
     async fn pump<S: AsyncWrite>(
         &mut self,
-        pid: u32,
         child: &mut tokio::process::Child,
         mut input: Option<Input>,
         source: Source,
@@ -372,8 +371,8 @@ impl Conn {
                         // Client gone: sandboxd closes the guest connection.
                         self.gone = true;
                         input = None;
-                        if is_pty {
-                            let _ = self.vm.kill(pid, None);
+                        if is_pty && code.is_none() {
+                            let _ = child.start_kill();
                         }
                     }
                 },
@@ -403,10 +402,10 @@ impl Conn {
                     Which::Pty => frames::stdout(&pty_buf[..n]),
                 };
                 self.send(w, &frame).await;
-                if self.gone {
+                if self.gone && code.is_none() {
                     // Output with nobody to take it: the agent's write
                     // fails and it kills the command.
-                    let _ = self.vm.kill(pid, None);
+                    let _ = child.start_kill();
                 }
             }
         }

@@ -4,18 +4,30 @@
 //! simulator's state or temp directory (created on first use, removed when
 //! the sandbox is released or reaped). A hibernated VM's processes are
 //! stopped (SIGSTOP) and continue on wake, as a memory snapshot keeps them.
+//! Each VM has a guest network of its own ([`netns`]) where the simulator
+//! may make network namespaces, the host's loopback otherwise.
+//!
+//! A VM's processes are everything its commands started, as in a VM: a
+//! process an exec left running in the background outlives the exec (only
+//! the exec's own process is signalled when its client hangs up), and all
+//! of them are stopped on hibernate, continued on wake and killed when the
+//! VM is destroyed. With a namespace they are found by it (every process
+//! in it); on the host's loopback by the process groups the commands were
+//! started in (a daemon that made a session of its own escapes those).
 //!
 //! - [`frames`]: the agent's newline-delimited JSON frames;
 //! - [`agent`]: one agent connection (exec, stdin, pty, resize, kill, ps);
 //! - [`process`]: spawning a command the way the agent does;
-//! - [`pty`]: pseudo-terminals for the shell.
+//! - [`pty`]: pseudo-terminals for the shell;
+//! - [`netns`]: the guest network.
 
 pub mod agent;
 pub mod frames;
+pub mod netns;
 pub mod process;
 pub mod pty;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,6 +37,7 @@ use rustix::process::{Pid, Signal};
 use serde_json::{Value, json};
 use tracing::{debug, warn};
 
+use self::netns::{GuestNetwork, NetNs};
 use self::pty::PtyMaster;
 
 /// One process in a VM's table.
@@ -39,6 +52,14 @@ struct Proc {
 pub struct Vm {
     pub id: String,
     pub scratch: PathBuf,
+    /// Its network namespace; `None` where guests share the host's
+    /// loopback.
+    net: Option<NetNs>,
+    /// The process groups its commands were started in (each command leads
+    /// one, a shell a session): how its processes are found without a
+    /// namespace.
+    groups: Mutex<BTreeSet<u32>>,
+    /// The commands the agent runs for a client (foreground execs, shells).
     procs: Mutex<BTreeMap<u32, Proc>>,
     /// Open relays (agent, ports): they hold the VM against idle
     /// hibernation.
@@ -75,16 +96,11 @@ impl std::fmt::Display for PidError {
     }
 }
 
-fn signal_group(pid: u32, sig: Signal) -> std::io::Result<()> {
-    let Some(p) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
-        return Err(std::io::Error::other(format!("bad pid {pid}")));
-    };
-    // Each command runs in a process group of its own (a session for a
-    // shell), so the signal reaches what it started too.
-    match rustix::process::kill_process_group(p, sig) {
-        Ok(()) => Ok(()),
-        Err(_) => rustix::process::kill_process(p, sig).map_err(std::io::Error::from),
-    }
+fn pid(raw: u32) -> std::io::Result<Pid> {
+    i32::try_from(raw)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| std::io::Error::other(format!("bad pid {raw}")))
 }
 
 impl Vm {
@@ -92,7 +108,34 @@ impl Vm {
         self.procs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn groups(&self) -> MutexGuard<'_, BTreeSet<u32>> {
+        self.groups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The VM's network namespace, if guests have their own.
+    pub fn net(&self) -> Option<&NetNs> {
+        self.net.as_ref()
+    }
+
+    /// The path naming its network namespace while the simulator runs.
+    pub fn netns_path(&self) -> Option<String> {
+        self.net.as_ref().map(NetNs::path)
+    }
+
+    /// Connect to the guest's `127.0.0.1:port`: inside its namespace, or
+    /// the host's loopback without one.
+    pub async fn dial(&self, port: u16) -> std::io::Result<tokio::net::TcpStream> {
+        match &self.net {
+            Some(net) => net.dial(port).await,
+            None => tokio::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, port)).await,
+        }
+    }
+
+    /// A command started in its own process group (or session), `pid`
+    /// leading it, belongs to this VM; `argv` lists it in `ps` until
+    /// [`Vm::unregister`].
     pub(crate) fn register(&self, pid: u32, argv: Vec<String>, pty: Option<Arc<PtyMaster>>) {
+        self.groups().insert(pid);
         let started_at_epoch_secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -110,7 +153,9 @@ impl Vm {
         self.procs().remove(&pid);
     }
 
-    /// `kill{pid, signal}`: SIGKILL when no signal is given.
+    /// `kill{pid, signal}`: SIGKILL when no signal is given, to that
+    /// process alone (what it started in the background runs on, as in a
+    /// VM).
     pub fn kill(&self, pid: u32, signal: Option<i32>) -> Result<(), PidError> {
         let sig = match signal {
             None => Signal::KILL,
@@ -119,7 +164,8 @@ impl Vm {
         if !self.procs().contains_key(&pid) {
             return Err(PidError::NotFound(pid));
         }
-        signal_group(pid, sig).map_err(|e| PidError::Os(e.to_string()))
+        let target = self::pid(pid).map_err(|e| PidError::Os(e.to_string()))?;
+        rustix::process::kill_process(target, sig).map_err(|e| PidError::Os(e.to_string()))
     }
 
     /// `pty_resize{pid, cols, rows}`: the shell's terminal gets the new
@@ -154,11 +200,25 @@ impl Vm {
         self.started.elapsed().as_secs()
     }
 
+    /// Signal every process of the VM: those in its namespace, or without
+    /// one every process group its commands started (a group with nobody
+    /// left is forgotten).
     fn signal_all(&self, sig: Signal) {
-        let pids: Vec<u32> = self.procs().keys().copied().collect();
-        for pid in pids {
-            if let Err(e) = signal_group(pid, sig) {
-                debug!(vm = %self.id, pid, error = %e, "sandboxd-sim: signal failed");
+        if let Some(net) = &self.net {
+            let n = net.signal_all(sig);
+            debug!(vm = %self.id, ?sig, processes = n, "sandboxd-sim: signalled the VM's processes");
+            return;
+        }
+        let groups: Vec<u32> = self.groups().iter().copied().collect();
+        for group in groups {
+            let sent = self::pid(group)
+                .and_then(|g| rustix::process::kill_process_group(g, sig).map_err(Into::into));
+            match sent {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::SRCH.raw_os_error()) => {
+                    self.groups().remove(&group);
+                }
+                Err(e) => debug!(vm = %self.id, group, error = %e, "sandboxd-sim: signal failed"),
             }
         }
     }
@@ -187,6 +247,7 @@ impl Drop for RelayHold {
 /// Every VM's guest side, keyed by sandbox id.
 pub struct Guests {
     root: PathBuf,
+    network: GuestNetwork,
     /// The root was made for this simulator and goes with it.
     own_root: bool,
     vms: Mutex<HashMap<String, Arc<Vm>>>,
@@ -202,8 +263,9 @@ impl std::fmt::Debug for Guests {
 
 impl Guests {
     /// Scratch directories go under `root`, or a fresh directory in the
-    /// system's temp directory (removed when the simulator goes).
-    pub fn new(root: Option<PathBuf>) -> Guests {
+    /// system's temp directory (removed when the simulator goes); each VM
+    /// gets a network namespace if `network` says so.
+    pub fn new(root: Option<PathBuf>, network: GuestNetwork) -> Guests {
         let (root, own_root) = match root {
             Some(r) => (r, false),
             None => (
@@ -217,6 +279,7 @@ impl Guests {
         };
         Guests {
             root,
+            network,
             own_root,
             vms: Mutex::new(HashMap::new()),
         }
@@ -230,7 +293,13 @@ impl Guests {
         &self.root
     }
 
-    /// The VM's guest side, its scratch directory created on first use.
+    /// Where the guests' networks are.
+    pub fn network(&self) -> &GuestNetwork {
+        &self.network
+    }
+
+    /// The VM's guest side, its scratch directory (and network namespace)
+    /// made on first use.
     pub fn vm(&self, id: &str) -> std::io::Result<Arc<Vm>> {
         if let Some(vm) = self.vms().get(id) {
             return Ok(Arc::clone(vm));
@@ -250,10 +319,19 @@ impl Guests {
         let scratch = self.root.join(name);
         std::fs::create_dir_all(&scratch)?;
         let mut vms = self.vms();
+        if let Some(vm) = vms.get(id) {
+            return Ok(Arc::clone(vm));
+        }
+        let net = match self.network {
+            GuestNetwork::Namespaces => Some(NetNs::create()?),
+            GuestNetwork::HostLoopback(_) => None,
+        };
         let vm = vms.entry(id.to_string()).or_insert_with(|| {
             Arc::new(Vm {
                 id: id.to_string(),
                 scratch,
+                net,
+                groups: Mutex::new(BTreeSet::new()),
                 procs: Mutex::new(BTreeMap::new()),
                 relays: AtomicUsize::new(0),
                 started: Instant::now(),

@@ -1,7 +1,8 @@
 //! Starting a command the way the agent does: the environment cleared to
 //! `PATH`, `TERM` and the request's `env` (`HOME`/`USER` only when a `user`
 //! is named), the working directory inside the VM's scratch directory
-//! unless an absolute one is asked for, in a process group of its own.
+//! unless an absolute one is asked for, in a process group of its own,
+//! inside the VM's network namespace when it has one.
 //!
 //! The simulator cannot switch users: a `user` only sets `HOME` (the
 //! scratch directory) and `USER`.
@@ -13,6 +14,7 @@ use std::process::Stdio;
 use tokio::process::{Child, Command};
 
 use super::frames::ErrorKind;
+use super::netns::NetNs;
 
 /// `PATH` when the simulator's own environment has none.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -25,6 +27,8 @@ pub struct Launch<'a> {
     pub env: &'a BTreeMap<String, String>,
     pub user: Option<&'a str>,
     pub term: &'a str,
+    /// The VM's network namespace, entered between fork and exec.
+    pub net: Option<&'a NetNs>,
 }
 
 /// A refusal as the agent reports it: an `error` frame's kind and message.
@@ -76,6 +80,13 @@ pub fn command(scratch: &Path, launch: &Launch<'_>) -> Result<Command, Refused> 
         cmd.env("HOME", scratch).env("USER", user);
     }
     cmd.envs(launch.env);
+    if let Some(net) = launch.net {
+        // SAFETY: the closure makes one system call (setns), which is
+        // async-signal-safe and allocates nothing.
+        unsafe {
+            cmd.pre_exec(net.enter_in_child());
+        }
+    }
     Ok(cmd)
 }
 
@@ -142,6 +153,7 @@ mod tests {
             env: &env,
             user: None,
             term: "dumb",
+            net: None,
         };
         let Err((kind, _)) = command(Path::new("/"), &launch) else {
             panic!("empty argv accepted")

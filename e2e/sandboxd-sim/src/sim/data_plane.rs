@@ -64,16 +64,21 @@ struct ExecBody {
     timeout_seconds: Option<i64>,
 }
 
-/// Kills a buffered exec's process group when the request goes away
-/// (finished, timed out, or its client hung up), and forgets it.
+/// A buffered exec's command: killed if still running when the request
+/// goes away (timed out, past the output cap, or its client hung up), and
+/// forgotten. Only the command itself: what it started in the background
+/// runs on, as in a VM.
 struct ExecGuard {
     vm: Arc<Vm>,
     pid: u32,
+    child: tokio::process::Child,
 }
 
 impl Drop for ExecGuard {
     fn drop(&mut self) {
-        let _ = self.vm.kill(self.pid, None);
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.start_kill();
+        }
         self.vm.unregister(self.pid);
     }
 }
@@ -156,8 +161,8 @@ impl Sim {
         })
     }
 
-    /// Where a guest port leads: a mapping for this sandbox, else one for
-    /// its template.
+    /// Where a guest port leads when it is mapped: a mapping for this
+    /// sandbox, else one for its template.
     fn port_target(&self, id: &str, port: u16) -> Option<SocketAddr> {
         let st = self.lock();
         let template = st.claims.get(id).map(|c| c.key.template.clone())?;
@@ -235,12 +240,16 @@ impl Sim {
                 .await
                 .map_err(Outcome::from)?
         };
-        let Some(target) = self.port_target(id, port) else {
-            return Err(unreachable().into());
+        // A mapping is an explicit override; else the guest's own
+        // 127.0.0.1:port (inside its namespace).
+        let guest = match self.port_target(id, port) {
+            Some(target) => TcpStream::connect(target).await,
+            None => vm.dial(port).await,
         };
-        let guest = TcpStream::connect(target)
-            .await
-            .map_err(|_| Outcome::from(unreachable()))?;
+        let guest = guest.map_err(|e| {
+            debug!(id, port, error = %e, "sandboxd-sim: guest port unreachable");
+            Outcome::from(unreachable())
+        })?;
         Ok(RelayGrant {
             hold: vm.hold(),
             vm,
@@ -283,8 +292,10 @@ impl Sim {
     }
 
     /// One claim as the admin API shows it: the record (with its token)
-    /// plus its guest side (scratch directory, processes, open relays) and
-    /// whether a hibernate or wake is running.
+    /// plus its guest side (scratch directory, network namespace, the
+    /// agent's processes, open relays) and whether a hibernate or wake is
+    /// running. The guest side is made on first use (an exec, a shell, a
+    /// relay); before that `scratch_dir` and `netns` are null.
     pub fn claim_state(&self, id: &str) -> Option<serde_json::Value> {
         let claim = self.lock().claims.get(id).cloned()?;
         let vm = self.guests.existing(id);
@@ -295,6 +306,7 @@ impl Sim {
             "open_relays": vm.as_ref().map_or(0, |v| v.open_relays()),
             "processes": vm.as_ref().map(|v| v.ps()).unwrap_or_default(),
             "scratch_dir": vm.as_ref().map(|v| v.scratch.display().to_string()),
+            "netns": vm.as_ref().and_then(|v| v.netns_path()),
         }))
     }
 
@@ -358,6 +370,7 @@ async fn run_buffered(
         env,
         user: None,
         term: "dumb",
+        net: vm.net(),
     };
     let mut child = match spawn_piped(&vm.scratch, &launch, false) {
         Ok(c) => c,
@@ -368,11 +381,13 @@ async fn run_buffered(
         return Reply::error(502, "the command vanished");
     };
     vm.register(pid, argv.to_vec(), None);
-    let _guard = ExecGuard {
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let mut guard = ExecGuard {
         vm: Arc::clone(vm),
         pid,
+        child,
     };
-    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+    let (Some(mut stdout), Some(mut stderr)) = (stdout, stderr) else {
         return Reply::error(502, "the command's output is not readable");
     };
     let run = async {
@@ -396,7 +411,7 @@ async fn run_buffered(
                 return Err(Reply::error(413, "output exceeds 8 MiB"));
             }
         }
-        let code = exit_code(child.wait().await);
+        let code = exit_code(guard.child.wait().await);
         Ok((code, out, err))
     };
     let result = match timeout {

@@ -156,6 +156,7 @@ impl Sim {
         c.hibernated = true;
         self.persist(&mut st);
         self.guests.freeze(id, true);
+        self.counters.hibernated(1);
         // Its memory is freed: a parked refill may go on.
         self.refill_all(&mut st);
         info!(id, "sandboxd-sim: hibernated");
@@ -202,6 +203,7 @@ impl Sim {
     }
 
     pub(super) async fn do_wake(self: &Arc<Self>, id: &str, late: Duration, fail: bool) -> Reply {
+        let started = std::time::Instant::now();
         let lock = self.transition_lock(id);
         let _held = lock.lock().await;
         tokio::time::sleep(late).await;
@@ -256,6 +258,8 @@ impl Sim {
         c.last_activity = Some(now);
         self.persist(&mut st);
         drop(st);
+        self.counters
+            .woken(started.elapsed(), kind == WakeKind::Unarchive);
         if kind == WakeKind::ColdBoot {
             // Memory is lost: the processes are gone, the disk stays.
             self.guests.kill_all(id);
@@ -477,6 +481,8 @@ impl Sim {
                 c.archive(now, retention);
             }
         }
+        self.counters.hibernated(hibernate.len());
+        self.counters.archived(archive.len());
         let touched: Vec<String> = hibernate.into_iter().chain(archive).collect();
         if !touched.is_empty() {
             self.persist(&mut st);
