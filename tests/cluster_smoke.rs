@@ -20,6 +20,8 @@ async fn scheduler_binds_by_toleration_and_gc_collects_dependents() {
     let client = cluster.client.clone();
     let ns = cluster.namespace("smoke").await;
     let node_name = format!("smoke-node-{}", support::suffix());
+    // Deleted at the end, or when the test fails.
+    let _node_cleanup = support::nodes::NodeCleanup::new(cluster.kubeconfig.clone(), &node_name);
 
     // A schedulable, tainted Node (no kubelet behind it).
     let nodes: Api<Node> = Api::all(client.clone());

@@ -117,6 +117,8 @@ async fn refuses_to_adopt_a_physical_node() {
     };
     let nodes: Api<Node> = Api::all(cluster.client.clone());
     let name = format!("physical-{}", support::suffix());
+    // Deleted at the end, or when the test fails.
+    let _node_cleanup = support::nodes::NodeCleanup::new(cluster.kubeconfig.clone(), &name);
     nodes
         .create(
             &PostParams::default(),
@@ -789,4 +791,108 @@ async fn restart_adopts_its_node_and_writes_only_what_changed() {
     .await;
     vk.wait_ready(&client, Duration::from_secs(30)).await;
     vk.delete_node(&client).await;
+}
+
+/// A test's Node is deleted when the test is over, also when it fails: the
+/// vk-sandbox under test is dropped while the test panics, and with it the
+/// Node (a Node left NotReady on the shared plane would be listed by every
+/// later `kubectl get nodes`, the demo's included).
+#[tokio::test]
+async fn a_failed_tests_node_is_deleted_with_it() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    let client = cluster.client.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel::<String>();
+    let failed = {
+        let cluster = support::TestCluster {
+            client: client.clone(),
+            kubeconfig: cluster.kubeconfig.clone(),
+        };
+        tokio::spawn(async move {
+            let vk = VkUnderTest::start(&cluster, "vk-failing", &[]).await;
+            vk.wait_ready(&cluster.client, Duration::from_secs(30))
+                .await;
+            let _ = tx.send(vk.node.clone());
+            panic!("a test failing with its vk-sandbox running");
+        })
+        .await
+    };
+    assert!(failed.is_err_and(|e| e.is_panic()));
+    let node = rx.await.expect("the Node was Ready before the panic");
+    let nodes: Api<Node> = Api::all(client);
+    wait_for(
+        "the failed test's Node deleted",
+        Duration::from_secs(30),
+        || async {
+            match nodes.get_opt(&node).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(_) => Err(format!("Node {node} still there")),
+            }
+        },
+    )
+    .await;
+}
+
+/// Which Nodes a later run sweeps: test-named, not Ready, silent for
+/// longer than the bound (the demo's and users' Nodes never).
+#[test]
+fn leftover_test_nodes_are_told_apart() {
+    use support::nodes::{LEFTOVER_AFTER, is_leftover, is_test_name};
+    for name in [
+        "vk-renode-0a1b2c3d",
+        "smoke-node-deadbeef",
+        "vk-lock-01234567-twin",
+    ] {
+        assert!(is_test_name(name), "{name}");
+    }
+    for name in [
+        "demo-sandboxd",
+        "node-a-sandboxd",
+        "deadbeef",
+        "vk-0a1b2c3",
+        "vk-0a1b2c3g",
+    ] {
+        assert!(!is_test_name(name), "{name}");
+    }
+    let now: jiff::Timestamp = "2026-12-05T12:00:00Z".parse().expect("time");
+    let ago = |minutes: i64| {
+        now.checked_sub(jiff::SignedDuration::from_mins(minutes))
+            .expect("time")
+    };
+    let node = |name: &str, ready: &str, created: jiff::Timestamp| -> Node {
+        support::from_json(json!({
+            "metadata": {"name": name, "creationTimestamp": created.to_string()},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]}
+        }))
+    };
+    let lease = |renewed: jiff::Timestamp| -> Lease {
+        support::from_json(json!({
+            "metadata": {"name": "x"},
+            "spec": {"renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}
+        }))
+    };
+    let old = node("vk-a-0a1b2c3d", "Unknown", ago(60));
+    assert!(is_leftover(&old, None, now, LEFTOVER_AFTER));
+    assert!(is_leftover(
+        &old,
+        Some(&lease(ago(30))),
+        now,
+        LEFTOVER_AFTER
+    ));
+    // Its Lease was renewed lately: a test of another binary still runs it.
+    assert!(!is_leftover(
+        &old,
+        Some(&lease(ago(1))),
+        now,
+        LEFTOVER_AFTER
+    ));
+    // Made lately, no Lease yet.
+    let young = node("vk-a-0a1b2c3d", "Unknown", ago(2));
+    assert!(!is_leftover(&young, None, now, LEFTOVER_AFTER));
+    // Ready, or not a test's.
+    let ready = node("vk-a-0a1b2c3d", "True", ago(60));
+    assert!(!is_leftover(&ready, None, now, LEFTOVER_AFTER));
+    let demo = node("demo-sandboxd", "Unknown", ago(600));
+    assert!(!is_leftover(&demo, None, now, LEFTOVER_AFTER));
 }

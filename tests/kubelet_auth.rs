@@ -190,6 +190,8 @@ async fn apiserver_reaches_the_kubelet_api_and_strangers_are_refused() {
     let vk = vk_client(&cluster).await;
     let ns = cluster.namespace("kauth-api").await;
     let node = format!("kauth-api-{}", support::suffix());
+    // Deleted at the end, or when the test fails.
+    let _node_cleanup = support::nodes::NodeCleanup::new(cluster.kubeconfig.clone(), &node);
     let plane = Arc::new(LocalPorts::default());
     let guest = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -39,10 +39,13 @@ pub async fn cluster() -> Option<TestCluster> {
         return None;
     };
     match client_for(&path).await {
-        Ok(client) => Some(TestCluster {
-            client,
-            kubeconfig: path,
-        }),
+        Ok(client) => {
+            nodes::sweep_leftovers(&client).await;
+            Some(TestCluster {
+                client,
+                kubeconfig: path,
+            })
+        }
         Err(e) if !required => {
             eprintln!("SKIPPED: cannot use {}: {e}", path.display());
             None
@@ -196,6 +199,7 @@ pub mod controller;
 pub mod crds;
 pub mod kubectl;
 pub mod kubelet;
+pub mod nodes;
 pub mod process;
 pub mod progress;
 pub mod prometheus;

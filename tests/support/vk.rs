@@ -10,6 +10,7 @@ use kube::api::DeleteParams;
 use kube::{Api, Client};
 use tokio::sync::OnceCell;
 
+use super::nodes::NodeCleanup;
 use super::process::{DEFAULT_RUST_LOG, VkProcess, free_port};
 use super::{TestCluster, sim, wait_for};
 
@@ -48,6 +49,20 @@ pub struct VkUnderTest {
     pub kubeconfig: PathBuf,
     pub process: VkProcess,
     rust_log: String,
+    /// Deletes the Node when this is dropped, the test failed or not
+    /// (after the process is stopped: a running vk-sandbox would register
+    /// it again).
+    node_cleanup: NodeCleanup,
+}
+
+impl Drop for VkUnderTest {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.process.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // `node_cleanup` is dropped next: the Node goes.
+    }
 }
 
 /// Options of [`VkUnderTest::start_with`].
@@ -82,6 +97,7 @@ impl VkUnderTest {
             std::fs::write(&state_path, state).expect("seed the state file");
         }
         let rust_log = opts.rust_log.unwrap_or(DEFAULT_RUST_LOG).to_string();
+        let node_cleanup = NodeCleanup::new(cluster.kubeconfig.clone(), &node);
         let mut vk = VkUnderTest {
             node,
             dir,
@@ -89,6 +105,7 @@ impl VkUnderTest {
             kubeconfig,
             process: VkProcess::none(),
             rust_log,
+            node_cleanup,
         };
         vk.process = vk.spawn(extra, None);
         vk
@@ -113,6 +130,7 @@ impl VkUnderTest {
     pub fn restart(&mut self, extra: &[&str]) {
         let ports = (self.process.kubelet_port, self.process.admin_port);
         self.process = self.spawn(extra, Some(ports));
+        self.node_cleanup.pending();
     }
 
     pub fn logs(&self) -> String {
@@ -158,9 +176,12 @@ impl VkUnderTest {
             self.process.signal(nix::sys::signal::Signal::SIGKILL);
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let _ = Api::<Node>::all(client.clone())
+        let deleted = Api::<Node>::all(client.clone())
             .delete(&self.node, &DeleteParams::default())
             .await;
+        if deleted.is_ok() {
+            self.node_cleanup.done();
+        }
     }
 }
 
