@@ -134,7 +134,7 @@ fuzz: ## Fuzz each target in fuzz/ for FUZZ_SECONDS (default 60) on nightly; fai
 	./e2e/fuzz.sh $(FUZZ_SECONDS)
 
 .PHONY: demo
-demo: ## Set-up (e2e/deps.sh demo), then local control plane + sandboxd simulator + upstream agent-sandbox controller + vk-sandbox: a Sandbox, a warm pool and a claim going Running
+demo: ## Set-up (e2e/deps.sh demo), then local control plane + sandboxd simulator + upstream agent-sandbox controller + vk-sandbox + metrics-server: a Sandbox, a warm pool and a claim going Running
 	./e2e/deps.sh demo
 	./e2e/demo.sh up
 

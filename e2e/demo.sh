@@ -5,10 +5,12 @@
 #   e2e/demo.sh up       build what is missing, start the local control plane,
 #                        the sandboxd simulator, the upstream agent-sandbox
 #                        controller (e2e/agent-sandbox.sh; the stand-in only
-#                        where its source is absent) and vk-sandbox, then
-#                        apply manifests/examples/: the Sandbox to Running /
-#                        Ready, the SandboxTemplate + SandboxWarmPool to warm
-#                        Pods, the SandboxClaim adopting one of them
+#                        where its source is absent), vk-sandbox and
+#                        metrics-server (e2e/metrics-server.sh; `kubectl top`),
+#                        then apply manifests/examples/: the Sandbox to
+#                        Running / Ready, the SandboxTemplate +
+#                        SandboxWarmPool to warm Pods, the SandboxClaim
+#                        adopting one of them
 #   e2e/demo.sh down     stop everything `up` started, then the control plane
 #   e2e/demo.sh status   what runs, and where its logs are
 #
@@ -16,8 +18,9 @@
 # already built); VK_DEMO_PROFILE=release builds and uses release ones;
 # VK_DEMO_NO_BUILD=1 uses the binaries already there.
 # Everything the demo writes (PIDs, logs, tokens, kubeconfigs, state) is in
-# .cache/demo/ (VK_DEMO_DIR). VK_DEMO_KEEP_CLUSTER=1 makes `down` leave the
-# control plane running.
+# .cache/demo/ (VK_DEMO_DIR); its kubeconfig for users (the admin's, with the
+# demo's namespace as the default) is .cache/demo/kubeconfig.
+# VK_DEMO_KEEP_CLUSTER=1 makes `down` leave the control plane running.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,7 +41,10 @@ claim_name=demo-claim
 # Started in this order, stopped in the reverse one. The Sandbox controller
 # is the upstream one (agent-sandbox-controller) or, without its source,
 # the stand-in (sandbox-controller).
-services=(sandboxd-sim agent-sandbox-controller sandbox-controller vk-sandbox)
+services=(sandboxd-sim agent-sandbox-controller sandbox-controller vk-sandbox metrics-server)
+# metrics-server as the plane's aggregated metrics API (`kubectl top`).
+metrics_api=v1beta1.metrics.k8s.io
+metrics_sa=demo-metrics-server
 
 t0=$SECONDS
 say() { printf 'demo [%3ss] %s\n' "$((SECONDS - t0))" "$*"; }
@@ -102,6 +108,8 @@ node_ready() { [[ "$(jp get node "$node" -o 'jsonpath={.status.conditions[?(@.ty
 pod_bound() { [[ "$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.spec.nodeName}')" == "$node" ]]; }
 pod_running() { [[ "$(jp -n "$ns" get pod "$sandbox" -o 'jsonpath={.status.phase}')" == Running ]]; }
 sandbox_ready() { [[ "$(jp -n "$ns" get sandbox "$sandbox" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
+top_works() { kc -n "$ns" top pod "$sandbox" --no-headers >/dev/null 2>&1; }
+metrics_server_live() { curl -fsSk --max-time 1 "https://127.0.0.1:$(cat "$dir/metrics-server.port")/livez"; }
 sim_up() { curl -fsS --max-time 1 -H "Authorization: Bearer $(cat "$dir/sandboxd.token")" "$(cat "$dir/sandboxd.url")/v1/info"; }
 ns_gone() { ! kc get namespace "$ns" >/dev/null 2>&1; }
 # Pods of the warm pool's Sandboxes Running (label the pool puts on them).
@@ -194,6 +202,11 @@ cmd_up() {
     rm -rf "$dir/vk-state" "$dir/sandboxd-sim"
   fi
   say "control plane ready: $(admin_kubeconfig)"
+  # The user's kubeconfig: the admin's, the demo's namespace the default,
+  # so the README's quick tour runs as written.
+  (umask 077; cp "$(admin_kubeconfig)" "$dir/kubeconfig")
+  "$(k8s_bin)/kubectl" --kubeconfig "$dir/kubeconfig" config set-context --current \
+    --namespace "$ns" >/dev/null
 
   # sandboxd simulator: a root token, one warm pool, persisted claims.
   local sim_port kubelet_port admin_port
@@ -253,6 +266,7 @@ cmd_up() {
   wait_until "node $node Ready" 60 vk-sandbox node_ready
   say "node $node is Ready"
   alive "$ctl" || { log_tail "$ctl"; die "$ctl exited"; }
+  start_metrics_server
 
   say "creating Sandbox $ns/$sandbox ($(realpath --relative-to="$root" "$example"))"
   kc -n "$ns" apply -f "$example" >/dev/null
@@ -272,6 +286,14 @@ cmd_up() {
       say "Sandbox $ns/$sandbox is not Ready after 30s: $(jp -n "$ns" get sandbox "$sandbox" \
         -o 'jsonpath={.status.conditions[?(@.type=="Ready")].message}')"
     fi
+    if [[ -s "$dir/metrics-server.port" ]] && alive metrics-server; then
+      say "waiting for kubectl top pod $sandbox (metrics-server scrapes the node's /metrics/resource every 10s)"
+      if SOFT=1 wait_until "kubectl top pod" 90 metrics-server top_works; then
+        say "kubectl top pod $sandbox: $(kc -n "$ns" top pod "$sandbox" --no-headers 2>/dev/null)"
+      else
+        say "NOTE: kubectl top pod $sandbox does not answer yet: $(kc -n "$ns" top pod "$sandbox" 2>&1 | tail -n 1)"
+      fi
+    fi
     say "waiting for the NodeInventory to list the sandbox"
     if SOFT=1 wait_until "NodeInventory $node with the sandbox" 30 vk-sandbox inventory_listed; then
       say "NodeInventory $node: $(jp get nodeinventories.sandbox.cocoonstack.io "$node" \
@@ -286,6 +308,64 @@ cmd_up() {
   fi
   $upstream && warm_pool_tour
   summary
+}
+
+# metrics-server (built from its Go module by e2e/metrics-server.sh, cached)
+# as the plane's metrics API, scraping the demo's node as it scrapes any
+# kubelet: its own ServiceAccount, the APIService v1beta1.metrics.k8s.io
+# through an ExternalName Service naming localhost. Registered only once it
+# serves: an aggregated API that does not answer stalls namespace deletion.
+start_metrics_server() {
+  local bin status=0
+  bin=$("$here/metrics-server.sh" build) || status=$?
+  if (( status == 3 )); then
+    say "NOTE: no kubectl top in this demo: $bin"
+    return 0
+  elif (( status != 0 )); then
+    die "e2e/metrics-server.sh build failed"
+  fi
+  kc -n kube-system create serviceaccount "$metrics_sa" --dry-run=client -o yaml | kc apply -f - >/dev/null
+  kc create clusterrolebinding "$metrics_sa" --clusterrole=cluster-admin \
+    --serviceaccount="kube-system:$metrics_sa" --dry-run=client -o yaml | kc apply -f - >/dev/null
+  "$here/cluster.sh" sa-kubeconfig "$dir/metrics-server.kubeconfig" kube-system "$metrics_sa" >/dev/null
+  local port
+  port=$(free_port 18443)
+  echo "$port" >"$dir/metrics-server.port"
+  say "starting metrics-server on 127.0.0.1:$port (kubectl top; node $node only)"
+  start metrics-server "$bin" --kubeconfig="$dir/metrics-server.kubeconfig" \
+    --authentication-kubeconfig="$dir/metrics-server.kubeconfig" \
+    --authorization-kubeconfig="$dir/metrics-server.kubeconfig" \
+    --cert-dir="$dir/metrics-server-certs" --bind-address=127.0.0.1 --secure-port="$port" \
+    --kubelet-insecure-tls --kubelet-preferred-address-types=InternalIP \
+    --kubelet-use-node-status-port --kubelet-request-timeout=5s --metric-resolution=10s \
+    --node-selector="kubernetes.io/hostname=$node"
+  wait_until "metrics-server to serve" 60 metrics-server metrics_server_live
+  kc apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: $metrics_sa, namespace: kube-system}
+spec: {type: ExternalName, externalName: localhost}
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: $metrics_api}
+spec:
+  group: metrics.k8s.io
+  version: v1beta1
+  service: {namespace: kube-system, name: $metrics_sa, port: $port}
+  insecureSkipTLSVerify: true
+  groupPriorityMinimum: 100
+  versionPriority: 100
+EOF
+}
+
+# The metrics API goes first (a registered API nobody serves stalls
+# namespace deletion), then what it was made of.
+stop_metrics_api() {
+  kc delete apiservice "$metrics_api" --ignore-not-found >/dev/null 2>&1 || true
+  kc -n kube-system delete service "$metrics_sa" --ignore-not-found >/dev/null 2>&1 || true
+  kc delete clusterrolebinding "$metrics_sa" --ignore-not-found >/dev/null 2>&1 || true
+  kc -n kube-system delete serviceaccount "$metrics_sa" --ignore-not-found >/dev/null 2>&1 || true
 }
 
 # The warm pool and a claim (upstream agent-sandbox's extensions).
@@ -319,39 +399,48 @@ summary() {
   sim_url=$(cat "$dir/sandboxd.url" 2>/dev/null || echo http://127.0.0.1:7777)
   cat <<EOF
 
-The demo is running. Admin kubeconfig: $(admin_kubeconfig)
+The demo is running. Its kubeconfig: $dir/kubeconfig (the admin's, namespace $ns)
 (vk-sandbox itself runs as the ServiceAccount of manifests/rbac.yaml: $dir/vk-sandbox.kubeconfig)
-Logs and PIDs: $dir/{vk-sandbox,agent-sandbox-controller,sandboxd-sim}.{log,pid}
+Logs and PIDs: $dir/{vk-sandbox,agent-sandbox-controller,sandboxd-sim,metrics-server}.{log,pid}
 
-In your shell:
-  export KUBECONFIG=$(admin_kubeconfig)
+In your shell (in this checkout: the tour uses manifests/examples/):
+  export KUBECONFIG=$dir/kubeconfig
   alias kubectl=$(k8s_bin)/kubectl
   alias sandboxd-sim=$bindir/sandboxd-sim; export SANDBOXD_SIM_URL=$sim_url
 
-Then try:
-  kubectl get node $node -o wide
+Then try (the README's "Quick tour"):
+  kubectl get node $node -o wide; kubectl get sandboxes,pods -o wide
+  # Into the VM: a command (its exit code is kubectl's), a shell under a terminal
+  kubectl exec $sandbox -- sh -c 'uname -a; exit 3'; echo "exit code \$?"
+  kubectl exec -it $sandbox -- sh                      # exit to leave
+  # A server started in the sandbox (the guest is this machine's userland, on a
+  # loopback of its own), reached through port-forward
+  kubectl exec $sandbox -- sh -c 'echo hello from the sandbox >index.html; python3 -m http.server 8080 >http.log 2>&1 &'
+  kubectl port-forward pod/$sandbox 18080:8080 & sleep 1; curl -s localhost:18080; kill %1
+  kubectl top pod $sandbox                             # the VM's memory, through metrics-server
+  # Suspend: the Pod goes, the VM is hibernated (its processes stopped, memory kept);
+  # resume: a new Pod adopts the same VM, the server still running
+  kubectl patch sandbox $sandbox --type merge -p '{"spec":{"operatingMode":"Suspended"}}'
+  kubectl wait --for=delete pod/$sandbox; kubectl get sandbox $sandbox      # Ready False: SandboxSuspended
+  sandboxd-sim ctl claims | jq -c '.[] | {id, claim_ref, hibernated}'; ps -o pid,stat,args -C python3   # stopped: T
+  kubectl patch sandbox $sandbox --type merge -p '{"spec":{"operatingMode":"Running"}}'
+  kubectl wait --for=create pod/$sandbox; kubectl wait --for=condition=Ready pod/$sandbox
+  kubectl port-forward pod/$sandbox 18080:8080 & sleep 1; curl -s localhost:18080; kill %1
+  # Delete the Pod: the controller re-creates it and vk-sandbox adopts the same
+  # VM (same claim-id, no new claim); delete the Sandbox: its VM is released
+  kubectl get pod $sandbox -o jsonpath='{.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}{"\n"}'
+  kubectl delete pod $sandbox; kubectl wait --for=create pod/$sandbox
+  kubectl get pod $sandbox -o jsonpath='{.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}{"\n"}'
+  kubectl delete sandbox $sandbox; sandboxd-sim ctl requests --path /v1/sandboxes/
+  # The warm pool and the claim (manifests/examples/sandbox{template,warmpool,claim}.yaml)
+  kubectl get sandboxtemplates,sandboxwarmpools,sandboxclaims,sandboxes
+  kubectl get sandboxclaim $claim_name -o jsonpath='{.status.sandbox.name}{"\n"}'   # the adopted Sandbox
+  kubectl delete sandboxclaim $claim_name; kubectl delete sandboxwarmpool $pool_name   # their VMs released
+  # Behind the scenes
   kubectl get nodeinventories.sandbox.cocoonstack.io $node -o yaml   # what sandboxd holds, published every 5s
-  kubectl -n $ns get sandboxes,pods -o wide
-  # delete the Pod: the controller re-creates it, vk-sandbox adopts the same claim (no new VM)
-  kubectl -n $ns delete pod $sandbox; kubectl -n $ns get pod $sandbox -w
-  kubectl -n $ns get pod $sandbox -o jsonpath='{.metadata.annotations.sandbox\.cocoonstack\.io/claim-id}{"\n"}'
-  sandboxd-sim ctl claims                      # live claims (one, whatever you delete)
-  sandboxd-sim ctl requests --path /v1/        # claim / release requests sandboxd received
-  # vk-sandbox's claims state (snapshot + journal), read-only; and against sandboxd's listing
+  sandboxd-sim ctl claims; sandboxd-sim ctl requests --path /v1/   # sandboxd's claims, and the requests it got
   $bindir/vk-sandbox claims list --state-path $dir/vk-state/claims.json
   $bindir/vk-sandbox claims verify --state-path $dir/vk-state/claims.json --sandboxd-url $sim_url --sandboxd-token-file $dir/sandboxd.token
-  # delete the Sandbox: the Pod is garbage-collected and vk-sandbox releases the VM
-  kubectl -n $ns delete sandbox $sandbox; kubectl -n $ns get pods -w
-  sandboxd-sim ctl requests --path /v1/sandboxes/
-  # again: kubectl -n $ns apply -f manifests/examples/sandbox.yaml
-  # the warm pool and the claim (manifests/examples/sandbox{template,warmpool,claim}.yaml)
-  kubectl -n $ns get sandboxtemplates,sandboxwarmpools,sandboxclaims,sandboxes
-  kubectl -n $ns get sandboxclaim $claim_name -o jsonpath='{.status.sandbox.name}{"\n"}'   # the adopted Sandbox
-  # delete the claim: its Sandbox goes and vk-sandbox releases exactly that VM
-  kubectl -n $ns delete sandboxclaim $claim_name; sandboxd-sim ctl requests --path /v1/sandboxes/
-  # scale the pool (down releases VMs, up claims new ones), or delete it
-  kubectl -n $ns patch sandboxwarmpool $pool_name --type merge -p '{"spec":{"replicas":3}}'
-  kubectl -n $ns delete sandboxwarmpool $pool_name
 
 Stop everything: make demo-down
 EOF
@@ -367,6 +456,7 @@ cmd_down() {
     kc -n "$ns" delete sandboxes --all --wait=true --timeout=20s >/dev/null 2>&1 || true
     SOFT=1 wait_until "the demo's Pods gone" 30 "" no_pods || true
   fi
+  cluster_ready && stop_metrics_api
   stop_services
   if [[ "${VK_DEMO_KEEP_CLUSTER:-0}" == 1 ]]; then
     if cluster_ready; then

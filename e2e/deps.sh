@@ -23,7 +23,7 @@ esac
 
 die() { echo "deps: error: $*" >&2; exit 1; }
 
-if [[ "$profile" == demo ]]; then progress_start deps 4; else progress_start deps 6; fi
+if [[ "$profile" == demo ]]; then progress_start deps 5; else progress_start deps 6; fi
 done_rust="" done_debian="" done_plane="" done_agent="" done_kubelet="" done_metrics=""
 
 progress_step "Rust toolchain and components"
@@ -57,8 +57,9 @@ fi
 done_rust=${done_rust:-"Rust components present; "}
 
 progress_step "Debian packages"
-# command -> package. The demo needs curl and openssl (the cluster's PKI).
-declare -A pkgs=([openssl]=openssl [curl]=curl)
+# command -> package. The demo needs curl and openssl (the cluster's PKI),
+# python3 (the server its tour starts in a sandbox) and jq (its tour too).
+declare -A pkgs=([openssl]=openssl [curl]=curl [python3]=python3 [jq]=jq)
 if [[ "$profile" != demo ]]; then
   pkgs+=(
     [promtool]=prometheus
@@ -67,7 +68,6 @@ if [[ "$profile" != demo ]]; then
     [shellcheck]=shellcheck
     [file]=file
     [musl-gcc]=musl-tools
-    [jq]=jq
     # The real node of the tests (e2e/real-node.sh): its container runtime.
     [containerd]=containerd
     [runc]=runc
@@ -130,18 +130,17 @@ if [[ "$profile" != demo ]]; then
   fi
 fi
 
-if [[ "$profile" != demo ]]; then
-  # The `kubectl top pod` test's metrics-server (tests/e2e_streaming.rs),
-  # built here so its cold Go build shows as a step of its own.
-  progress_step "metrics-server (the kubectl top test)"
-  ms_status=0
-  ms=$("$here/metrics-server.sh" build) || ms_status=$?
-  case $ms_status in
-    0) done_metrics="metrics-server: $ms; " ;;
-    3) done_metrics="note: $ms; "; progress_note "$ms" ;;
-    *) die "building metrics-server failed (e2e/metrics-server.sh build)" ;;
-  esac
-fi
+# metrics-server for `kubectl top pod`: the demo's and its test's
+# (tests/e2e_streaming.rs), built here so its cold Go build shows as a step
+# of its own.
+progress_step "metrics-server (kubectl top)"
+ms_status=0
+ms=$("$here/metrics-server.sh" build) || ms_status=$?
+case $ms_status in
+  0) done_metrics="metrics-server: $ms; " ;;
+  3) done_metrics="note: $ms; "; progress_note "$ms" ;;
+  *) die "building metrics-server failed (e2e/metrics-server.sh build)" ;;
+esac
 
 progress_step "upstream agent-sandbox controller"
 # The Sandbox controller of the tests and the demo. Its source is not in

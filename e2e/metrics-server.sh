@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # metrics-server (sigs.k8s.io/metrics-server), built from its Go module, for
-# the `kubectl top pod` end-to-end test (tests/e2e_streaming.rs).
+# `kubectl top pod`: the demo's (e2e/demo.sh) and its end-to-end test
+# (tests/e2e_streaming.rs).
 #
 #   e2e/metrics-server.sh build   build it (or reuse the cached build) and
 #                                 print the binary's path; exit 3 with the
