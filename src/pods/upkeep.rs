@@ -57,6 +57,7 @@ const BACKOFF_CAP: Duration = Duration::from_secs(300);
 struct Slot {
     recheck_at: Option<Timestamp>,
     retry_at: Option<Timestamp>,
+    renewal_waits_until: Option<Timestamp>,
     failures: u32,
 }
 
@@ -137,6 +138,7 @@ impl Turn for LifecycleUpkeep {
                 reference_unserved: unserved,
                 retry_at: slot.and_then(|s| s.retry_at),
                 recheck_at: slot.and_then(|s| s.recheck_at),
+                renewal_waits_until: slot.and_then(|s| s.renewal_waits_until),
             };
             if !settings.renew_margin.is_zero()
                 && !matches!(claim.lifecycle.vm, VmState::Archived { .. })
@@ -167,11 +169,11 @@ impl Turn for LifecycleUpkeep {
                 let went = look_after(ctx, store, settings, &key, &claim, why)
                     .instrument(span)
                     .await;
-                (key, claim, here, unserved, went)
+                (key, claim, here, unserved, why, went)
             })
             .buffer_unordered(AT_ONCE)
             .inspect(|_| beat.beat())
-            .collect::<Vec<(String, Claim, PodHere, bool, Went)>>();
+            .collect::<Vec<(String, Claim, PodHere, bool, Due, Went)>>();
         tokio::pin!(work);
         let mut tick = tokio::time::interval(BEAT_WHILE_WAITING);
         let results = loop {
@@ -181,18 +183,22 @@ impl Turn for LifecycleUpkeep {
             }
         };
         let now = Timestamp::now();
-        for (key, claim, here, unserved, went) in results {
+        for (key, claim, here, unserved, why, went) in results {
             let slot = self.slots.entry((key, claim.id.clone())).or_default();
             match went {
-                Went::Through => {
+                Went::Through | Went::Waited => {
                     slot.failures = 0;
                     slot.retry_at = None;
                     slot.recheck_at = schedule::cadence(&claim.lifecycle.vm, here, unserved)
                         .and_then(|c| later(now, c));
+                    slot.renewal_waits_until = (went == Went::Waited && why == Due::Renewal)
+                        .then(|| later(now, schedule::renewal_wait(claim.deadline, now)))
+                        .flatten();
                 }
                 Went::Changed => {
                     slot.retry_at = None;
                     slot.recheck_at = None;
+                    slot.renewal_waits_until = None;
                 }
                 Went::Failed => {
                     slot.failures = slot.failures.saturating_add(1);
@@ -407,7 +413,7 @@ async fn act(
                 debug!(%why, "owner in doubt; asked again later");
                 return Some(Went::Failed);
             }
-            Went::Through
+            Went::Waited
         }
         Upkeep::Renew(ttl) => renew(ctx, key, claim, pod, ttl, regarding, held).await,
         _ if held == Held::No => return None,

@@ -195,7 +195,13 @@ pub fn upkeep(t: &Turn<'_>) -> Upkeep {
         },
         // No Pod here: the stored owner decides alone.
         (false, OwnerState::None) => Upkeep::Wait("no owner is known for this claim".into()),
-        (false, OwnerState::Doubt(why)) => Upkeep::Wait(format!("the owner is in doubt: {why}")),
+        // A doubt (an apiserver outage, a 403, a kind not served) releases
+        // nothing, but it renews a due lease: a renewal is reversible, a VM
+        // reaped under a living owner is not.
+        (false, OwnerState::Doubt(why)) => match renew_if_due(t, None) {
+            Upkeep::Renew(ttl) => Upkeep::Renew(ttl),
+            _ => Upkeep::Wait(format!("the owner is in doubt: {why}")),
+        },
         (false, OwnerState::Gone(why)) => Upkeep::Release(why.clone()),
         (false, OwnerState::Alive(intent)) => {
             if let Some(why) = intent.expired(t.now) {
@@ -206,7 +212,12 @@ pub fn upkeep(t: &Turn<'_>) -> Upkeep {
                     && !t.hibernate_refused
                     && matches!(t.vm, VmState::Running | VmState::Hibernating { .. });
                 if hibernate {
-                    return Upkeep::Hibernate("the owner is suspended".into());
+                    // A due lease first (a renewal does not wake): a hibernate
+                    // that keeps failing must not let sandboxd reap the VM.
+                    return match renew_if_due(t, intent.shutdown_time) {
+                        Upkeep::Renew(ttl) => Upkeep::Renew(ttl),
+                        _ => Upkeep::Hibernate("the owner is suspended".into()),
+                    };
                 }
                 return renew_if_due(t, intent.shutdown_time);
             }

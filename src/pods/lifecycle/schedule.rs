@@ -145,6 +145,10 @@ pub struct Facts<'a> {
     /// having no Pod here (or an unserved reference) before this (its
     /// cadence). A renewal or a pending hibernate does not wait for it.
     pub recheck_at: Option<Timestamp>,
+    /// After a due renewal decided to wait (the lease already reaches the
+    /// owner's `shutdownTime`, the VM is archived, the owner expired): the
+    /// renewal is not looked at again before this ([`renewal_wait`]).
+    pub renewal_waits_until: Option<Timestamp>,
 }
 
 /// Why a claim's upkeep turn has come.
@@ -165,7 +169,9 @@ pub fn due(f: &Facts<'_>, margin: Duration, now: Timestamp) -> Option<Due> {
     if f.pod == PodHere::No && matches!(f.vm, VmState::Hibernating { .. }) {
         return Some(Due::PendingHibernate);
     }
-    if renew_at(&f.lease, margin).is_some_and(|at| at <= now) {
+    if renew_at(&f.lease, margin).is_some_and(|at| at <= now)
+        && !f.renewal_waits_until.is_some_and(|t| t > now)
+    {
         return Some(Due::Renewal);
     }
     if f.recheck_at.is_some_and(|t| t > now) {
@@ -176,6 +182,25 @@ pub fn due(f: &Facts<'_>, margin: Duration, now: Timestamp) -> Option<Due> {
         PodHere::Running if f.reference_unserved => Some(Due::UnservedReference),
         _ => None,
     }
+}
+
+/// The shortest and longest a due renewal that decided to wait is left
+/// alone before it is looked at again.
+pub const RENEWAL_WAIT_MIN: Duration = Duration::from_secs(2);
+pub const RENEWAL_WAIT_MAX: Duration = Duration::from_secs(300);
+
+/// How long a due renewal that decided to wait is left alone: a quarter of
+/// what is left of the lease, between [`RENEWAL_WAIT_MIN`] and
+/// [`RENEWAL_WAIT_MAX`]. Far from its end the owner is asked every few
+/// minutes (not every turn: one owner GET per claim per turn for hours),
+/// and more often as the end nears, so a later `shutdownTime` is still
+/// seen in time to renew.
+pub fn renewal_wait(deadline: Option<Timestamp>, now: Timestamp) -> Duration {
+    let Some(deadline) = deadline else {
+        return RENEWAL_WAIT_MAX;
+    };
+    let left = deadline.duration_since(now).as_millis().max(0) as u64;
+    Duration::from_millis(left / 4).clamp(RENEWAL_WAIT_MIN, RENEWAL_WAIT_MAX)
 }
 
 /// When a claim is looked at again after a turn that went through: `None`
@@ -352,6 +377,7 @@ mod tests {
             reference_unserved: false,
             retry_at: None,
             recheck_at: None,
+            renewal_waits_until: None,
         }
     }
 
@@ -455,6 +481,41 @@ mod tests {
             d(recheck(facts(fresh(), &pending, PodHere::No))),
             Some(Due::PendingHibernate)
         );
+        // A due renewal that decided to wait is held back until its wait
+        // ends (not every turn), and only the renewal is.
+        let waiting = |f: Facts<'_>, until: &str| -> Option<Due> {
+            d(Facts {
+                renewal_waits_until: Some(ts(until)),
+                ..f
+            })
+        };
+        assert_eq!(
+            waiting(
+                facts(due_soon(), &running, PodHere::Running),
+                "2026-12-02T12:00:01Z"
+            ),
+            None
+        );
+        assert_eq!(
+            waiting(facts(due_soon(), &running, PodHere::Running), NOW_S),
+            Some(Due::Renewal),
+            "at the end of its wait"
+        );
+        assert_eq!(
+            waiting(
+                facts(due_soon(), &hibernated, PodHere::No),
+                "2026-12-02T12:00:01Z"
+            ),
+            Some(Due::NoPodHere),
+            "the owner's recheck still comes at its cadence"
+        );
+        assert_eq!(
+            waiting(
+                facts(due_soon(), &pending, PodHere::No),
+                "2026-12-02T12:00:01Z"
+            ),
+            Some(Due::PendingHibernate)
+        );
         // Renewal off: only the rest.
         assert_eq!(
             due(
@@ -464,6 +525,21 @@ mod tests {
             ),
             None
         );
+    }
+
+    const NOW_S: &str = "2026-12-02T12:00:00Z";
+
+    #[test]
+    fn a_waiting_renewal_is_asked_about_more_often_as_its_end_nears() {
+        let now = ts(NOW_S);
+        let at = |s: &str| renewal_wait(Some(ts(s)), now);
+        assert_eq!(at("2026-12-02T22:00:00Z"), RENEWAL_WAIT_MAX, "10 h left");
+        assert_eq!(at("2026-12-02T12:20:00Z"), RENEWAL_WAIT_MAX, "20 min left");
+        assert_eq!(at("2026-12-02T12:10:00Z"), Duration::from_secs(150));
+        assert_eq!(at("2026-12-02T12:00:40Z"), Duration::from_secs(10));
+        assert_eq!(at("2026-12-02T12:00:04Z"), RENEWAL_WAIT_MIN, "4 s left");
+        assert_eq!(at("2026-12-02T11:00:00Z"), RENEWAL_WAIT_MIN, "past");
+        assert_eq!(renewal_wait(None, now), RENEWAL_WAIT_MAX, "no end");
     }
 
     #[test]

@@ -227,6 +227,12 @@ impl Provider {
         self
     }
 
+    /// The claims store, for tests that set a row's state directly.
+    #[cfg(test)]
+    pub fn claims_store(&self) -> &Arc<ClaimsStore> {
+        &self.claims
+    }
+
     /// Waits until `key` is free and holds it: every reconcile, and each
     /// unit of work of the side loops, runs under its key's lock.
     pub async fn lock_key(&self, key: &str) -> KeyGuard {

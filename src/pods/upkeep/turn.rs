@@ -6,6 +6,9 @@
 pub(super) enum Went {
     /// Done (or nothing to do): look again at its cadence.
     Through,
+    /// Decided to wait (nothing was done): as [`Went::Through`], and a due
+    /// renewal is not looked at again before its wait ends.
+    Waited,
     /// Could not decide or act: back off.
     Failed,
     /// The key's row or Pod changed while its owner was asked: nothing was

@@ -376,11 +376,19 @@ fn upkeep_table() {
         // No Pod here.
         case("no owner known", false, None, VmState::Running, DUE, "wait"),
         case(
-            "doubt: never renewed on a doubt alone",
+            "doubt, due: renewed (reversible), never released",
             false,
             Doubt("503".into()),
             hibernated(),
             DUE,
+            "renew",
+        ),
+        case(
+            "doubt, fresh: wait",
+            false,
+            Doubt("503".into()),
+            hibernated(),
+            FRESH,
             "wait",
         ),
         case(
@@ -426,6 +434,22 @@ fn upkeep_table() {
             hibernating(),
             FRESH,
             "hibernate",
+        ),
+        case(
+            "suspended, hibernate pending, due: renewed first",
+            false,
+            Alive(suspended()),
+            hibernating(),
+            DUE,
+            "renew",
+        ),
+        case(
+            "suspended, VM running, due: renewed first",
+            false,
+            Alive(suspended()),
+            VmState::Running,
+            DUE,
+            "renew",
         ),
         case(
             "suspended, hibernated, due: renewed without waking",
