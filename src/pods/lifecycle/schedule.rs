@@ -170,7 +170,7 @@ pub fn due(f: &Facts<'_>, margin: Duration, now: Timestamp) -> Option<Due> {
         return Some(Due::PendingHibernate);
     }
     if renew_at(&f.lease, margin).is_some_and(|at| at <= now)
-        && !f.renewal_waits_until.is_some_and(|t| t > now)
+        && f.renewal_waits_until.is_none_or(|t| t <= now)
     {
         return Some(Due::Renewal);
     }
