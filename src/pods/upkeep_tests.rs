@@ -24,6 +24,8 @@ const SUSPENDED: u8 = 1;
 const GONE: u8 = 2;
 /// Alive, running, with a `shutdownTime` a minute away ([`ENDS_AT`]).
 const ENDING: u8 = 3;
+/// A new generation: a Sandbox of the same name, another UID (`o2`).
+const REBORN: u8 = 4;
 const KEY: &str = "ns/sb";
 
 /// The `shutdownTime` of an [`ENDING`] owner: a minute from the test
@@ -76,6 +78,7 @@ async fn scene_slow(owner: u8, list: Duration) -> Scene {
                         obj["spec"] = json!({"operatingMode": "Suspended"});
                         (code, obj)
                     }
+                    REBORN => sandbox("o2", false),
                     ENDING => {
                         let (code, mut obj) = sandbox("o1", false);
                         obj["spec"] = json!({"shutdownTime": ends_at().to_string()});
@@ -710,4 +713,59 @@ async fn a_due_renewal_that_waits_is_not_asked_about_every_turn() {
     }
     assert_eq!(s.owner_gets(), 1, "the owner asked on every turn");
     assert_eq!(s.sandboxd(&id, "renew"), 0, "nothing to renew");
+}
+
+/// A suspended Sandbox deleted and re-created under the same name: the new
+/// Sandbox's Pod does not get (nor wake) the old one's hibernated VM; the
+/// old generation's VM is released and a fresh one claimed. (Defect review
+/// 2026-12-b, finding 6: it was woken and adopted.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_owner_generation_does_not_adopt_the_old_ones_vm() {
+    let s = scene(SUSPENDED).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    assert!(matches!(vm(&s), VmState::Hibernated { .. }), "{:?}", vm(&s));
+    s.owner_is(REBORN);
+    let outcome = within(s.w.ctx.provider.create(&Arc::new(owned_pod("p2", "o2"))))
+        .await
+        .expect("a fresh claim");
+    assert_eq!(s.sandboxd(&id, "wake"), 0, "the old VM was woken");
+    assert!(
+        matches!(&outcome, super::provider::Created::Claimed { id: new, .. } if *new != id),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        release_requests(&s.w.sim),
+        [format!("/v1/sandboxes/{id}/release")],
+        "the old generation's VM not released"
+    );
+    let row =
+        s.w.ctx
+            .provider
+            .settled_claims_of(KEY)
+            .expect("the new row");
+    assert_ne!(row.id, id);
+}
+
+/// While the recorded owner generation still exists, a Pod of another
+/// controller gets nothing: no wake, no release, the row kept; it waits.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_of_another_controller_waits_while_the_recorded_owner_lives() {
+    let s = scene(SUSPENDED).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    let failed = within(s.w.ctx.provider.create(&Arc::new(owned_pod("p2", "o2"))))
+        .await
+        .expect_err("it waits");
+    assert!(
+        failed.message.contains("still exists"),
+        "{}",
+        failed.message
+    );
+    assert_eq!(s.sandboxd(&id, "wake"), 0);
+    assert!(release_requests(&s.w.sim).is_empty());
+    assert_eq!(
+        s.w.ctx.provider.settled_claims_of(KEY).map(|c| c.id),
+        Some(id)
+    );
 }

@@ -5,14 +5,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use jiff::Timestamp;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::create_step::{CreateStep, adoption, claim_failed, next_step};
-use super::lifecycle::WakeError;
+use super::lifecycle::{WakeError, reference};
 use super::verification::Ask;
-use super::{CreateFailure, Created, Provider, view};
-use crate::claims::{Claim, Lifecycle, VmState};
+use super::{CreateFailure, Created, Provider, lock, view};
+use crate::claims::{Claim, Lifecycle, OwnerRef, VmState};
 use crate::pods::failure::Cause;
+use crate::pods::lifecycle::decide::{OwnerState, owner_state};
 use crate::pods::lifecycle::reason;
 use crate::pods::pod::Pod;
 use crate::pods::{authority, claim_ref, status};
@@ -93,6 +94,9 @@ impl Provider {
                 CreateStep::Resume { wake } => {
                     return self.adopt(pod, &k, claim, true, *wake).await;
                 }
+                CreateStep::Supersede(owner) => {
+                    self.supersede(pod, &k, &claim, owner).await?;
+                }
                 CreateStep::DropUnrecorded => {
                     let _ = self.claims.remove(&k, &claim.id).await;
                 }
@@ -114,6 +118,45 @@ impl Provider {
         Err(CreateFailure::ours(format!(
             "the claim path for {k} did not settle in {MAX_STEPS} steps; retried later"
         )))
+    }
+
+    /// The row's VM serves another owner generation than `pod`'s: its
+    /// recorded `owner` decides. Gone (deleted, or replaced by a new object
+    /// of its name): its VM is released and the row dropped, so the create
+    /// goes on to claim a fresh one. Alive or in doubt: nothing is handed
+    /// over and the Pod waits, retried.
+    async fn supersede(
+        &self,
+        pod: &Pod,
+        k: &str,
+        claim: &Claim,
+        owner: &OwnerRef,
+    ) -> Result<(), CreateFailure> {
+        let lookup = self.lookup_owner(k, owner).await;
+        let held_for = format!(
+            "sandbox {} under {k} was claimed for {} {} (uid {})",
+            claim.id, owner.kind, owner.name, owner.uid
+        );
+        match owner_state(Some(&reference(owner)), &lookup) {
+            OwnerState::Gone(why) => {
+                info!(pod = %k, sandbox = %claim.id, %why,
+                      "the claim's owner generation is gone: released, a fresh one is claimed");
+                self.release_held(k, claim).await.map_err(|e| {
+                    CreateFailure::ours(format!(
+                        "{held_for}, which is gone ({why}); releasing it failed, retried                          before a fresh sandbox is claimed for Pod {}: {e}",
+                        pod.uid()
+                    ))
+                })?;
+                lock(&self.preserved).remove(k);
+                Ok(())
+            }
+            OwnerState::Alive(_) | OwnerState::None => Err(CreateFailure::ours(format!(
+                "{held_for}, which still exists; this Pod's controller is another object, so                  that sandbox (its memory and files) is not handed over; the Pod waits until                  that owner is gone"
+            ))),
+            OwnerState::Doubt(why) => Err(CreateFailure::ours(format!(
+                "{held_for}; whether that owner still exists cannot be told ({why}), so                  nothing is handed over or released yet; retried"
+            ))),
+        }
     }
 
     /// A settled row past its cached deadline: sandboxd decides. Listed:

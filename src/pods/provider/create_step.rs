@@ -6,10 +6,10 @@
 use jiff::Timestamp;
 
 use super::CreateFailure;
-use crate::claims::{Claim, ClaimState};
-use crate::pods::annotations;
+use crate::claims::{Claim, ClaimState, OwnerRef};
 use crate::pods::failure::Cause;
 use crate::pods::pod::Pod;
+use crate::pods::{annotations, authority};
 use crate::sandboxd::{ClaimRequest, SandboxdError, Token};
 
 /// One step of a create.
@@ -32,6 +32,13 @@ pub enum CreateStep {
     /// A settled row made or adopted for this same Pod (a restart): resume
     /// it, nothing changed hands (`wake` as for [`CreateStep::Adopt`]).
     Resume { wake: bool },
+    /// A settled row whose VM serves another owner generation: the row
+    /// records an owner, and this (new) Pod's controller is another object
+    /// (a Sandbox deleted and re-created under the same name, or no
+    /// controller at all). The VM, its memory and files are not handed
+    /// over: the recorded owner is asked; gone, its VM is released and a
+    /// fresh one claimed; alive or in doubt, the Pod waits.
+    Supersede(OwnerRef),
     /// A tentative row without a credential: a recovered claim whose commit
     /// failed. The sandbox is the Pod's, not ours to return: drop the row
     /// and recover it again.
@@ -68,6 +75,9 @@ pub fn next_step(row: Option<(&Claim, ClaimState)>, pod: &Pod, now: Timestamp) -
     };
     match state {
         ClaimState::Quarantined => CreateStep::Verify,
+        ClaimState::Settled if let Some(owner) = other_generation(claim, pod) => {
+            CreateStep::Supersede(owner.clone())
+        }
         ClaimState::Settled if claim.deadline.is_some_and(|d| d <= now) => {
             CreateStep::ConfirmDeadline
         }
@@ -77,6 +87,17 @@ pub fn next_step(row: Option<(&Claim, ClaimState)>, pod: &Pod, now: Timestamp) -
             None => CreateStep::DropUnrecorded,
         },
     }
+}
+
+/// The owner recorded for `claim` when `pod`, a Pod other than the one
+/// the row was made or last adopted for, has another controller (by UID):
+/// the row's VM belongs to another owner generation. A row without a
+/// recorded owner (made before owners were recorded) has none to compare.
+fn other_generation<'a>(claim: &'a Claim, pod: &Pod) -> Option<&'a OwnerRef> {
+    let recorded = claim.lifecycle.owner.as_ref()?;
+    let same_pod = !claim.pod_uid.is_empty() && claim.pod_uid == pod.uid();
+    let controller = authority::controller_ref(pod).map(|r| r.uid.as_str());
+    (!same_pod && controller != Some(recorded.uid.as_str())).then_some(recorded)
 }
 
 /// Adopting a settled row: [`CreateStep::Resume`] when it was made or last
@@ -322,6 +343,88 @@ mod tests {
         ];
         for (name, row, pod, want) in cases {
             assert_eq!(next_step(row, pod, now), want, "{name}");
+        }
+    }
+
+    fn owned_by(mut p: Pod, uid: &str) -> Pod {
+        p.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "agents.x-k8s.io/v1beta1".into(),
+                kind: "Sandbox".into(),
+                name: "p".into(),
+                uid: uid.into(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            },
+        ]);
+        p
+    }
+
+    /// A row's VM goes to a new Pod only under the same owner generation
+    /// (defect review 2026-12-b, finding 6: a Sandbox re-created under the
+    /// same name woke and adopted the old one's VM).
+    #[test]
+    fn a_vm_is_adopted_only_by_its_owner_generation() {
+        use ClaimState::Settled;
+        let now = ts("2026-06-01T00:00:00Z");
+        let recorded = OwnerRef {
+            api_version: "agents.x-k8s.io/v1beta1".into(),
+            kind: "Sandbox".into(),
+            name: "p".into(),
+            uid: "o1".into(),
+        };
+        let held = |pod_uid: &str, deadline: Option<&str>| Claim {
+            lifecycle: Box::new(crate::claims::Lifecycle {
+                owner: Some(recorded.clone()),
+                ..Default::default()
+            }),
+            ..claim(pod_uid, Some("t"), deadline)
+        };
+        let plain = pod("u", &[(TEMPLATE, "base")]);
+        let (earlier, mine) = (held("u0", None), held("u", None));
+        let past = held("u0", Some("2026-05-31T00:00:00Z"));
+        let unrecorded = claim("u0", Some("t"), None);
+        let supersede = CreateStep::Supersede(recorded.clone());
+        let cases: Vec<(&str, &Claim, Pod, CreateStep)> = vec![
+            (
+                "same owner, a new Pod: adopt",
+                &earlier,
+                owned_by(plain.clone(), "o1"),
+                CreateStep::Adopt { wake: false },
+            ),
+            (
+                "another owner generation: not adopted",
+                &earlier,
+                owned_by(plain.clone(), "o2"),
+                supersede.clone(),
+            ),
+            (
+                "a new Pod without a controller: not adopted",
+                &earlier,
+                plain.clone(),
+                supersede.clone(),
+            ),
+            (
+                "another generation, past its deadline: not confirmed for it",
+                &past,
+                owned_by(plain.clone(), "o2"),
+                supersede,
+            ),
+            (
+                "the very Pod the row serves (a restart): resumed",
+                &mine,
+                owned_by(plain.clone(), "o2"),
+                CreateStep::Resume { wake: false },
+            ),
+            (
+                "no owner recorded (an older row): adopt",
+                &unrecorded,
+                owned_by(plain.clone(), "o2"),
+                CreateStep::Adopt { wake: false },
+            ),
+        ];
+        for (name, row, pod, want) in cases {
+            assert_eq!(next_step(Some((row, Settled)), &pod, now), want, "{name}");
         }
     }
 
