@@ -3,11 +3,13 @@
 # README's installation section asks users to install), for the e2e tests,
 # the reliability suite, the benchmarks and `make demo`.
 #
-#   e2e/agent-sandbox.sh build       build it with Go (or reuse the cached
+#   e2e/agent-sandbox.sh build       fetch and build it (or reuse the cached
 #                                    build) and print the binary's path
 #   e2e/agent-sandbox.sh which       print which Sandbox controller runs here:
 #                                    "upstream ..." (exit 0) or "stand-in ..."
 #                                    and why (exit 3)
+#   e2e/agent-sandbox.sh release     print the release the tests run
+#                                    ("v1.0.3", or "pre-1.0"); builds nothing
 #   e2e/agent-sandbox.sh crds KUBECONFIG
 #                                    apply its four CRDs server-side and wait
 #                                    until they are Established
@@ -16,31 +18,47 @@
 #                                    driver of e2e/sdk-driver (the upstream Go
 #                                    SDK in port-forward mode); print both
 #                                    paths, one a line
+#   e2e/agent-sandbox.sh router      build (or reuse) agent-sandbox's Go
+#                                    sandbox-router and print its path (no
+#                                    test runs it yet)
 #   e2e/agent-sandbox.sh run KUBECONFIG [FLAG...]
 #                                    `crds`, then run the controller in the
 #                                    foreground (exec), out of cluster, with
 #                                    the extensions (SandboxTemplate,
 #                                    SandboxWarmPool, SandboxClaim)
 #
-# The source is not part of this repository: it is the upstream tree
-# reduced to what the controller binary compiles (`src/`, Go module
-# sigs.k8s.io/agent-sandbox, which the Go module proxy does not serve; its
-# dependencies come from the proxy) and its CRDs (`crds/`, conversion `None`
-# for use out of cluster), in shared/agent-sandbox next to the checkout.
-# The binary is cached in .cache/agent-sandbox-<hash of src/>/, so a warm
-# run does not rebuild; the source folder is only read.
+# The release is the Go module sigs.k8s.io/agent-sandbox at the version
+# pinned in e2e/agent-sandbox-version, fetched by the Go toolchain from the
+# module proxy (checksum-verified) into Go's module cache; the controller,
+# the runtime and the router are built from it with the module's own go.mod
+# and go.sum, the CRDs are its k8s/crds. Builds and a copy of the CRDs are
+# cached in .cache/agent-sandbox-<version>/, so a warm run neither fetches
+# nor builds. No code of it is in this repository.
 #
-# Where the source is absent, `build` and `which` say so and exit 3; the
-# tests and the demo then fall back to the stand-in in e2e/sandbox-controller
-# and say that they do.
+# VK_AGENT_SANDBOX=pre-1.0 runs the older tree instead: kubernetes-sigs/
+# agent-sandbox at commit 2fd412d (before 1.0: it still serves v1alpha1 and
+# has a conversion webhook, started with --enable-webhook=false), which
+# the module proxy does not serve; its source (`src/`, reduced to what the
+# binaries compile) and CRDs (`crds/`, conversion `None`) are read from
+# VK_AGENT_SANDBOX_SRC, by default shared/agent-sandbox next to the
+# checkout, and cached in .cache/agent-sandbox-pre-1.0-<hash of src/>/.
+#
+# Where Go is missing, the module cannot be fetched (no network to the
+# module proxy) or, for pre-1.0, its source is absent, `build` and `which`
+# say so and exit 3; the tests and the demo then fall back to the stand-in
+# in e2e/sandbox-controller and say that they do. A failed build is an
+# error.
 #
 # Environment (all optional):
-#   VK_AGENT_SANDBOX_SRC        the folder holding src/ and crds/ (default
-#                               shared/agent-sandbox next to the checkout)
-#   VK_REQUIRE_REAL_CONTROLLER  1: a missing source or a failed build is an
-#                               error, never a fall back to the stand-in (CI)
-#   VK_SANDBOX_CONTROLLER       stand-in: use the stand-in although the
-#                               source is there
+#   VK_AGENT_SANDBOX            the release: a module version (default: the
+#                               one in e2e/agent-sandbox-version) or pre-1.0
+#   VK_AGENT_SANDBOX_SRC        pre-1.0 only: the folder holding src/ and
+#                               crds/ (default shared/agent-sandbox next to
+#                               the checkout)
+#   VK_REQUIRE_REAL_CONTROLLER  1: anything that would fall back to the
+#                               stand-in is an error instead (CI, make test)
+#   VK_SANDBOX_CONTROLLER       stand-in: use the stand-in although upstream
+#                               could run
 #   VK_AGENT_SANDBOX_PROBE_ADDR health probe address of `run`
 #                               (default 127.0.0.1:0, i.e. any free port)
 #   VK_K8S_BIN_DIR              where kubectl is (default: e2e/cluster.sh bin)
@@ -52,16 +70,29 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
+# shellcheck source=e2e/lib/progress.sh
+source "$here/lib/progress.sh"
+module=sigs.k8s.io/agent-sandbox
+pinned=$(tr -d '[:space:]' <"$here/agent-sandbox-version")
+release="${VK_AGENT_SANDBOX:-$pinned}"
 src_root="${VK_AGENT_SANDBOX_SRC:-$root/../shared/agent-sandbox}"
-src="$src_root/src"
-crds="$src_root/crds"
 require="${VK_REQUIRE_REAL_CONTROLLER:-0}"
 # Exit status meaning "use the stand-in".
 STAND_IN=3
 LEASE_NAMESPACE=kube-system
+# Bumped when the way a module release is built changes, so older builds in
+# .cache/ are rebuilt.
+RECIPE=2
 
 log() { echo "agent-sandbox: $*" >&2; }
 die() { echo "agent-sandbox: error: $*" >&2; exit 1; }
+
+case "$release" in
+  pre-1.0) ;;
+  v[0-9]*.[0-9]*.[0-9]*) ;;
+  *) die "VK_AGENT_SANDBOX=$release: expected a module version such as $pinned, or pre-1.0" ;;
+esac
+pre10() { [[ "$release" == pre-1.0 ]]; }
 
 # stand_in WHY: fall back (exit 3), unless the real controller is required.
 stand_in() {
@@ -72,105 +103,183 @@ stand_in() {
   exit "$STAND_IN"
 }
 
-# Why the stand-in must be used, or nothing when upstream can be.
-stand_in_reason() {
-  if [[ "${VK_SANDBOX_CONTROLLER:-}" == stand-in ]]; then
-    echo "VK_SANDBOX_CONTROLLER=stand-in asks for it"
-  elif [[ ! -f "$src/go.mod" || ! -d "$src/cmd/agent-sandbox-controller" ]]; then
-    echo "the upstream source is absent: no $src/go.mod (set VK_AGENT_SANDBOX_SRC to a folder holding src/ and crds/)"
-  elif [[ ! -d "$crds" ]] || ! compgen -G "$crds/*.yaml" >/dev/null; then
-    echo "the upstream CRDs are absent: no $crds/*.yaml"
-  fi
-}
-
-# The hash the cached binary is keyed by: every file of src/ (names and
-# contents) and the Go version.
-source_hash() {
-  (
-    cd "$src"
-    find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
-    go version
-  ) | sha256sum | cut -c1-16
-}
-
-# Falls back to the stand-in (exit 3) when upstream cannot be built here.
+# Falls back to the stand-in (exit 3) when upstream cannot run here, before
+# anything is fetched or built.
 need_upstream() {
-  local why
-  why=$(stand_in_reason)
-  [[ -z "$why" ]] || stand_in "$why"
-  if ! command -v go >/dev/null 2>&1; then
-    stand_in "Go is not installed (install Go, or Debian's golang package, to build the upstream controller)"
+  if [[ "${VK_SANDBOX_CONTROLLER:-}" == stand-in ]]; then
+    stand_in "VK_SANDBOX_CONTROLLER=stand-in asks for it"
+  fi
+  if pre10; then
+    [[ -f "$src_root/src/go.mod" && -d "$src_root/src/cmd/agent-sandbox-controller" ]] ||
+      stand_in "the pre-1.0 source is absent: no $src_root/src/go.mod (set VK_AGENT_SANDBOX_SRC to a folder holding src/ and crds/, or unset VK_AGENT_SANDBOX for $pinned)"
+    compgen -G "$src_root/crds/*.yaml" >/dev/null ||
+      stand_in "the pre-1.0 CRDs are absent: no $src_root/crds/*.yaml"
+  fi
+  command -v go >/dev/null 2>&1 ||
+    stand_in "Go is not installed (install Go, or Debian's golang package, to build agent-sandbox $release)"
+}
+
+# The cache folder of the selected release (known without fetching).
+out_dir() {
+  if pre10; then
+    local hash
+    hash=$(
+      cd "$src_root/src"
+      find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+      go version
+    ) && hash=$(sha256sum <<<"$hash" | cut -c1-16)
+    echo "$root/.cache/agent-sandbox-pre-1.0-$hash"
+  else
+    echo "$root/.cache/agent-sandbox-$release"
   fi
 }
 
-# Builds (or reuses) the binary; prints its path.
-cmd_build() {
-  need_upstream
-  local hash out bin
-  hash=$(source_hash)
-  out="$root/.cache/agent-sandbox-$hash"
-  bin="$out/agent-sandbox-controller"
-  if [[ -x "$bin" && -f "$out/.built" ]]; then
-    echo "$bin"
+# Sets src_dir (the module's root) and crds_dir for the selected release,
+# fetching a module release through the Go module proxy; falls back to the
+# stand-in when it cannot be fetched. Writes $out/source (what was built).
+fetch() {
+  if pre10; then
+    src_dir="$src_root/src"
+    crds_dir="$src_root/crds"
+    mkdir -p "$out"
+    progress_step "the pre-1.0 source: $(realpath "$src_dir")"
+    echo "pre-1.0 tree $(realpath "$src_dir") (kubernetes-sigs/agent-sandbox commit 2fd412d)" >"$out/source"
     return 0
   fi
-  mkdir -p "$out"
-  local t0=$SECONDS
-  log "building the upstream controller from $src into $out (a few minutes cold on 2 cores)"
-  if ! (cd "$src" && CGO_ENABLED=0 go build -o "$bin.tmp" ./cmd/agent-sandbox-controller) >&2; then
-    rm -f "$bin.tmp"
-    if [[ "$require" == 1 ]]; then
-      die "go build of $src failed (see above)"
-    fi
-    die "go build of $src failed (see above); VK_SANDBOX_CONTROLLER=stand-in runs the tests with the stand-in instead"
+  local json t0=$SECONDS
+  progress_step "fetching $module@$release (Go module proxy, checksum database)"
+  # Outside any module, so that only the release itself is resolved.
+  if ! json=$(cd / && go mod download -json "$module@$release" 2>&1); then
+    local why
+    why=$(sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' <<<"$json" | head -n1 | sed 's/\\n\\t/ /g')
+    stand_in "cannot fetch $module@$release: ${why:-$json}"
   fi
-  mv "$bin.tmp" "$bin"
-  echo "$hash" >"$out/.built"
-  log "built in $((SECONDS - t0))s: $bin"
-  echo "$bin"
+  src_dir=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$json")
+  commit=$(sed -n 's/^[[:space:]]*"Hash": "\([0-9a-f]*\)",\{0,1\}$/\1/p' <<<"$json" | head -n1)
+  local info
+  info=$(sed -n 's/^[[:space:]]*"Info": "\(.*\)",$/\1/p' <<<"$json")
+  released=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info" 2>/dev/null || true)
+  [[ -n "$src_dir" && -f "$src_dir/go.mod" ]] || die "go mod download $module@$release named no module folder: $json"
+  crds_dir="$src_dir/k8s/crds"
+  compgen -G "$crds_dir/*.yaml" >/dev/null || die "$module@$release has no CRDs in k8s/crds"
+  mkdir -p "$out"
+  echo "Go module $module@$release (commit ${commit:0:12})" >"$out/source"
+  progress_note "fetched in $((SECONDS - t0))s: $src_dir"
 }
 
-# The runtime and the SDK driver, cached by the hash of src/ and of
-# e2e/sdk-driver. The driver is its own module; a copy of it gets a
-# `replace` of sigs.k8s.io/agent-sandbox by the source folder, its go.sum
-# filled from the Go module proxy.
+# go_build NAME PACKAGE: builds PACKAGE of the fetched source into $out/NAME
+# (static, the release's version stamped as its own release build does).
+go_build() {
+  local name=$1 pkg=$2 t0=$SECONDS ldflags=""
+  if ! pre10; then
+    local v="$module/internal/version"
+    ldflags="-X $v.gitVersion=$release -X $v.gitSHA=${commit:0:7} -X $v.buildDate=${released:-unknown}"
+  fi
+  progress_step "building $name ($pkg)"
+  progress_heartbeat "still building $name"
+  if ! (cd "$src_dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$name.tmp" "$pkg") >&2; then
+    progress_heartbeat_stop
+    rm -f "$out/$name.tmp"
+    die "go build of $pkg ($(cat "$out/source")) failed (see above)"
+  fi
+  progress_heartbeat_stop
+  mv "$out/$name.tmp" "$out/$name"
+  progress_note "built in $((SECONDS - t0))s: $out/$name"
+}
+
+# The stamp of a build of NAME from the selected release.
+stamp_of() { echo "recipe $RECIPE, $release, $1${2:+, $2}"; }
+is_built() { [[ -x "$out/$1" && "$(cat "$out/.built-$1" 2>/dev/null)" == "$(stamp_of "$1" "${2:-}")" ]]; }
+mark_built() { stamp_of "$1" "${2:-}" >"$out/.built-$1"; }
+
+# ensure NAME PACKAGE...: pairs of names and packages, built unless cached
+# (a module release fetched only when something is to be built).
+ensure() {
+  local missing=() i
+  for ((i = 1; i <= $#; i += 2)); do
+    is_built "${!i}" || missing+=("$i")
+  done
+  ((${#missing[@]})) || return 0
+  progress_start "agent-sandbox $release" $((${#missing[@]} + 1))
+  fetch
+  for i in "${missing[@]}"; do
+    local j=$((i + 1))
+    go_build "${!i}" "${!j}"
+    mark_built "${!i}"
+  done
+  # The CRDs with the binaries, so `crds` reads no module cache.
+  rm -rf "$out/crds"
+  mkdir -p "$out/crds"
+  cp "$crds_dir"/*.yaml "$out/crds/"
+  progress_summary "ready in $out"
+}
+
+# Builds (or reuses) the controller into $out (not in a subshell, so that
+# a fall back to the stand-in prints its reason and exits 3).
+build_controller() {
+  need_upstream
+  out=$(out_dir)
+  ensure agent-sandbox-controller ./cmd/agent-sandbox-controller
+}
+
+cmd_build() {
+  build_controller
+  echo "$out/agent-sandbox-controller"
+}
+
+# The runtime and the SDK driver. The driver is a module of its own
+# (e2e/sdk-driver): a copy of it gets a requirement on the release (for
+# pre-1.0 a `replace` by the source folder), its go.sum filled through the
+# module proxy; it is rebuilt when e2e/sdk-driver changes.
 cmd_sdk() {
   need_upstream
-  local hash out runtime driver
-  hash=$( (source_hash; cd "$here/sdk-driver" && sha256sum go.mod main.go) | sha256sum | cut -c1-16)
-  out="$root/.cache/agent-sandbox-sdk-$hash"
-  runtime="$out/sandboxd-runtime"
-  driver="$out/sdk-driver"
-  if [[ -x "$runtime" && -x "$driver" && -f "$out/.built" ]]; then
-    printf '%s\n%s\n' "$runtime" "$driver"
-    return 0
+  out=$(out_dir)
+  ensure sandboxd-runtime ./packages/sandboxd/cmd/sandboxd
+  local driver_sum
+  driver_sum=$(cd "$here/sdk-driver" && sha256sum go.mod main.go | sha256sum | cut -c1-16)
+  if ! is_built sdk-driver "$driver_sum"; then
+    if ! pre10; then
+      grep -q "$module $pinned" "$here/sdk-driver/go.mod" ||
+        die "e2e/agent-sandbox-version says $pinned but e2e/sdk-driver/go.mod requires another $module"
+    fi
+    progress_start "agent-sandbox $release" 2
+    fetch
+    progress_step "building the SDK driver (e2e/sdk-driver against $(cat "$out/source"))"
+    local work t0=$SECONDS
+    work=$(mktemp -d)
+    cp "$here/sdk-driver/go.mod" "$here/sdk-driver/main.go" "$work/"
+    if ! (
+      cd "$work"
+      if pre10; then
+        go mod edit -require "$module@v0.0.0" -replace "$module=$(realpath "$src_dir")"
+      else
+        go mod edit -require "$module@$release"
+      fi
+      go mod tidy
+      CGO_ENABLED=0 go build -trimpath -o "$out/sdk-driver.tmp" .
+    ) >&2; then
+      rm -rf "$work" "$out/sdk-driver.tmp"
+      die "go build of the SDK driver failed (see above)"
+    fi
+    rm -rf "$work"
+    mv "$out/sdk-driver.tmp" "$out/sdk-driver"
+    mark_built sdk-driver "$driver_sum"
+    progress_summary "SDK driver built in $((SECONDS - t0))s"
   fi
-  mkdir -p "$out"
-  local t0=$SECONDS work
-  log "building agent-sandbox's runtime and the SDK driver into $out (minutes cold)"
-  (cd "$src" && CGO_ENABLED=0 go build -o "$runtime.tmp" ./packages/sandboxd/cmd/sandboxd) >&2 \
-    || die "go build of the runtime (packages/sandboxd) failed (see above)"
-  work=$(mktemp -d)
-  cp "$here/sdk-driver/go.mod" "$here/sdk-driver/main.go" "$work/"
-  (
-    cd "$work"
-    go mod edit -replace "sigs.k8s.io/agent-sandbox=$(realpath "$src")"
-    go mod tidy >&2
-    CGO_ENABLED=0 go build -o "$driver.tmp" .
-  ) >&2 || { rm -rf "$work"; die "go build of the SDK driver failed (see above)"; }
-  rm -rf "$work"
-  mv "$runtime.tmp" "$runtime"
-  mv "$driver.tmp" "$driver"
-  echo "$hash" >"$out/.built"
-  log "built in $((SECONDS - t0))s"
-  printf '%s\n%s\n' "$runtime" "$driver"
+  printf '%s\n%s\n' "$out/sandboxd-runtime" "$out/sdk-driver"
+}
+
+cmd_router() {
+  need_upstream
+  pre10 && die "the pre-1.0 tree holds no sandbox-router (it is reduced to the controller, the SDK and the runtime)"
+  out=$(out_dir)
+  ensure sandbox-router ./sandbox-router/cmd
+  echo "$out/sandbox-router"
 }
 
 cmd_which() {
-  need_upstream
-  local bin
-  bin=$(cmd_build)
-  echo "upstream kubernetes-sigs/agent-sandbox controller (built from $(realpath "$src"), binary $bin)"
+  build_controller
+  echo "upstream kubernetes-sigs/agent-sandbox $release (built from the $(cat "$out/source"), binary $out/agent-sandbox-controller)"
 }
 
 kubectl_bin() {
@@ -182,42 +291,50 @@ kubectl_bin() {
 cmd_crds() {
   local kubeconfig=${1:-}
   [[ -n "$kubeconfig" && -r "$kubeconfig" ]] || die "usage: agent-sandbox.sh crds KUBECONFIG (a readable kubeconfig)"
-  need_upstream
-  local k
+  local crds k
+  build_controller
+  if pre10; then crds="$src_root/crds"; else crds="$out/crds"; fi
   k=$(kubectl_bin)
-  # Two of them are ~400 KB: too large for client-side apply's annotation.
+  # Two of them are ~200 KB: too large for client-side apply's annotation.
+  # Server-side apply with one field manager also takes back what another
+  # release's CRDs had (pre-1.0's v1alpha1).
   "$k" --kubeconfig "$kubeconfig" apply --server-side --force-conflicts \
     --field-manager=vk-sandbox-tests -f "$crds" >/dev/null \
     || die "applying the CRDs of $crds failed"
   "$k" --kubeconfig "$kubeconfig" wait --for=condition=Established --timeout=60s -f "$crds" >/dev/null \
     || die "the CRDs of $crds are not Established after 60s"
-  log "CRDs of $crds applied and Established"
+  log "CRDs of agent-sandbox $release ($crds) applied and Established"
 }
 
 cmd_run() {
   local kubeconfig=${1:-}
   [[ -n "$kubeconfig" ]] || die "usage: agent-sandbox.sh run KUBECONFIG [FLAG...]"
   shift
-  need_upstream
-  local bin
-  bin=$(cmd_build)
+  local flags=()
+  build_controller
+  local bin="$out/agent-sandbox-controller"
   # Started before its CRDs are Established, it exits with
   # `no matches for kind "SandboxWarmPool"`.
   cmd_crds "$kubeconfig"
-  log "running $bin (leader election in $LEASE_NAMESPACE)"
+  # 1.0 has no webhook (v1alpha1 and its conversion are gone); pre-1.0
+  # would start one, which out of cluster has no Service to be reached by.
+  pre10 && flags+=(--enable-webhook=false)
+  log "running agent-sandbox $release: $bin (leader election in $LEASE_NAMESPACE)"
   exec "$bin" --kubeconfig="$kubeconfig" \
     --leader-elect=true --leader-election-namespace="$LEASE_NAMESPACE" \
-    --enable-webhook=false --extensions \
+    --extensions \
     --metrics-bind-address=0 \
     --health-probe-bind-address="${VK_AGENT_SANDBOX_PROBE_ADDR:-127.0.0.1:0}" \
-    "$@"
+    "${flags[@]}" "$@"
 }
 
 case "${1:-}" in
   build) cmd_build ;;
   which) cmd_which ;;
+  release) echo "$release" ;;
   crds) shift; cmd_crds "$@" ;;
   sdk) cmd_sdk ;;
+  router) cmd_router ;;
   run) shift; cmd_run "$@" ;;
-  *) sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,67p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -1,8 +1,8 @@
 //! Owner references in any served version (docs/pod-contract.md, "Owner
 //! references in any served version"), on a real kube-apiserver: the
-//! Sandbox CRD made to serve only `v1beta1` (as agent-sandbox 1.0 does), and
-//! Pods whose reference still names `v1alpha1` (made by an older
-//! controller). Their Sandbox is read at `v1beta1`: each VM is preserved
+//! Sandbox CRD serving only `v1beta1` (agent-sandbox 1.0's CRD as it is; an
+//! older one's `v1alpha1` switched off), and Pods whose reference still
+//! names `v1alpha1` (made by a controller before 1.0). Their Sandbox is read at `v1beta1`: each VM is preserved
 //! while its Sandbox lives and released once it is deleted.
 //!
 //! What the garbage collector does with such a Pod depends on its REST
@@ -41,40 +41,48 @@ use support::wait_for;
 const TOKEN: &str = "root-token-versions";
 const CLAIM_ID: &str = "sandbox.cocoonstack.io/claim-id";
 
-/// Sets whether the Sandbox CRD serves `v1alpha1`.
-async fn serve_v1alpha1(client: &Client, served: bool) {
+/// Makes the Sandbox CRD serve `v1beta1` only: agent-sandbox 1.0's CRD
+/// already does (its `v1alpha1` is gone); an older one's `v1alpha1` is
+/// switched off. Returns once the apiserver no longer serves `v1alpha1`.
+async fn serve_v1beta1_only(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut crd = crds
         .get(support::controller::SANDBOX_CRD)
         .await
         .expect("the Sandbox CRD");
-    let index = crd
+    let served: Vec<&str> = crd
         .spec
         .versions
         .iter()
-        .position(|v| v.name == "v1alpha1")
-        .expect("the Sandbox CRD has v1alpha1");
-    crd.spec.versions[index].served = served;
-    crd.metadata.managed_fields = None;
-    crds.replace(
-        support::controller::SANDBOX_CRD,
-        &PostParams::default(),
-        &crd,
-    )
-    .await
-    .expect("update the Sandbox CRD");
+        .filter(|v| v.served)
+        .map(|v| v.name.as_str())
+        .collect();
+    assert!(
+        served.contains(&"v1beta1"),
+        "the Sandbox CRD does not serve v1beta1 (serves {served:?})"
+    );
+    if let Some(index) = crd.spec.versions.iter().position(|v| v.name == "v1alpha1") {
+        crd.spec.versions[index].served = false;
+        crd.metadata.managed_fields = None;
+        crds.replace(
+            support::controller::SANDBOX_CRD,
+            &PostParams::default(),
+            &crd,
+        )
+        .await
+        .expect("update the Sandbox CRD");
+    }
     wait_for(
-        &format!("agents.x-k8s.io/v1alpha1 served={served}"),
+        "agents.x-k8s.io/v1alpha1 no longer served",
         Duration::from_secs(30),
         || async {
             let req = http::Request::get("/apis/agents.x-k8s.io/v1alpha1")
                 .body(Vec::new())
                 .map_err(|e| e.to_string())?;
-            let now = client.request_text(req).await.is_ok();
-            if now == served {
-                Ok(())
-            } else {
-                Err(format!("served {now}"))
+            match client.request_text(req).await {
+                Err(kube::Error::Api(ae)) if ae.code == 404 => Ok(()),
+                Ok(_) => Err("still served".to_string()),
+                Err(e) => Err(e.to_string()),
             }
         },
     )
@@ -335,7 +343,7 @@ async fn a_v1alpha1_reference_on_a_v1beta1_only_plane_is_decided_at_v1beta1() {
     let cluster = &scratch.cluster;
     support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
     let (sim, vk, _token_file) = support::vk::with_simulator(cluster, "vk-ver", TOKEN).await;
-    serve_v1alpha1(&cluster.client, false).await;
+    serve_v1beta1_only(&cluster.client).await;
     // No controllers: the namespace's default ServiceAccount (which Pod
     // admission needs) is made here.
     let ns = format!("vk-ver-{}", support::suffix());

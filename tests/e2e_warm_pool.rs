@@ -7,7 +7,13 @@
 //! pool down, then deleting it, releases the rest — and no VM is released
 //! while its Sandbox lives.
 //!
-//! Skipped (with the reason) only where the upstream source is absent and
+//! What agent-sandbox makes beside the Pods is checked too, as the
+//! network-endpoint work will rely on it: each Sandbox of a template with
+//! `service: true` gets a headless Service (`status.serviceFQDN`; with 1.0
+//! the claim mirrors it), and the template a managed NetworkPolicy
+//! selecting the pool's Pods (ingress only from the sandbox-router).
+//!
+//! Skipped (with the reason) only where upstream cannot run and
 //! VK_REQUIRE_REAL_CONTROLLER is not 1.
 
 mod support;
@@ -15,7 +21,8 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use sandboxd_sim::SimHandle;
@@ -189,6 +196,97 @@ impl Env {
     }
 }
 
+/// The managed NetworkPolicy of SandboxTemplate `template`: controlled by
+/// it, selecting every Pod of `pods` (the pool's), ingress only from Pods
+/// labelled `app=sandbox-router` in namespace `agent-sandbox-system`.
+async fn check_network_policy(env: &Env, template: &str, pods: &[Pod]) {
+    let policies: Api<NetworkPolicy> = Api::namespaced(env.cluster.client.clone(), &env.ns);
+    let name = format!("{template}-network-policy");
+    let np = wait_for(
+        &format!("NetworkPolicy {name}"),
+        Duration::from_secs(60),
+        || async {
+            policies
+                .get_opt(&name)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "not there".to_string())
+        },
+    )
+    .await;
+    let owner = ctl::controller_of(&np.metadata);
+    assert!(
+        owner
+            .as_ref()
+            .is_some_and(|(k, n, _)| k == "SandboxTemplate" && n == template),
+        "NetworkPolicy {name} controlled by {owner:?}"
+    );
+    let spec = np.spec.clone().unwrap_or_default();
+    let selector = spec
+        .pod_selector
+        .as_ref()
+        .and_then(|s| s.match_labels.clone())
+        .unwrap_or_default();
+    assert!(
+        !selector.is_empty(),
+        "NetworkPolicy {name} selects every Pod"
+    );
+    for p in pods {
+        let labels = p.labels();
+        assert!(
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+            "NetworkPolicy {name} ({selector:?}) does not select Pod {} ({labels:?})",
+            p.name_any()
+        );
+    }
+    let types = spec.policy_types.clone().unwrap_or_default();
+    assert_eq!(types, ["Ingress", "Egress"], "NetworkPolicy {name} types");
+    let ingress = serde_json::to_value(spec.ingress.unwrap_or_default()).expect("ingress json");
+    assert_eq!(
+        ingress,
+        json!([{"from": [{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agent-sandbox-system"}},
+            "podSelector": {"matchLabels": {"app": "sandbox-router"}}
+        }]}]),
+        "NetworkPolicy {name} ingress"
+    );
+}
+
+/// Sandbox `name`'s headless Service: the Sandbox's `status.serviceFQDN`
+/// names it, it has no cluster IP and the Sandbox controls it. Returns the
+/// FQDN.
+async fn check_service(env: &Env, name: &str) -> String {
+    let want = format!("{name}.{}.svc.cluster.local", env.ns);
+    let sandboxes = env.api("Sandbox");
+    wait_for(
+        &format!("Sandbox {name}'s status.serviceFQDN"),
+        Duration::from_secs(60),
+        || async {
+            let sb = sandboxes.get(name).await.map_err(|e| e.to_string())?;
+            match sb.data["status"]["serviceFQDN"].as_str() {
+                Some(fqdn) if fqdn == want => Ok(()),
+                other => Err(format!("serviceFQDN {other:?}")),
+            }
+        },
+    )
+    .await;
+    let services: Api<Service> = Api::namespaced(env.cluster.client.clone(), &env.ns);
+    let svc = services
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("Service {name}: {e}"));
+    assert_eq!(
+        svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()),
+        Some("None"),
+        "Service {name} is not headless"
+    );
+    assert!(
+        ctl::controller_of(&svc.metadata).is_some_and(|(k, n, _)| k == "Sandbox" && n == name),
+        "Service {name} is not controlled by its Sandbox"
+    );
+    want
+}
+
 fn pool_owned(o: &Observed) -> bool {
     o.owner
         .as_ref()
@@ -213,11 +311,9 @@ async fn warm_pool_claim_adoption_scale_down_and_deletion() {
         return;
     };
     let n = 3;
-    env.create(
-        "SandboxTemplate",
-        ctl::contract_template("sandboxd-base", "base:24.04", Some(&env.vk.node)),
-    )
-    .await;
+    let mut template = ctl::contract_template("sandboxd-base", "base:24.04", Some(&env.vk.node));
+    template["spec"]["service"] = json!(true);
+    env.create("SandboxTemplate", template).await;
     env.create("SandboxWarmPool", ctl::warm_pool(POOL, "sandboxd-base", n))
         .await;
 
@@ -242,6 +338,21 @@ async fn warm_pool_claim_adoption_scale_down_and_deletion() {
             "the Pod of {name} is not controlled by its Sandbox"
         );
     }
+    let mut fqdns = BTreeMap::new();
+    for name in warm.keys() {
+        fqdns.insert(name.clone(), check_service(&env, name).await);
+    }
+    let pool_pods: Vec<Pod> = env
+        .pods()
+        .list(&ListParams::default())
+        .await
+        .expect("list Pods")
+        .items
+        .into_iter()
+        .filter(|p| warm.contains_key(&p.name_any()))
+        .collect();
+    assert_eq!(pool_pods.len(), n as usize, "the pool's Pods");
+    check_network_policy(&env, "sandboxd-base", &pool_pods).await;
 
     // A claim adopts one: re-owned by the claim, its Pod still the
     // Sandbox's, the same VM, no new claim to sandboxd.
@@ -302,6 +413,23 @@ async fn warm_pool_claim_adoption_scale_down_and_deletion() {
         1,
         "adoption made a new claim to sandboxd for {adopted_name}"
     );
+    if ctl::is_release_1_0(ctl::kind()) {
+        // 1.0 mirrors the adopted Sandbox's Service into the claim.
+        let fqdn = fqdns.get(&adopted_name).cloned().expect("a warm FQDN");
+        let claims = env.api("SandboxClaim");
+        wait_for(
+            "the claim's status.sandbox.serviceFQDN",
+            Duration::from_secs(60),
+            || async {
+                let c = claims.get("c1").await.map_err(|e| e.to_string())?;
+                match c.data["status"]["sandbox"]["serviceFQDN"].as_str() {
+                    Some(f) if f == fqdn => Ok(()),
+                    other => Err(format!("{other:?}, want {fqdn}")),
+                }
+            },
+        )
+        .await;
+    }
     // The replacement is the only new claim.
     assert_eq!(env.claim_requests(), n as usize + 1, "claims to sandboxd");
     assert!(env.released().is_empty(), "released: {:?}", env.released());

@@ -2,4 +2,4 @@ module vk-sandbox.local/e2e/sdk-driver
 
 go 1.26.0
 
-require sigs.k8s.io/agent-sandbox v0.0.0
+require sigs.k8s.io/agent-sandbox v1.0.3

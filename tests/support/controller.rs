@@ -1,8 +1,10 @@
 //! "The Sandbox controller" for everything that runs Sandboxes on a cluster
 //! (the e2e tests, the reliability suite, the benchmarks): the upstream
-//! kubernetes-sigs/agent-sandbox controller, built and run by
-//! `e2e/agent-sandbox.sh`, or — only where its source is absent — the
-//! stand-in of `e2e/sandbox-controller`, named as such in the output.
+//! kubernetes-sigs/agent-sandbox controller at the release of
+//! `e2e/agent-sandbox-version` (or `VK_AGENT_SANDBOX`, e.g. `pre-1.0`),
+//! fetched, built and run by `e2e/agent-sandbox.sh`, or — only where it
+//! cannot be fetched or built and `VK_REQUIRE_REAL_CONTROLLER` is not 1 —
+//! the stand-in of `e2e/sandbox-controller`, named as such in the output.
 //!
 //! The upstream controller watches every namespace, so one process per
 //! test binary serves all of its tests; it runs with leader election, so
@@ -30,10 +32,35 @@ pub const SANDBOX_CRD: &str = "sandboxes.agents.x-k8s.io";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// kubernetes-sigs/agent-sandbox, built from source by e2e/agent-sandbox.sh.
-    Upstream { binary: PathBuf },
-    /// e2e/sandbox-controller, for checkouts without the upstream source.
+    /// kubernetes-sigs/agent-sandbox at `release`, built by e2e/agent-sandbox.sh.
+    Upstream { binary: PathBuf, release: String },
+    /// e2e/sandbox-controller, where upstream cannot run.
     StandIn { why: String },
+}
+
+/// The pre-1.0 tree's release name (`VK_AGENT_SANDBOX=pre-1.0`).
+pub const PRE_1_0: &str = "pre-1.0";
+
+/// The agent-sandbox release this process runs: `VK_AGENT_SANDBOX`, else
+/// the version pinned in `e2e/agent-sandbox-version` (as the script reads
+/// them).
+pub fn release() -> String {
+    std::env::var("VK_AGENT_SANDBOX")
+        .ok()
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| {
+            let pin = repo().join("e2e/agent-sandbox-version");
+            std::fs::read_to_string(&pin)
+                .unwrap_or_else(|e| panic!("read {}: {e}", pin.display()))
+                .trim()
+                .to_string()
+        })
+}
+
+/// True when the upstream controller of a 1.0 (or later) release runs,
+/// not the pre-1.0 tree.
+pub fn is_release_1_0(kind: &Kind) -> bool {
+    matches!(kind, Kind::Upstream { release, .. } if release != PRE_1_0)
 }
 
 impl Kind {
@@ -45,8 +72,8 @@ impl Kind {
 /// One line saying which controller runs and, for the stand-in, why.
 pub fn describe(kind: &Kind) -> String {
     match kind {
-        Kind::Upstream { binary } => format!(
-            "Sandbox controller: upstream kubernetes-sigs/agent-sandbox ({})",
+        Kind::Upstream { binary, release } => format!(
+            "Sandbox controller: upstream kubernetes-sigs/agent-sandbox {release} ({})",
             binary.display()
         ),
         Kind::StandIn { why } => format!(
@@ -66,8 +93,8 @@ fn script() -> PathBuf {
 static KIND: OnceLock<Kind> = OnceLock::new();
 
 /// Which Sandbox controller this checkout runs, decided once per process by
-/// `e2e/agent-sandbox.sh build` (which builds it when the cache is cold).
-/// Panics when the build fails, or when the source is absent and
+/// `e2e/agent-sandbox.sh build` (which fetches and builds it when the cache
+/// is cold). Panics when the build fails, or when upstream cannot run and
 /// `VK_REQUIRE_REAL_CONTROLLER=1`.
 pub fn kind() -> &'static Kind {
     KIND.get_or_init(|| {
@@ -81,6 +108,7 @@ pub fn kind() -> &'static Kind {
         let kind = match out.status.code() {
             Some(0) => Kind::Upstream {
                 binary: PathBuf::from(stdout.lines().last().unwrap_or_default()),
+                release: release(),
             },
             Some(3) => Kind::StandIn {
                 why: stdout
@@ -97,16 +125,27 @@ pub fn kind() -> &'static Kind {
     })
 }
 
+/// Whether a test needing upstream may skip: not where
+/// `VK_REQUIRE_REAL_CONTROLLER=1` (CI and `make test` set it).
+fn skipping_allowed() -> bool {
+    std::env::var("VK_REQUIRE_REAL_CONTROLLER").as_deref() != Ok("1")
+}
+
 /// True when the upstream controller runs; otherwise says why `what` is
-/// skipped (only possible without the source and without
-/// `VK_REQUIRE_REAL_CONTROLLER=1`).
+/// skipped. Panics instead where `VK_REQUIRE_REAL_CONTROLLER=1`: such a
+/// test never passes by skipping there (the stand-in then only runs when
+/// asked for with `VK_SANDBOX_CONTROLLER=stand-in`, which that forbids too).
 pub fn upstream_or_skip(what: &str) -> bool {
     match kind() {
         Kind::Upstream { .. } => true,
-        Kind::StandIn { why } => {
+        Kind::StandIn { why } if skipping_allowed() => {
             eprintln!("SKIPPED: {what} needs the upstream agent-sandbox controller: {why}");
             false
         }
+        Kind::StandIn { why } => panic!(
+            "{what} needs the upstream agent-sandbox controller, and VK_REQUIRE_REAL_CONTROLLER=1 \
+             forbids skipping it: {why}"
+        ),
     }
 }
 

@@ -120,18 +120,15 @@ async fn delete_pod(pods: &Api<Pod>, pod: &Pod, why: &str) -> Result<(), Error> 
     }
 }
 
-/// Sets (`Some`) or removes (`None`) the Sandbox's `agents.x-k8s.io/pod-name`
-/// annotation when it differs, as upstream tracks the Pod it manages.
-async fn track_pod_name(
-    sandboxes: &Api<Sandbox>,
-    sandbox: &Sandbox,
-    pod_name: Option<&str>,
-) -> Result<(), Error> {
-    let current = sandbox.annotations().get(POD_NAME_ANNOTATION);
-    if current.map(String::as_str) == pod_name {
+/// Removes the Sandbox's legacy `agents.x-k8s.io/pod-name` annotation when
+/// it is there: agent-sandbox 1.0 still follows it to a Pod adopted under
+/// another name, clears it once that Pod is gone or the Sandbox is
+/// suspended, and never sets it.
+async fn clear_pod_name(sandboxes: &Api<Sandbox>, sandbox: &Sandbox) -> Result<(), Error> {
+    if !sandbox.annotations().contains_key(POD_NAME_ANNOTATION) {
         return Ok(());
     }
-    let patch = serde_json::json!({"metadata": {"annotations": {POD_NAME_ANNOTATION: pod_name}}});
+    let patch = serde_json::json!({"metadata": {"annotations": {POD_NAME_ANNOTATION: null}}});
     match sandboxes
         .patch(
             &sandbox.name_any(),
@@ -174,7 +171,7 @@ async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Ctx>) -> Result<Action, Error
     if pod.is_none() && blocker.is_none() && pod_name != name {
         // The Pod the annotation named is gone: track nothing, and make
         // the Pod under the Sandbox's own name.
-        track_pod_name(&sandboxes, &sandbox, None).await?;
+        clear_pod_name(&sandboxes, &sandbox).await?;
         pod = pods
             .get_opt(&name)
             .await?
@@ -209,7 +206,7 @@ async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Ctx>) -> Result<Action, Error
         if let Some(p) = &pod {
             delete_pod(&pods, p, "the Sandbox is suspended").await?;
         }
-        track_pod_name(&sandboxes, &sandbox, None).await?;
+        clear_pod_name(&sandboxes, &sandbox).await?;
     } else if blocker.is_none() {
         let mutator = ctx
             .options
@@ -247,12 +244,6 @@ async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Ctx>) -> Result<Action, Error
                 // Terminating: re-created once it is gone (the watch says when).
                 Some(_) => {}
             },
-        }
-        if let Some(p) = pod
-            .as_ref()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-        {
-            track_pod_name(&sandboxes, &sandbox, Some(&p.name_any())).await?;
         }
     }
 

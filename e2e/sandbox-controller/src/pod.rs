@@ -74,8 +74,8 @@ pub fn name_hash(sandbox_name: &str) -> String {
     format!("{:08x}", fnv1a32(sandbox_name.as_bytes()))
 }
 
-/// The Pod's name: the `agents.x-k8s.io/pod-name` annotation (an adopted
-/// warm Pod) or the Sandbox's own name.
+/// The Pod's name: the legacy `agents.x-k8s.io/pod-name` annotation (a
+/// warm Pod adopted by a controller before 1.0) or the Sandbox's own name.
 pub fn pod_name(sandbox: &Sandbox) -> String {
     sandbox
         .annotations()
