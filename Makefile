@@ -98,7 +98,7 @@ controlplane: ## Build the local Kubernetes control plane from Go modules (cache
 	./e2e/controlplane/build.sh
 
 .PHONY: agent-sandbox
-agent-sandbox: ## Build the upstream agent-sandbox controller from its source tree (VK_AGENT_SANDBOX_SRC, default shared/agent-sandbox next to this checkout; cached in .cache/)
+agent-sandbox: ## Fetch (Go module proxy) and build the upstream agent-sandbox controller at the version of e2e/agent-sandbox-version (VK_AGENT_SANDBOX=pre-1.0: the older tree); cached in .cache/
 	./e2e/agent-sandbox.sh build
 
 .PHONY: cluster-up

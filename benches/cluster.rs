@@ -48,7 +48,7 @@ use serde_json::{Value, json};
 
 /// The tests' helpers: the cluster, vk-sandbox as a process, the sandboxd
 /// simulator and the Sandbox controller (upstream agent-sandbox; the
-/// stand-in only where its source is absent) are set up as the tests do.
+/// stand-in only where it cannot be fetched) are set up as the tests do.
 #[path = "../tests/support/mod.rs"]
 mod support;
 

@@ -13,7 +13,7 @@
 #              against the upstream CRDs: a kind there that the cluster
 #              does not serve fails. Elsewhere, objects whose kind the
 #              cluster does not serve (e.g. PodMonitor) are skipped with a
-#              note. Without the upstream source (and without
+#              note. Where upstream cannot be fetched (and without
 #              VK_REQUIRE_REAL_CONTROLLER=1) the examples are skipped with
 #              a note saying so.
 #   systemd    packaging/vk-sandbox.service passes `systemd-analyze verify`

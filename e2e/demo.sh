@@ -4,8 +4,9 @@
 #
 #   e2e/demo.sh up       build what is missing, start the local control plane,
 #                        the sandboxd simulator, the upstream agent-sandbox
-#                        controller (e2e/agent-sandbox.sh; the stand-in only
-#                        where its source is absent), vk-sandbox and
+#                        controller (e2e/agent-sandbox.sh: the release of
+#                        e2e/agent-sandbox-version; the stand-in only where
+#                        it cannot be fetched), vk-sandbox and
 #                        metrics-server (e2e/metrics-server.sh; `kubectl top`),
 #                        then apply manifests/examples/: the Sandbox to
 #                        Running / Ready, the SandboxTemplate +
@@ -39,8 +40,8 @@ example="$examples/sandbox.yaml"
 pool_name=sandboxd-base
 claim_name=demo-claim
 # Started in this order, stopped in the reverse one. The Sandbox controller
-# is the upstream one (agent-sandbox-controller) or, without its source,
-# the stand-in (sandbox-controller).
+# is the upstream one (agent-sandbox-controller) or, where it cannot be
+# fetched, the stand-in (sandbox-controller).
 services=(sandboxd-sim agent-sandbox-controller sandbox-controller vk-sandbox metrics-server)
 # metrics-server as the plane's aggregated metrics API (`kubectl top`).
 metrics_api=v1beta1.metrics.k8s.io
@@ -166,14 +167,15 @@ cmd_up() {
   fi
   stop_services
 
-  # The Sandbox controller: upstream agent-sandbox, built with Go (cached).
+  # The Sandbox controller: upstream agent-sandbox, its Go module fetched
+  # and built (cached).
   local which_status=0 controller
-  say "building (or reusing) the upstream agent-sandbox controller (e2e/agent-sandbox.sh)"
+  say "fetching and building (or reusing) agent-sandbox $("$here/agent-sandbox.sh" release) (e2e/agent-sandbox.sh)"
   controller=$("$here/agent-sandbox.sh" which) || which_status=$?
   case $which_status in
     0) upstream=true ;;
     3) upstream=false; say "NOTE: $controller" ;;
-    *) die "cannot build the upstream agent-sandbox controller (e2e/agent-sandbox.sh which)" ;;
+    *) die "cannot fetch or build the upstream agent-sandbox controller (e2e/agent-sandbox.sh which)" ;;
   esac
 
   local flags=() bins=(vk-sandbox sandboxd-sim)

@@ -3,7 +3,8 @@
 # machine with Rust and Go: Rust components, a few Debian packages (among
 # them containerd, runc and the CNI plugins of the tests' real node), the
 # Go-built local control plane, the real node's kubelet and the upstream
-# agent-sandbox controller (cached in .cache/, stamp-checked). Every step is skipped when
+# agent-sandbox release of e2e/agent-sandbox-version (fetched from the Go
+# module proxy; all cached in .cache/, stamp-checked). Every step is skipped when
 # already done, so a warm machine passes in seconds; `make test` and
 # `make demo` run it first.
 #
@@ -142,19 +143,24 @@ case $ms_status in
   *) die "building metrics-server failed (e2e/metrics-server.sh build)" ;;
 esac
 
-progress_step "upstream agent-sandbox controller"
-# The Sandbox controller of the tests and the demo. Its source is not in
-# this repository (see e2e/agent-sandbox.sh); where it is absent the tests
-# fall back to the stand-in, unless VK_REQUIRE_REAL_CONTROLLER=1 (CI).
+agent_release=$("$here/agent-sandbox.sh" release)
+progress_step "agent-sandbox $agent_release: controller, runtime and SDK driver (Go module)"
+# The Sandbox controller of the tests and the demo, fetched and built by
+# e2e/agent-sandbox.sh (its own progress lines below). `make test` needs it
+# (VK_REQUIRE_REAL_CONTROLLER defaults to 1 there, as e2e/run-tests.sh
+# does); elsewhere, where it cannot be fetched, the stand-in is noted.
+if [[ "$profile" == test ]]; then
+  export VK_REQUIRE_REAL_CONTROLLER="${VK_REQUIRE_REAL_CONTROLLER:-1}"
+fi
 agent_status=0
 agent=$("$here/agent-sandbox.sh" build) || agent_status=$?
 case $agent_status in
   0)
-    done_agent="agent-sandbox controller: $agent"
+    done_agent="agent-sandbox $agent_release: $agent"
     # Its in-sandbox runtime and a driver of its Go SDK (tests/e2e_sdk.rs).
     "$here/agent-sandbox.sh" sdk >/dev/null || die "building agent-sandbox's runtime and SDK driver failed"
     ;;
   3) done_agent="note: $agent"; progress_note "$agent" ;;
-  *) die "building the upstream agent-sandbox controller failed" ;;
+  *) die "fetching or building agent-sandbox $agent_release failed (e2e/agent-sandbox.sh build)" ;;
 esac
 progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}${done_kubelet}${done_metrics}${done_agent}"

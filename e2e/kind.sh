@@ -9,8 +9,8 @@
 #                       <worker>-sandboxd to be Ready
 #   e2e/kind.sh smoke   the upstream agent-sandbox controller on the host
 #                       (e2e/agent-sandbox.sh run, kind kubeconfig; the
-#                       stand-in, namespace kind-smoke only, where its
-#                       source is absent) and manifests/examples/sandbox.yaml:
+#                       stand-in, namespace kind-smoke only, where it
+#                       cannot be fetched) and manifests/examples/sandbox.yaml:
 #                       the Pod must run on the virtual node with the
 #                       simulator's VM address
 #   e2e/kind.sh test    e2e/run-tests.sh --e2e-only with VK_TEST_KUBECONFIG

@@ -26,7 +26,7 @@ if $reliability; then
 elif $e2e_only; then
   name=e2e steps=2
 else
-  name=tests steps=4
+  name=tests steps=5
 fi
 progress_start "$name" "$steps"
 
@@ -51,9 +51,13 @@ export VK_REQUIRE_CLUSTER=1
 export VK_K8S_BIN_DIR="${VK_K8S_BIN_DIR:-$("$here/cluster.sh" bin)}"
 
 # The Sandbox controller the e2e tests, the reliability suite and the
-# packaging check run: the upstream agent-sandbox controller, built here
-# (cached) so that a build failure stops the run up front; the stand-in
-# only where its source is absent (never with VK_REQUIRE_REAL_CONTROLLER=1).
+# packaging check run: the upstream agent-sandbox controller at the release
+# of e2e/agent-sandbox-version, fetched and built here (cached) so that a
+# failure stops the run up front. Never the stand-in: a test that needs
+# upstream fails rather than passing by skipping. VK_REQUIRE_REAL_CONTROLLER=0
+# allows the stand-in (no Go, no network to the module proxy), and the
+# skips that come with it.
+export VK_REQUIRE_REAL_CONTROLLER="${VK_REQUIRE_REAL_CONTROLLER:-1}"
 controller_status=0
 controller=$("$here/agent-sandbox.sh" which) || controller_status=$?
 case $controller_status in
@@ -91,10 +95,19 @@ else
   # The installation on a real node (e2e/real-node.sh), alone and with its
   # progress shown: which node ran it, each step, the teardown's report.
   progress_step "the DaemonSet on a real node (tests/e2e_real_node.rs)"
+  # One real node per machine (its kubelet's ports, containerd, the host's
+  # CNI): where several checkouts share a machine, the lock file
+  # VK_REAL_NODE_LOCK serialises this step across them, if it exists.
+  real_node_lock=${VK_REAL_NODE_LOCK:-/work/helpers/real-node.lock}
+  locked=()
+  if [[ -e "$real_node_lock" ]] && command -v flock >/dev/null 2>&1; then
+    echo "tests: waiting for the real-node lock $real_node_lock"
+    locked=(flock "$real_node_lock")
+  fi
   # Its image's binary: the static one the packaging check uses too.
   static_bin=${VK_STATIC_BIN:-$root/target/check-packaging/vk-sandbox-static}
   if VK_MUSL_PROFILE=dev "$here/musl-build.sh" x86_64-unknown-linux-musl "$static_bin" >/dev/null; then
-    VK_STATIC_BIN=$static_bin cargo test --test e2e_real_node -- --nocapture --test-threads 1 ||
+    VK_STATIC_BIN=$static_bin "${locked[@]}" cargo test --test e2e_real_node -- --nocapture --test-threads 1 ||
       { status=$?; failed+=("real node"); }
   else
     status=1; failed+=("real node (static build)")
@@ -112,6 +125,21 @@ else
   # 65532, shell scripts.
   progress_step "packaging checks (e2e/check-packaging.sh)"
   "$here/check-packaging.sh" || { status=$?; failed+=("packaging checks"); }
+  # The older supported release: the lifecycle and the warm-pool path once
+  # more on agent-sandbox before 1.0 (v1alpha1 still served), where its
+  # source tree is present (e2e/agent-sandbox.sh, VK_AGENT_SANDBOX=pre-1.0).
+  progress_step "lifecycle and warm pools on agent-sandbox pre-1.0"
+  pre10_status=0
+  pre10=$(VK_AGENT_SANDBOX=pre-1.0 VK_REQUIRE_REAL_CONTROLLER=0 "$here/agent-sandbox.sh" which) || pre10_status=$?
+  case $pre10_status in
+    0)
+      echo "tests: $pre10"
+      VK_AGENT_SANDBOX=pre-1.0 cargo test --test e2e_lifecycle --test e2e_warm_pool ||
+        { status=$?; failed+=("pre-1.0 lifecycle and warm pools"); }
+      ;;
+    3) echo "tests: note: the pre-1.0 tier skipped: ${pre10#*: }" ;;
+    *) status=1; failed+=("pre-1.0 build (e2e/agent-sandbox.sh which)") ;;
+  esac
 fi
 echo "tests: Sandbox controller was: $controller"
 if (( status != 0 )) && [[ -n "${VK_CLUSTER_LOGS:-}" ]]; then

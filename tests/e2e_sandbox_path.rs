@@ -1,6 +1,6 @@
 //! The whole path with a `Sandbox` handled by the Sandbox controller (the
-//! upstream agent-sandbox controller; the stand-in only where its source is
-//! absent, see tests/support/controller.rs): Sandbox → Pod bound by the
+//! upstream agent-sandbox controller; the stand-in only where it cannot be
+//! fetched, see tests/support/controller.rs): Sandbox → Pod bound by the
 //! scheduler → claim → Pod Running with the VM address → Sandbox Ready; Pod
 //! deletion preserves, Sandbox deletion releases; an eviction storm
 //! releases nothing.

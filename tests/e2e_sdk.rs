@@ -8,7 +8,7 @@
 //! (`packages/sandboxd`, REST + gRPC on loopback), run here as the guest
 //! service the simulator's `/ports` relay leads to.
 //!
-//! Skipped (with the reason) only where the upstream source is absent and
+//! Skipped (with the reason) only where upstream cannot be fetched and
 //! VK_REQUIRE_REAL_CONTROLLER is not 1.
 
 mod support;
@@ -30,7 +30,8 @@ const TOKEN: &str = "sdk-token";
 const TEMPLATE: &str = "base:24.04";
 const POOL: &str = "sdk-pool";
 
-/// The runtime and the SDK driver (built from the upstream source).
+/// The runtime and the SDK driver (built from the agent-sandbox release the
+/// tests run).
 fn binaries() -> (PathBuf, PathBuf) {
     let out =
         std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/e2e/agent-sandbox.sh"))

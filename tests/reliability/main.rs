@@ -10,7 +10,7 @@
 //! `VK_CLUSTER_CONTROL` names `e2e/cluster.sh` when the suite may restart
 //! control-plane components (the apiserver outage scenario). The Sandbox
 //! controller is the upstream agent-sandbox controller (the stand-in only
-//! where its source is absent; the first line of output says which).
+//! where it cannot be fetched; the first line of output says which).
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -1,6 +1,6 @@
 //! One scenario's world: the shared control plane, a namespace, the
 //! sandboxd simulator, vk-sandbox as a process, the Sandbox controller
-//! (upstream agent-sandbox; the stand-in only where its source is absent),
+//! (upstream agent-sandbox; the stand-in only where it cannot be fetched),
 //! and the record of every owner (Sandbox) the scenario made.
 
 use std::collections::{BTreeMap, BTreeSet};

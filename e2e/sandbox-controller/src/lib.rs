@@ -1,6 +1,6 @@
 //! A stand-in for the upstream agent-sandbox `Sandbox` controller
-//! (kubernetes-sigs/agent-sandbox), used only where the upstream source is
-//! absent (e2e/agent-sandbox.sh decides). It models upstream for what
+//! (kubernetes-sigs/agent-sandbox 1.0), used only where upstream cannot be
+//! fetched or built (e2e/agent-sandbox.sh decides). It models upstream for what
 //! vk-sandbox relies on: one Pod per Sandbox, named after it, with the
 //! propagated metadata and one controller owner reference, the template's
 //! spec unchanged; the Pod re-created under the same name when it

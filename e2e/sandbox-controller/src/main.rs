@@ -12,7 +12,7 @@ use sandbox_controller::{DefaultRuntime, Options};
 use tracing::{error, info};
 
 /// A stand-in for the upstream agent-sandbox Sandbox controller, for
-/// checkouts without its source: one Pod per Sandbox
+/// machines that cannot fetch it: one Pod per Sandbox
 /// (agents.x-k8s.io/v1beta1) and the Sandbox status fed back from the Pod.
 #[derive(Debug, Parser)]
 #[command(name = "sandbox-controller", version)]
