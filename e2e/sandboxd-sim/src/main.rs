@@ -395,6 +395,10 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
 
     wait_for_shutdown().await;
     println!("sandboxd-sim: shutting down");
+    // Unlike sandboxd, whose VMs outlive it, the simulator's guests are
+    // processes of this machine: they end with it (claims persisted in the
+    // state file survive; what their guests ran does not).
+    handle.guests().destroy_all();
     Ok(())
 }
 

@@ -381,12 +381,20 @@ impl Guests {
     }
 }
 
-impl Drop for Guests {
-    fn drop(&mut self) {
+impl Guests {
+    /// Every VM is destroyed (the simulator stops): nothing it ran is left
+    /// running on the host.
+    pub fn destroy_all(&self) {
         let ids: Vec<String> = self.vms().keys().cloned().collect();
         for id in ids {
             self.destroy(&id);
         }
+    }
+}
+
+impl Drop for Guests {
+    fn drop(&mut self) {
+        self.destroy_all();
         if self.own_root
             && let Err(e) = std::fs::remove_dir_all(&self.root)
             && e.kind() != std::io::ErrorKind::NotFound
