@@ -214,6 +214,16 @@ async fn metrics_are_root_only_prometheus_text_with_the_contracts_families() {
     assert_eq!(status, 401);
     let (status, _, _) = scrape(&h, Some("tenant-tok")).await;
     assert_eq!(status, 403, "a tenant is not the operator");
+    // Nothing done yet: every counter reads 0.
+    let m = samples(&scrape(&h, Some(ROOT)).await.2);
+    for name in [
+        "sandboxd_claim_seconds_total",
+        "sandboxd_wake_seconds_total",
+        "sandboxd_wakes_total",
+        "sandboxd_claims_total{tier=\"warm\"}",
+    ] {
+        assert_eq!(m.get(name), Some(&0.0), "{name}");
+    }
 
     // warm: the pool's; golden: a miss cloned from the snapshot; cold: no pool.
     let warm = root.claim(&req("ns/warm")).await.expect("warm claim");
