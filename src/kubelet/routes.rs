@@ -234,11 +234,11 @@ async fn container_logs(RawQuery(query): RawQuery) -> Response {
 }
 
 async fn stats_summary(State(state): State<KubeletState>) -> Response {
-    let pods = match &state.streaming {
+    let scrape = match &state.streaming {
         Some(s) => s.stats.pods().await,
-        None => Vec::new(),
+        None => Default::default(),
     };
-    let body = crate::kubelet::stats::summary(&state.node_name, &pods);
+    let body = crate::kubelet::stats::summary(&state.node_name, &scrape.pods);
     (
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
@@ -247,11 +247,11 @@ async fn stats_summary(State(state): State<KubeletState>) -> Response {
 }
 
 async fn resource_metrics(State(state): State<KubeletState>) -> Response {
-    let pods = match &state.streaming {
+    let scrape = match &state.streaming {
         Some(s) => s.stats.pods().await,
-        None => Vec::new(),
+        None => Default::default(),
     };
-    let body = crate::kubelet::stats::resource_metrics(&pods);
+    let body = crate::kubelet::stats::resource_metrics(&scrape);
     (
         [(header::CONTENT_TYPE, RESOURCE_METRICS_CONTENT_TYPE)],
         body,

@@ -14,26 +14,40 @@
 //! `0m` CPU, documented as not measured.
 //!
 //! Figures are cached for [`CACHE_TTL`] (metrics-server scrapes every 15 s;
-//! one refresh serves concurrent scrapes) and fetched at most
-//! [`FAN_OUT`] at a time.
+//! one refresh serves concurrent scrapes) and fetched at most [`FAN_OUT`]
+//! at a time, each call bounded by [`CALL_TIMEOUT`]. A refresh runs in a
+//! task of its own: a scrape waits for it at most [`SCRAPE_WAIT`] and then
+//! answers with what has arrived, and a scrape given up by its client
+//! (metrics-server's 10 s timeout) leaves the refresh going for the next
+//! one. A sandbox whose figures could not be fetched is left out of the
+//! answer (and logged), never reported as a zero; `/metrics/resource`
+//! then says `scrape_error 1`.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
-use crate::kubelet::sandbox::{DataPlane, SandboxStats, Sandboxes};
+use crate::kubelet::sandbox::{DataPlane, SandboxRef, SandboxStats, Sandboxes};
 use crate::pods::pod::Pod;
 
 /// How long fetched figures are reused.
 pub const CACHE_TTL: Duration = Duration::from_secs(10);
 /// sandboxd stats calls in flight at once.
-pub const FAN_OUT: usize = 8;
+pub const FAN_OUT: usize = 16;
 /// Longest a single stats call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest a scrape waits for a refresh before answering with what it has.
+pub const SCRAPE_WAIT: Duration = Duration::from_secs(5);
+/// Figures older than this are not served (a sandbox whose last fetches
+/// failed drops out rather than show an old figure).
+pub const SERVE_AT_MOST: Duration = Duration::from_secs(60);
 /// The CPU counter reported for every container (seconds): see the module
 /// documentation.
 pub const CPU_PLACEHOLDER_SECONDS: f64 = 1e-6;
@@ -51,18 +65,45 @@ pub struct PodStats {
     pub stats: Option<SandboxStats>,
 }
 
-/// Memory figures by sandbox id, with their age.
+/// A scrape's answer: the Pods with figures, and how many running sandbox
+/// Pods were left out because theirs could not be fetched.
+#[derive(Debug, Clone, Default)]
+pub struct Scrape {
+    pub pods: Vec<PodStats>,
+    pub left_out: usize,
+}
+
+/// Figures by sandbox id, each with when it was fetched.
 #[derive(Default)]
 struct Cache {
-    at: Option<Instant>,
-    by_id: HashMap<String, Option<SandboxStats>>,
+    by_id: HashMap<String, (Instant, SandboxStats)>,
+    /// When the last refresh started.
+    refreshed: Option<Instant>,
+    /// The refresh in flight: true once done.
+    running: Option<watch::Receiver<bool>>,
 }
 
 /// Serves the figures, cached.
 pub struct StatsSource {
     sandboxes: Arc<dyn Sandboxes>,
     plane: Arc<dyn DataPlane>,
-    cache: tokio::sync::Mutex<Cache>,
+    cache: Arc<Mutex<Cache>>,
+}
+
+/// Which sandboxes to ask: every running one when the figures are older
+/// than [`CACHE_TTL`] (or were never fetched), else those the cache lacks
+/// (new, or failed last time). Pure.
+fn to_fetch<'a>(
+    running: impl Iterator<Item = &'a str>,
+    cached: impl Fn(&str) -> bool,
+    refreshed: Option<Instant>,
+    now: Instant,
+) -> Vec<String> {
+    let stale = refreshed.is_none_or(|t| now.duration_since(t) >= CACHE_TTL);
+    running
+        .filter(|id| stale || !cached(id))
+        .map(str::to_string)
+        .collect()
 }
 
 impl StatsSource {
@@ -70,56 +111,106 @@ impl StatsSource {
         StatsSource {
             sandboxes,
             plane,
-            cache: tokio::sync::Mutex::new(Cache::default()),
+            cache: Arc::default(),
         }
     }
 
-    /// Every running sandbox Pod with its figures (fetched if the cache is
-    /// older than [`CACHE_TTL`] or lacks a sandbox).
-    pub async fn pods(&self) -> Vec<PodStats> {
-        let running = self.sandboxes.running();
-        // One refresh at a time: concurrent scrapes wait and share it.
-        let mut cache = self.cache.lock().await;
-        let fresh = cache.at.is_some_and(|t| t.elapsed() < CACHE_TTL);
-        let missing: Vec<String> = running
-            .iter()
-            .map(|(_, s)| s.id.clone())
-            .filter(|id| !fresh || !cache.by_id.contains_key(id))
-            .collect();
-        if !missing.is_empty() {
-            let plane = Arc::clone(&self.plane);
-            let fetched: Vec<(String, Option<SandboxStats>)> =
-                futures::stream::iter(missing.into_iter().map(|id| {
-                    let plane = Arc::clone(&plane);
-                    async move {
-                        let got = tokio::time::timeout(CALL_TIMEOUT, plane.stats(&id)).await;
-                        let stats = match got {
-                            Ok(Ok(s)) => Some(s),
-                            Ok(Err(e)) => {
-                                tracing::debug!(sandbox = %id, error = %e, "sandbox stats");
-                                None
-                            }
-                            Err(_) => {
-                                tracing::debug!(sandbox = %id, "sandbox stats timed out");
-                                None
-                            }
-                        };
-                        (id, stats)
-                    }
-                }))
-                .buffer_unordered(FAN_OUT)
-                .collect()
-                .await;
-            if !fresh {
-                cache.by_id.clear();
-                cache.at = Some(Instant::now());
-            }
-            cache.by_id.extend(fetched);
+    fn cache(&self) -> MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The refresh to wait for: the one in flight, or a new one when the
+    /// figures are due; `None` when they are fresh.
+    fn refresh(&self, running: &[(Pod, SandboxRef)]) -> Option<watch::Receiver<bool>> {
+        let mut cache = self.cache();
+        if let Some(rx) = &cache.running {
+            return Some(rx.clone());
         }
-        running
-            .into_iter()
-            .map(|(pod, sandbox)| pod_stats(&pod, cache.by_id.get(&sandbox.id).cloned().flatten()))
-            .collect()
+        let now = Instant::now();
+        let fetch = to_fetch(
+            running.iter().map(|(_, s)| s.id.as_str()),
+            |id| cache.by_id.contains_key(id),
+            cache.refreshed,
+            now,
+        );
+        if fetch.is_empty() {
+            return None;
+        }
+        if fetch.len() == running.len() {
+            cache.refreshed = Some(now);
+        }
+        let (done, rx) = watch::channel(false);
+        cache.running = Some(rx.clone());
+        drop(cache);
+        let ids: Vec<String> = running.iter().map(|(_, s)| s.id.clone()).collect();
+        let plane = Arc::clone(&self.plane);
+        let shared = Arc::clone(&self.cache);
+        tokio::spawn(async move {
+            let mut fetched = futures::stream::iter(fetch.into_iter().map(|id| {
+                let plane = Arc::clone(&plane);
+                async move {
+                    let got = tokio::time::timeout(CALL_TIMEOUT, plane.stats(&id)).await;
+                    (id, got)
+                }
+            }))
+            .buffer_unordered(FAN_OUT);
+            while let Some((id, got)) = fetched.next().await {
+                let got = match got {
+                    Ok(Ok(s)) => Some(s),
+                    Ok(Err(e)) => {
+                        tracing::info!(sandbox = %id, error = %e, "sandbox stats: left out of this scrape");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::info!(sandbox = %id, timeout = ?CALL_TIMEOUT, "sandbox stats timed out: left out of this scrape");
+                        None
+                    }
+                };
+                let mut cache = shared.lock().unwrap_or_else(|e| e.into_inner());
+                match got {
+                    // Each figure lands as it comes: a scrape that stops
+                    // waiting serves what has arrived.
+                    Some(s) => {
+                        cache.by_id.insert(id, (Instant::now(), s));
+                    }
+                    None => {
+                        cache.by_id.remove(&id);
+                    }
+                }
+            }
+            let mut cache = shared.lock().unwrap_or_else(|e| e.into_inner());
+            // Sandboxes no longer running are forgotten.
+            cache.by_id.retain(|id, _| ids.contains(id));
+            cache.running = None;
+            drop(cache);
+            let _ = done.send(true);
+        });
+        Some(rx)
+    }
+
+    /// Every running sandbox Pod whose figures are known (fetched if the
+    /// cache is older than [`CACHE_TTL`] or lacks a sandbox, waiting at
+    /// most [`SCRAPE_WAIT`] for them).
+    pub async fn pods(&self) -> Scrape {
+        let running = self.sandboxes.running();
+        if let Some(mut done) = self.refresh(&running) {
+            let waited = tokio::time::timeout(SCRAPE_WAIT, done.wait_for(|d| *d)).await;
+            if waited.is_err() {
+                tracing::info!(wait = ?SCRAPE_WAIT, "sandbox stats still coming: answering with those in");
+            }
+        }
+        let cache = self.cache();
+        let now = Instant::now();
+        let mut scrape = Scrape::default();
+        for (pod, sandbox) in running {
+            match cache.by_id.get(&sandbox.id) {
+                Some((at, s)) if now.duration_since(*at) <= SERVE_AT_MOST => {
+                    scrape.pods.push(pod_stats(&pod, Some(s.clone())));
+                }
+                _ => scrape.left_out += 1,
+            }
+        }
+        scrape
     }
 }
 
@@ -207,8 +298,9 @@ fn label(v: &str) -> String {
 }
 
 /// `/metrics/resource` in the Prometheus text format, as metrics-server
-/// reads it. Pure.
-pub fn resource_metrics(pods: &[PodStats]) -> String {
+/// reads it; `scrape_error` is 1 when some Pod's figures are missing. Pure.
+pub fn resource_metrics(scrape: &Scrape) -> String {
+    let pods = &scrape.pods;
     let mut mem = String::new();
     let mut cpu = String::new();
     let mut start = String::new();
@@ -258,7 +350,7 @@ pub fn resource_metrics(pods: &[PodStats]) -> String {
     out.push_str(&pod_mem);
     out.push_str("# HELP scrape_error 1 if there was an error while getting container metrics, 0 otherwise\n");
     out.push_str("# TYPE scrape_error gauge\n");
-    let error = pods.iter().any(|p| p.stats.is_none());
+    let error = scrape.left_out > 0 || pods.iter().any(|p| p.stats.is_none());
     let _ = writeln!(out, "scrape_error {}", u8::from(error));
     out
 }
