@@ -319,6 +319,109 @@ async fn agent_client_gone_kills_the_shell() {
     wait_until("the shell is gone", || async { !listed(&h) }).await;
 }
 
+/// stdout of an exec, as the client would get it.
+#[derive(Clone, Default)]
+struct Collected(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl vk_sandbox::kubelet::exec::Output for Collected {
+    fn write(&self, data: bytes::Bytes) -> futures::future::BoxFuture<'_, Result<(), ()>> {
+        self.0.lock().unwrap().extend_from_slice(&data);
+        Box::pin(async { Ok(()) })
+    }
+    fn finish(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// `kubectl exec -t` of `argv` through the exec engine, against the
+/// simulator's agent whose terminal runs `shell` (empty: its default,
+/// bash) on a real pseudo-terminal: the outcome and what the user sees.
+async fn exec_on_a_terminal(
+    shell: &str,
+    argv: &[String],
+) -> (vk_sandbox::kubelet::exec::Outcome, String) {
+    use vk_sandbox::kubelet::exec::{self, Channels, ExecRequest as Exec};
+    let mut cfg = cfg();
+    cfg.agent_shell = shell.into();
+    let h = sim(cfg).await;
+    let c = client(&h);
+    let (id, token) = claim(&c, "").await;
+    let out = Collected::default();
+    let ch = Channels {
+        stdin: None,
+        stdout: Some(Box::new(out.clone())),
+        stderr: None,
+        resize: None,
+        hangup: tokio_util::sync::CancellationToken::new(),
+    };
+    let plane = std::sync::Arc::new(vk_sandbox::kubelet::SandboxdPlane::new(c));
+    let outcome = tokio::time::timeout(
+        PATIENCE,
+        exec::run(
+            plane,
+            vk_sandbox::kubelet::SandboxRef { id, token },
+            Exec {
+                argv: argv.to_vec(),
+                tty: true,
+            },
+            ch,
+        ),
+    )
+    .await
+    .expect("the command ends in time");
+    let seen = String::from_utf8_lossy(&out.0.lock().unwrap()).into_owned();
+    (outcome, seen)
+}
+
+fn strings(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// Finding 8 of the 2026-12-b review: the argv reaches the program whole,
+/// whatever the shell's line editor would do to it typed as is (bash
+/// completes on a TAB; dash's terminal cuts lines at 4095 bytes, busybox
+/// ash's editor at 1024).
+#[tokio::test]
+async fn a_terminal_runs_any_argv_whole_under_each_shell() {
+    let tab = strings(&["printf", "%s", "a\tb"]);
+    let (outcome, seen) = exec_on_a_terminal("", &tab).await;
+    assert_eq!(outcome, vk_sandbox::kubelet::exec::Outcome::Exited(0));
+    assert_eq!(seen, "a\tb", "bash: the TAB arrives as a TAB");
+
+    let long = "x".repeat(5000);
+    let count = strings(&["sh", "-c", "printf %s \"$1\" | wc -c", "_", &long]);
+    let mut shells = vec!["/bin/sh", "/bin/bash"];
+    if std::path::Path::new("/usr/bin/busybox").exists() {
+        // busybox-static from e2e/deps.sh; its `sh` applet is ash.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ash = dir.path().join("sh");
+        std::os::unix::fs::symlink("/usr/bin/busybox", &ash).expect("symlink");
+        let ash = ash.to_string_lossy().into_owned();
+        for argv in [&tab, &count] {
+            let (outcome, seen) = exec_on_a_terminal(&ash, argv).await;
+            assert_eq!(
+                outcome,
+                vk_sandbox::kubelet::exec::Outcome::Exited(0),
+                "{seen:?}"
+            );
+            let want = if argv == &tab { "a\tb" } else { "5000" };
+            assert_eq!(seen.trim(), want, "busybox ash");
+        }
+        drop(dir);
+    } else {
+        eprintln!("busybox not installed: its ash is not checked (e2e/deps.sh installs it)");
+    }
+    for shell in shells.drain(..) {
+        let (outcome, seen) = exec_on_a_terminal(shell, &count).await;
+        assert_eq!(
+            outcome,
+            vk_sandbox::kubelet::exec::Outcome::Exited(0),
+            "{shell}: {seen:?}"
+        );
+        assert_eq!(seen.trim(), "5000", "{shell}: the 5000-byte argument whole");
+    }
+}
+
 #[tokio::test]
 async fn agent_refusals_and_the_implicit_wake() {
     let h = sim(cfg()).await;

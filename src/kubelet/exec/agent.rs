@@ -3,16 +3,21 @@
 //! order. Never half-closed: sandboxd takes the client's EOF for "gone" and
 //! the agent then aborts the RPC, so input ends only with `stdin_close`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::silkd::{BadFrame, LineBuffer, Reply, Request, parse_reply};
 use crate::kubelet::sandbox::{DataPlane, Relay, RelayError, SandboxRef};
 
 /// How long a control RPC (resize, kill) may take end to end.
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of request lines queued for the agent before a sender waits (a
+/// command that does not read its stdin holds no more than this of it
+/// here; a larger line waits for the queue to be empty).
+pub const QUEUE_BYTES: usize = 256 * 1024;
 
 /// Why the agent connection failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,16 +61,31 @@ impl AgentReader {
     }
 }
 
-/// Queues request frames for the connection's writer task.
+/// A request line and its share of the queue's bytes.
+type Queued = (Vec<u8>, OwnedSemaphorePermit);
+
+/// Queues request frames for the connection's writer task, at most
+/// [`QUEUE_BYTES`] of them.
 #[derive(Clone)]
 pub struct AgentWriter {
-    tx: mpsc::Sender<Request>,
+    tx: mpsc::Sender<Queued>,
+    room: Arc<Semaphore>,
 }
 
 impl AgentWriter {
-    /// Queue `req`; an error means the connection is gone.
+    /// Queue `req` once there is room; an error means the connection is
+    /// gone.
     pub async fn send(&self, req: Request) -> Result<(), AgentFailure> {
-        self.tx.send(req).await.map_err(|_| AgentFailure::Closed)
+        let line = req.to_line();
+        let share = u32::try_from(line.len().min(QUEUE_BYTES)).unwrap_or(u32::MAX);
+        let permit = Arc::clone(&self.room)
+            .acquire_many_owned(share)
+            .await
+            .map_err(|_| AgentFailure::Closed)?;
+        self.tx
+            .send((line, permit))
+            .await
+            .map_err(|_| AgentFailure::Closed)
     }
 }
 
@@ -83,18 +103,26 @@ pub async fn connect(
             read,
             lines: LineBuffer::default(),
         },
-        AgentWriter { tx },
+        AgentWriter {
+            tx,
+            room: Arc::new(Semaphore::new(QUEUE_BYTES)),
+        },
     ))
 }
 
-async fn write_loop(mut write: WriteHalf<Relay>, mut rx: mpsc::Receiver<Request>) {
+async fn write_loop(mut write: WriteHalf<Relay>, mut rx: mpsc::Receiver<Queued>) {
     let mut buf = Vec::with_capacity(64 * 1024);
-    while let Some(first) = rx.recv().await {
-        buf.extend_from_slice(&first.to_line());
+    let mut shares = Vec::new();
+    while let Some((line, share)) = rx.recv().await {
+        buf.extend_from_slice(&line);
+        shares.push(share);
         // Batch what is queued into one write.
         while buf.len() < 256 * 1024 {
             match rx.try_recv() {
-                Ok(next) => buf.extend_from_slice(&next.to_line()),
+                Ok((line, share)) => {
+                    buf.extend_from_slice(&line);
+                    shares.push(share);
+                }
                 Err(_) => break,
             }
         }
@@ -102,6 +130,8 @@ async fn write_loop(mut write: WriteHalf<Relay>, mut rx: mpsc::Receiver<Request>
             return;
         }
         buf.clear();
+        // Written: the queue has room again.
+        shares.clear();
     }
     // Every sender dropped: the connection closes when the reader half is
     // dropped too (no shutdown: a half-close reads as "client gone").

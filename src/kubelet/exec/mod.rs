@@ -43,6 +43,15 @@ pub const DEFAULT_SIZE: TermSize = TermSize {
 /// How long the terminal's shell gets to start the command (print the
 /// marker) before its output passes unfiltered.
 pub const MARKER_WAIT: Duration = Duration::from_secs(15);
+/// The most of the client's input one `stdin` frame carries: a WebSocket
+/// message of up to 16 MiB would otherwise be one frame of ~21 MiB of
+/// base64, over the agent's 8 MiB frame limit.
+pub const STDIN_FRAME: usize = 64 * 1024;
+
+/// `data` as `stdin` frames of at most [`STDIN_FRAME`] bytes each.
+pub fn stdin_frames(data: &[u8]) -> impl Iterator<Item = Request> + '_ {
+    data.chunks(STDIN_FRAME).map(|c| Request::Stdin(c.to_vec()))
+}
 
 /// A terminal size as the resize channel carries it (JSON
 /// `{"Width":…,"Height":…}`).
@@ -133,17 +142,20 @@ pub async fn run_on(
     let opened = if req.tty {
         let size = first_size(ch.resize.as_mut()).await;
         let inj = tty::injection(&req.argv, &nonce());
-        filter = Some(tty::MarkerFilter::new(inj.marker));
-        let r = writer
+        filter = Some(tty::MarkerFilter::of(&inj));
+        let mut r = writer
             .send(Request::PtyOpen {
                 cols: size.width,
                 rows: size.height,
             })
             .await;
-        match r {
-            Ok(()) => writer.send(Request::Stdin(inj.line)).await,
-            Err(e) => Err(e),
+        for frame in stdin_frames(&inj.typed) {
+            if r.is_err() {
+                break;
+            }
+            r = writer.send(frame).await;
         }
+        r
     } else {
         writer
             .send(Request::Exec {
@@ -346,8 +358,10 @@ async fn pump_stdin(
         if data.is_empty() {
             continue;
         }
-        if writer.send(Request::Stdin(data.to_vec())).await.is_err() {
-            return;
+        for frame in stdin_frames(&data) {
+            if writer.send(frame).await.is_err() {
+                return;
+            }
         }
     }
     let _ = writer.send(Request::StdinClose).await;
