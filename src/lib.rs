@@ -1,6 +1,7 @@
 //! vk-sandbox: a virtual kubelet that turns sandbox Pods bound to its Node
 //! into sandboxd microVM claims.
 
+pub mod activity;
 pub mod admin;
 pub mod backoff;
 pub mod build_info;
@@ -25,6 +26,7 @@ pub mod preflight;
 pub mod runtime;
 pub mod sandboxd;
 pub mod spdy;
+pub mod stream_stats;
 pub mod telemetry;
 
 pub use error::{Error, Result};

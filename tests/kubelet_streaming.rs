@@ -11,11 +11,14 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use support::kubelet::{FixedSandboxes, LocalPorts, StaticPods};
 use support::spdy::{self, Event};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use vk_sandbox::config::StreamingConfig;
+use vk_sandbox::kubelet::sandbox::{DataPlane, Relay, RelayError, SandboxRef, SandboxStats};
 use vk_sandbox::kubelet::tls::KubeletTls;
 use vk_sandbox::kubelet::{KubeletState, Streaming, router, serve};
 use vk_sandbox::metrics::Metrics;
@@ -31,6 +34,7 @@ fn sandboxes() -> FixedSandboxes {
 struct Api {
     port: u16,
     stop: CancellationToken,
+    metrics: Arc<Metrics>,
 }
 
 impl Drop for Api {
@@ -40,7 +44,14 @@ impl Drop for Api {
 }
 
 async fn start(plane: Arc<Ports>) -> Api {
+    start_streaming(|_| Streaming::new(Arc::new(sandboxes()), plane)).await
+}
+
+/// The kubelet API with the streaming `make` builds (given the metrics it
+/// may count into).
+async fn start_streaming(make: impl FnOnce(&Arc<Metrics>) -> Streaming) -> Api {
     vk_sandbox::crypto::install_provider();
+    let metrics = Metrics::new().expect("metrics");
     let tls = KubeletTls::init(&Default::default(), "node-a", Some("127.0.0.1")).expect("tls");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
@@ -48,8 +59,8 @@ async fn start(plane: Arc<Ports>) -> Api {
         node_name: "node-a".into(),
         pods: Arc::new(StaticPods::default()),
         auth: None,
-        metrics: Metrics::new().expect("metrics"),
-        streaming: Some(Streaming::new(Arc::new(sandboxes()), plane)),
+        metrics: Arc::clone(&metrics),
+        streaming: Some(make(&metrics)),
     };
     let stop = CancellationToken::new();
     tokio::spawn(serve(
@@ -58,7 +69,11 @@ async fn start(plane: Arc<Ports>) -> Api {
         router(state),
         stop.clone(),
     ));
-    Api { port, stop }
+    Api {
+        port,
+        stop,
+        metrics,
+    }
 }
 
 /// A guest service: `behaviour` handles each accepted connection.
@@ -300,4 +315,296 @@ async fn an_incomplete_pair_and_a_bad_port_fail_cleanly() {
     let (_e, mut d) = pair(&c, 8080, 6).await;
     c.write(d.id, b"still here").await;
     assert_eq!(d.next().await, Some(Event::Data("still here".into())));
+}
+
+/// The review's test gap: a pair left incomplete is answered on its error
+/// stream once the pair timeout passes ("timed out waiting for the data
+/// stream"), a lone data stream is reset, and the session goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_incomplete_pair_times_out() {
+    let plane = Arc::new(Ports::default());
+    guest(&plane, 8080, echo).await;
+    let api = start_streaming(|_| {
+        Streaming::new(Arc::new(sandboxes()), Arc::clone(&plane) as _)
+            .with_pair_timeout(Duration::from_millis(600))
+    })
+    .await;
+    let c = spdy::connect(api.port, "POST", "/portForward/ns/p", &PF)
+        .await
+        .unwrap_or_else(|h| panic!("upgrade: {}", h.text));
+    let mut error = c
+        .open(&[
+            ("streamType", "error"),
+            ("port", "8080"),
+            ("requestID", "1"),
+        ])
+        .await;
+    assert_eq!(error.next().await, Some(Event::Reply));
+    let mut data = c
+        .open(&[("streamType", "data"), ("port", "8080"), ("requestID", "2")])
+        .await;
+    assert_eq!(data.next().await, Some(Event::Reply));
+    let (msg, end) = error.read_to_end().await;
+    assert_eq!(end, Event::Fin);
+    assert_eq!(
+        String::from_utf8_lossy(&msg),
+        "timed out waiting for the data stream of request 1"
+    );
+    assert!(matches!(data.next().await, Some(Event::Reset(_))));
+    assert!(plane.opened.lock().unwrap().is_empty(), "nothing forwarded");
+    let (_e, mut d) = pair(&c, 8080, 3).await;
+    c.write(d.id, b"after").await;
+    assert_eq!(d.next().await, Some(Event::Data("after".into())));
+}
+
+fn limits(per_pod: usize, streams: usize) -> StreamingConfig {
+    StreamingConfig {
+        max_sessions_per_pod: per_pod,
+        max_streams_per_session: streams,
+        ..StreamingConfig::default()
+    }
+}
+
+/// Sessions over the per-Pod limit are refused before the upgrade (429,
+/// naming the limit and its flag) and counted; ending one makes room.
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_over_the_pod_limit_are_refused_until_one_ends() {
+    let plane = Arc::new(Ports::default());
+    guest(&plane, 8080, echo).await;
+    let api = start_streaming(|m| {
+        Streaming::new(Arc::new(sandboxes()), Arc::clone(&plane) as _)
+            .with_limits(limits(2, 512), m.streaming())
+    })
+    .await;
+    let first = spdy::connect(api.port, "POST", "/portForward/ns/p", &PF)
+        .await
+        .unwrap_or_else(|h| panic!("upgrade: {}", h.text));
+    let _second = spdy::connect(api.port, "POST", "/portForward/ns/p", &PF)
+        .await
+        .unwrap_or_else(|h| panic!("upgrade: {}", h.text));
+    let h = spdy::connect(api.port, "POST", "/portForward/ns/p", &PF)
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(h.status, 429, "{}", h.text);
+    assert!(h.text.contains("pod ns/p"), "{}", h.text);
+    assert!(h.text.contains("2 is the limit"), "{}", h.text);
+    assert!(
+        h.text.contains("--max-streaming-sessions-per-pod"),
+        "{}",
+        h.text
+    );
+    // exec counts against the same limit.
+    let h = spdy::connect(
+        api.port,
+        "POST",
+        "/exec/ns/p/c?command=ls&output=1",
+        &[("X-Stream-Protocol-Version", "v4.channel.k8s.io")],
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert_eq!(h.status, 429, "{}", h.text);
+    let refused = || {
+        api.metrics.value(
+            "vk_sandbox_streaming_refusals_total",
+            &[("reason", "pod_sessions")],
+        )
+    };
+    assert_eq!(refused(), Some(2.0));
+    assert_eq!(
+        api.metrics.value("vk_sandbox_streaming_sessions", &[]),
+        Some(2.0)
+    );
+    first.hang_up().await;
+    let mut third = None;
+    for _ in 0..100 {
+        match spdy::connect(api.port, "POST", "/portForward/ns/p", &PF).await {
+            Ok(c) => {
+                third = Some(c);
+                break;
+            }
+            Err(h) => assert_eq!(h.status, 429, "{}", h.text),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let third = third.expect("room once a session ended");
+    let (_e, mut d) = pair(&third, 8080, 0).await;
+    c_write_echo(&third, &mut d).await;
+}
+
+async fn c_write_echo(c: &spdy::Client, d: &mut spdy::ClientStream) {
+    c.write(d.id, b"ping").await;
+    assert_eq!(d.next().await, Some(Event::Data("ping".into())));
+}
+
+/// A forwarded connection over the session's stream limit is refused on
+/// its own error stream, saying which limit; the others go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_over_the_stream_limit_are_refused_with_a_message() {
+    let plane = Arc::new(Ports::default());
+    guest(&plane, 8080, echo).await;
+    let api = start_streaming(|m| {
+        Streaming::new(Arc::new(sandboxes()), Arc::clone(&plane) as _)
+            .with_limits(limits(16, 5), m.streaming())
+    })
+    .await;
+    let c = spdy::connect(api.port, "POST", "/portForward/ns/p", &PF)
+        .await
+        .unwrap_or_else(|h| panic!("upgrade: {}", h.text));
+    let (_e1, mut d1) = pair(&c, 8080, 1).await;
+    let (_e2, mut d2) = pair(&c, 8080, 2).await;
+    let mut e3 = c
+        .open(&[
+            ("streamType", "error"),
+            ("port", "8080"),
+            ("requestID", "3"),
+        ])
+        .await;
+    let (msg, end) = e3.read_to_end().await;
+    assert_eq!(end, Event::Fin);
+    let msg = String::from_utf8_lossy(&msg).to_string();
+    assert!(
+        msg.contains("error forwarding port 8080 to pod ns/p"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("5 streams") && msg.contains("--max-streams-per-session"),
+        "{msg}"
+    );
+    assert_eq!(
+        api.metrics.value(
+            "vk_sandbox_streaming_refusals_total",
+            &[("reason", "session_streams")]
+        ),
+        Some(1.0)
+    );
+    c_write_echo(&c, &mut d1).await;
+    c_write_echo(&c, &mut d2).await;
+    assert_eq!(plane.opened.lock().unwrap().len(), 2);
+}
+
+/// A guest agent for exec: its first connection reads the `exec` frame,
+/// answers `started` and then reads nothing more (a command that never
+/// reads its stdin); later connections are control RPCs, recorded.
+#[derive(Default)]
+struct StuckAgent {
+    connections: std::sync::Mutex<usize>,
+    held: Arc<std::sync::Mutex<Vec<tokio::io::DuplexStream>>>,
+    control: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl DataPlane for StuckAgent {
+    fn agent<'a>(&'a self, _: &'a SandboxRef) -> BoxFuture<'a, Result<Relay, RelayError>> {
+        Box::pin(async move {
+            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            let first = {
+                let mut n = self.connections.lock().unwrap();
+                *n += 1;
+                *n == 1
+            };
+            let control = Arc::clone(&self.control);
+            let (r, mut w) = tokio::io::split(theirs);
+            let mut lines = tokio::io::BufReader::new(r).lines();
+            if first {
+                let held = Arc::clone(&self.held);
+                tokio::spawn(async move {
+                    let line = lines.next_line().await.ok().flatten().unwrap_or_default();
+                    assert!(line.contains("\"exec\""), "{line}");
+                    w.write_all(b"{\"type\":\"started\",\"pid\":42}\n")
+                        .await
+                        .unwrap();
+                    // Keep the relay open, unread.
+                    let theirs = lines.into_inner().into_inner().unsplit(w);
+                    held.lock().unwrap().push(theirs);
+                });
+            } else {
+                tokio::spawn(async move {
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let f: serde_json::Value = serde_json::from_str(&line).unwrap();
+                        control.lock().unwrap().push(f);
+                        let _ = w.write_all(b"{\"type\":\"done\"}\n").await;
+                    }
+                });
+            }
+            Ok(Box::new(ours) as Relay)
+        })
+    }
+
+    fn port<'a>(&'a self, _: &'a SandboxRef, _: u16) -> BoxFuture<'a, Result<Relay, RelayError>> {
+        Box::pin(async { Err(RelayError::Transport("no ports here".into())) })
+    }
+
+    fn stats<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<SandboxStats, RelayError>> {
+        Box::pin(async { Err(RelayError::Transport("no stats here".into())) })
+    }
+}
+
+/// Finding 7 of the 2026-12-b review: a client that hangs up while its
+/// stdin is back-pressured (the command reads none of it, so the session's
+/// reader waits on the stream's budget and reads the connection no more)
+/// still gets its process killed: the socket says the client is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_hangs_up_on_stuck_stdin_gets_its_process_killed() {
+    let agent = Arc::new(StuckAgent::default());
+    let api = start_streaming(|m| {
+        Streaming::new(Arc::new(sandboxes()), Arc::clone(&agent) as _)
+            .with_limits(StreamingConfig::default(), m.streaming())
+    })
+    .await;
+    let c = spdy::connect(
+        api.port,
+        "POST",
+        "/exec/ns/p/c?command=sleep&command=3600&input=1&output=1&error=1",
+        &[("X-Stream-Protocol-Version", "v4.channel.k8s.io")],
+    )
+    .await
+    .unwrap_or_else(|h| panic!("upgrade: {}", h.text));
+    let mut streams = Vec::new();
+    for kind in ["error", "stdin", "stdout", "stderr"] {
+        let mut s = c.open(&[("streamType", kind)]).await;
+        assert_eq!(s.next().await, Some(Event::Reply));
+        streams.push(s);
+    }
+    let stdin = streams[1].id;
+    let frame = vec![b'x'; 8 * 1024];
+    for _ in 0..64 {
+        c.write(stdin, &frame).await;
+    }
+    // Back-pressured: the session holds what its budgets allow.
+    for _ in 0..100 {
+        if api.metrics.value("vk_sandbox_streaming_queued_bytes", &[]) > Some(200_000.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        api.metrics.value("vk_sandbox_streaming_queued_bytes", &[]) > Some(200_000.0),
+        "stdin is back-pressured"
+    );
+    assert!(agent.control.lock().unwrap().is_empty());
+    c.hang_up().await;
+    let mut killed = None;
+    for _ in 0..50 {
+        killed = agent
+            .control
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|f| f["op"] == "kill")
+            .cloned();
+        if killed.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let killed = killed.expect("a kill within 5 s of the hang-up");
+    assert_eq!(killed["pid"], 42);
+    assert_eq!(
+        api.metrics.value(
+            "vk_sandbox_streaming_closes_total",
+            &[("reason", "hang_up")]
+        ),
+        Some(1.0)
+    );
 }

@@ -129,6 +129,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub kubelet: KubeletArgs,
     #[command(flatten)]
+    pub streaming: StreamingArgs,
+    #[command(flatten)]
     pub kube: KubeArgs,
     #[command(flatten)]
     pub sandboxd: SandboxdArgs,
@@ -243,6 +245,54 @@ pub struct KubeletArgs {
         value_name = "BOOL"
     )]
     pub anonymous_auth: bool,
+}
+
+/// exec, attach and port-forward sessions: how many, how long idle.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Streaming (exec, attach, port-forward)")]
+pub struct StreamingArgs {
+    /// Close an exec, attach or port-forward session after this long
+    /// without a byte either way (pings count), as the kubelet's
+    /// --streaming-connection-idle-timeout (Go duration); 0 never closes
+    /// one for idleness.
+    #[arg(
+        long,
+        env = "VK_STREAMING_IDLE_TIMEOUT",
+        default_value = defaults::STREAMING_IDLE_TIMEOUT,
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
+    pub streaming_idle_timeout: String,
+
+    /// Most exec, attach and port-forward sessions open at once on this
+    /// node; more are refused (429) until one ends.
+    #[arg(
+        long,
+        env = "VK_MAX_STREAMING_SESSIONS",
+        default_value_t = defaults::MAX_STREAMING_SESSIONS,
+        value_name = "N"
+    )]
+    pub max_streaming_sessions: usize,
+
+    /// Most exec, attach and port-forward sessions open at once to one
+    /// Pod; more are refused (429) until one ends.
+    #[arg(
+        long,
+        env = "VK_MAX_STREAMING_SESSIONS_PER_POD",
+        default_value_t = defaults::MAX_STREAMING_SESSIONS_PER_POD,
+        value_name = "N"
+    )]
+    pub max_streaming_sessions_per_pod: usize,
+
+    /// Most SPDY streams one session holds at once (a forwarded
+    /// connection takes two, an exec up to five); more are refused.
+    #[arg(
+        long,
+        env = "VK_MAX_STREAMS_PER_SESSION",
+        default_value_t = defaults::MAX_STREAMS_PER_SESSION,
+        value_name = "N"
+    )]
+    pub max_streams_per_session: usize,
 }
 
 /// The Kubernetes client.

@@ -22,3 +22,11 @@ pub const ORPHAN_SCAN_INTERVAL: &str = "60s";
 pub const PUBLISH_INTERVAL: &str = "30s";
 pub const NODE_LABELS: &str = "sandbox.cocoonstack.io/runtime=sandboxd";
 pub const LEASE_RENEW_MARGIN: &str = "12h";
+/// The kubelet's `--streaming-connection-idle-timeout` default.
+pub const STREAMING_IDLE_TIMEOUT: &str = "4h";
+pub const MAX_STREAMING_SESSIONS: usize = 512;
+pub const MAX_STREAMING_SESSIONS_PER_POD: usize = 16;
+pub const MAX_STREAMS_PER_SESSION: usize = 512;
+/// An exec over SPDY opens up to five streams (error, stdin, stdout,
+/// stderr, resize).
+pub const MIN_STREAMS_PER_SESSION: usize = 5;

@@ -45,11 +45,11 @@ mod tests;
 pub use cli::{
     AdminArgs, AuditArgs, ClaimsArgs, ClaimsCommand, Cli, Command, InventoryArgs, KubeArgs,
     KubeletArgs, LifecycleArgs, LogFormat, NodeArgs, Output, RunArgs, SandboxdArgs, StateArg,
-    ViewArgs, command, parse_from, parse_process_args,
+    StreamingArgs, ViewArgs, command, parse_from, parse_process_args,
 };
 pub use settings::{
     Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, KubeletSettings,
-    LifecycleConfig, SandboxdConfig, TlsFiles,
+    LifecycleConfig, SandboxdConfig, StreamingConfig, TlsFiles,
 };
 pub use values::{
     ListenAddr, advertise_default, parse_go_duration, parse_node_labels, validate_quantity,

@@ -82,6 +82,31 @@ pub struct LifecycleConfig {
     pub renew_margin: Duration,
 }
 
+/// exec, attach and port-forward sessions (docs/streaming.md, "Limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamingConfig {
+    /// `None`: sessions are never closed for idleness.
+    pub idle_timeout: Option<Duration>,
+    /// At least 1.
+    pub max_sessions: usize,
+    /// At least 1.
+    pub max_sessions_per_pod: usize,
+    /// At least [`super::defaults::MIN_STREAMS_PER_SESSION`].
+    pub max_streams_per_session: usize,
+}
+
+impl Default for StreamingConfig {
+    fn default() -> Self {
+        use super::defaults;
+        StreamingConfig {
+            idle_timeout: Some(Duration::from_secs(4 * 3600)),
+            max_sessions: defaults::MAX_STREAMING_SESSIONS,
+            max_sessions_per_pod: defaults::MAX_STREAMING_SESSIONS_PER_POD,
+            max_streams_per_session: defaults::MAX_STREAMS_PER_SESSION,
+        }
+    }
+}
+
 /// Everything validated, ready to run.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -103,6 +128,7 @@ pub struct Config {
     /// Extra Node labels from `--node-labels`.
     pub node_labels: BTreeMap<String, String>,
     pub kubelet_auth: KubeletAuthConfig,
+    pub streaming: StreamingConfig,
     /// Node status heartbeat period (> 0).
     pub node_status_interval: Duration,
 }
@@ -116,6 +142,7 @@ pub struct KubeletSettings {
     pub listen_addr: ListenAddr,
     pub tls: TlsFiles,
     pub auth: KubeletAuthConfig,
+    pub streaming: StreamingConfig,
 }
 
 impl Config {
@@ -126,6 +153,7 @@ impl Config {
             listen_addr: self.listen_addr.clone(),
             tls: self.tls.clone(),
             auth: self.kubelet_auth.clone(),
+            streaming: self.streaming,
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::cli::RunArgs;
 use super::settings::{
     Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, LifecycleConfig,
-    SandboxdConfig, TlsFiles,
+    SandboxdConfig, StreamingConfig, TlsFiles,
 };
 use super::values::{
     ListenAddr, advertise_default, check_label_key, check_label_value, nanos_to_duration,
@@ -261,6 +261,8 @@ impl Config {
             }
         }
 
+        let streaming = streaming(args, &mut p);
+
         let client_ca_file = non_empty_path(&args.kubelet.client_ca_file);
         if let Some(path) = &client_ca_file
             && let Err(e) = std::fs::metadata(path)
@@ -380,7 +382,77 @@ impl Config {
                 anonymous: args.kubelet.anonymous_auth,
                 client_ca_file,
             },
+            streaming,
             node_status_interval,
         })
+    }
+}
+
+/// The streaming flags, their problems recorded in `p`.
+fn streaming(args: &RunArgs, p: &mut Problems) -> StreamingConfig {
+    let a = &args.streaming;
+    let idle_timeout = match parse_go_duration(&a.streaming_idle_timeout) {
+        Ok(n) if n > 0 => Some(nanos_to_duration(n)),
+        Ok(0) => None,
+        Ok(_) => {
+            p.push(
+                "streaming-idle-timeout",
+                Some("VK_STREAMING_IDLE_TIMEOUT"),
+                &a.streaming_idle_timeout,
+                "must not be negative",
+                "give e.g. 4h (the kubelet's default), or 0 to never close an idle session",
+            );
+            None
+        }
+        Err(why) => {
+            p.push(
+                "streaming-idle-timeout",
+                Some("VK_STREAMING_IDLE_TIMEOUT"),
+                &a.streaming_idle_timeout,
+                &format!("not a Go duration: {why}"),
+                "give e.g. 4h (the kubelet's default), or 0 to never close an idle session",
+            );
+            None
+        }
+    };
+    let min_streams = super::defaults::MIN_STREAMS_PER_SESSION;
+    for (flag, env, value, least, why) in [
+        (
+            "max-streaming-sessions",
+            "VK_MAX_STREAMING_SESSIONS",
+            a.max_streaming_sessions,
+            1,
+            "0 would refuse every exec and port-forward",
+        ),
+        (
+            "max-streaming-sessions-per-pod",
+            "VK_MAX_STREAMING_SESSIONS_PER_POD",
+            a.max_streaming_sessions_per_pod,
+            1,
+            "0 would refuse every exec and port-forward",
+        ),
+        (
+            "max-streams-per-session",
+            "VK_MAX_STREAMS_PER_SESSION",
+            a.max_streams_per_session,
+            min_streams,
+            "an exec over SPDY opens up to 5 streams",
+        ),
+    ] {
+        if value < least {
+            p.push(
+                flag,
+                Some(env),
+                &value.to_string(),
+                &format!("must be at least {least} ({why})"),
+                &format!("give e.g. --{flag}={}", least.max(16)),
+            );
+        }
+    }
+    StreamingConfig {
+        idle_timeout,
+        max_sessions: a.max_streaming_sessions,
+        max_sessions_per_pod: a.max_streaming_sessions_per_pod,
+        max_streams_per_session: a.max_streams_per_session,
     }
 }

@@ -12,6 +12,7 @@
 pub mod auth;
 pub mod client_ca;
 pub mod exec;
+pub mod limits;
 pub mod port_forward;
 pub mod relays;
 pub mod routes;

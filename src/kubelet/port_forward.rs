@@ -15,7 +15,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::kubelet::sandbox::{DataPlane, RelayError, SandboxRef};
+use crate::kubelet::stream::watch::Upkeep;
 use crate::spdy::{self, End, Recycler, Stream};
+use crate::stream_stats::Refusal;
 
 /// How long the second stream of a pair may take to arrive.
 pub const PAIR_TIMEOUT: Duration = Duration::from_secs(30);
@@ -92,15 +94,53 @@ pub fn failure_message(pod: &str, port: u16, e: &RelayError) -> String {
     }
 }
 
+/// One port-forward session: where it forwards to, and what it is held to.
+pub struct Forward {
+    pub plane: Arc<dyn DataPlane>,
+    pub sandbox: SandboxRef,
+    /// `namespace/name`, for messages.
+    pub pod: String,
+    /// How long the second stream of a pair may take ([`PAIR_TIMEOUT`]).
+    pub pair_timeout: Duration,
+    pub upkeep: Upkeep,
+}
+
+/// How often incomplete pairs are looked at: a sixth of their timeout
+/// (at most 5 s, at least 100 ms).
+fn sweep_every(pair_timeout: Duration) -> Duration {
+    (pair_timeout / 6).clamp(Duration::from_millis(100), Duration::from_secs(5))
+}
+
+/// The message of a connection refused because its session holds all the
+/// streams it may (`held` of `limit`).
+pub fn too_many_streams(pod: &str, port: &str, limit: usize) -> String {
+    format!(
+        "error forwarding port {port} to pod {pod}: this port-forward session already holds \
+         {limit} streams, its limit (--max-streams-per-session, env \
+         VK_MAX_STREAMS_PER_SESSION; a forwarded connection takes two); close some \
+         connections or raise the limit"
+    )
+}
+
 /// Serve one port-forward session on an upgraded connection (or tunnel).
-#[tracing::instrument(skip_all, fields(pod = %pod, sandbox = %sandbox.id))]
-pub async fn serve<IO>(io: IO, plane: Arc<dyn DataPlane>, sandbox: SandboxRef, pod: String)
+#[tracing::instrument(skip_all, fields(pod = %f.pod, sandbox = %f.sandbox.id))]
+pub async fn serve<IO>(io: IO, f: Forward)
 where
     IO: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (_session, mut incoming) = spdy::start(io);
+    let Forward {
+        plane,
+        sandbox,
+        pod,
+        pair_timeout,
+        upkeep,
+    } = f;
+    let max_streams = upkeep.spdy.max_streams;
+    let stats = Arc::clone(&upkeep.spdy.stats);
+    let (session, mut incoming) = spdy::start_with(io, upkeep.spdy);
+    let _watching = upkeep.watch.spdy(&session);
     let mut pending: HashMap<String, Pair> = HashMap::new();
-    let mut sweep = tokio::time::interval(Duration::from_secs(5));
+    let mut sweep = tokio::time::interval(sweep_every(pair_timeout));
     loop {
         tokio::select! {
             s = incoming.recv() => {
@@ -111,6 +151,20 @@ where
                     continue;
                 };
                 let kind = s.headers.get("streamtype").unwrap_or_default().to_string();
+                // A pair's error stream that takes the session's last stream:
+                // its data stream would be refused, so say why on it now.
+                if kind == "error"
+                    && !pending.contains_key(&id)
+                    && session.open_streams() >= max_streams
+                {
+                    stats.refused(Refusal::SessionStreams);
+                    let port = s.headers.get("port").unwrap_or("?").to_string();
+                    tracing::info!(port, limit = max_streams, "port-forward connection refused: the session holds --max-streams-per-session streams");
+                    let msg = too_many_streams(&pod, &port, max_streams);
+                    let _ = s.writer.write(Bytes::from(msg)).await;
+                    let _ = s.writer.finish().await;
+                    continue;
+                }
                 let pair = pending.entry(id.clone()).or_default();
                 pair.since.get_or_insert_with(Instant::now);
                 let slot = match kind.as_str() {
@@ -136,7 +190,7 @@ where
             _ = sweep.tick() => {
                 let stale: Vec<String> = pending
                     .iter()
-                    .filter(|(_, p)| p.since.is_some_and(|t| t.elapsed() > PAIR_TIMEOUT))
+                    .filter(|(_, p)| p.since.is_some_and(|t| t.elapsed() > pair_timeout))
                     .map(|(k, _)| k.clone())
                     .collect();
                 for id in stale {

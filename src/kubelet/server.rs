@@ -1,7 +1,8 @@
 //! Serving a router over TLS: tokio-rustls for the handshake, hyper-util's
 //! auto builder for HTTP/1.1 and h2 (ALPN), one task per connection, a
 //! 30 s read-header timeout (a client that never finishes its headers cannot
-//! hold a connection), graceful shutdown.
+//! hold a connection), TCP keep-alive as Go's listeners have it, graceful
+//! shutdown.
 //!
 //! The daemon serves it on a thread of its own ([`serve_on_own_thread`]):
 //! one exec is a TLS handshake, a request, an upgrade, a relay to sandboxd
@@ -25,6 +26,7 @@ use tower::ServiceExt;
 
 use crate::error::{Error, Result};
 use crate::kubelet::auth::{PeerIdentity, UserInfo};
+use crate::kubelet::stream::watch::ConnectionFd;
 
 /// Longest a TLS handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,6 +34,49 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long open connections get to finish after shutdown starts.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// TCP keep-alive of accepted connections, as Go's listeners (and so the
+/// kubelet's) set it: a probe after 15 s without traffic, then every 15 s,
+/// 9 unanswered probes and the connection fails. A client whose host
+/// vanished is then noticed even by a session that only waits.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+pub const KEEPALIVE_PROBES: u32 = 9;
+
+/// Turn on TCP keep-alive on `tcp` with the figures above.
+pub fn keep_alive(tcp: &TcpStream) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = tcp.as_raw_fd();
+    let secs = |d: Duration| libc::c_int::try_from(d.as_secs()).unwrap_or(libc::c_int::MAX);
+    for (level, name, value) in [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs(KEEPALIVE_IDLE)),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPINTVL,
+            secs(KEEPALIVE_INTERVAL),
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPCNT,
+            libc::c_int::try_from(KEEPALIVE_PROBES).unwrap_or(9),
+        ),
+    ] {
+        // SAFETY: a valid socket and a c_int option value of its size.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                std::ptr::from_ref(&value).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
 
 /// Serve `router` over TLS on `listener` until `stop` is cancelled, then
 /// let open connections finish (at most [`SHUTDOWN_GRACE`]). Each request
@@ -135,6 +180,11 @@ async fn serve_connection(
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "kubelet API: TCP_NODELAY not set");
     }
+    if let Err(e) = keep_alive(&tcp) {
+        tracing::debug!(%peer, error = %e, "kubelet API: TCP keep-alive not set");
+    }
+    // Streaming sessions watch the socket for a hang-up (stream::watch).
+    let socket = ConnectionFd(std::os::fd::AsRawFd::as_raw_fd(&tcp));
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
@@ -155,6 +205,7 @@ async fn serve_connection(
     );
     let service = router.map_request(move |mut req: http::Request<Incoming>| {
         req.extensions_mut().insert(identity.clone());
+        req.extensions_mut().insert(socket);
         req
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());

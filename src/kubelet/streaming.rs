@@ -15,14 +15,17 @@ use hyper_util::rt::TokioIo;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 use crate::kubelet::exec::{self, ExecRequest, Outcome, status};
+use crate::kubelet::limits::{SessionPass, refusal_message};
 use crate::kubelet::port_forward;
 use crate::kubelet::sandbox::{DataPlane, SandboxRef, Unavailable};
 use crate::kubelet::state::{KubeletState, Streaming};
 use crate::kubelet::stream::negotiate::STREAM_PROTOCOL_HEADER;
+use crate::kubelet::stream::watch::{ConnectionFd, HangupFd, Upkeep, Watch};
 use crate::kubelet::stream::{
     Negotiated, Purpose, Refusal, StreamOptions, negotiate, spdy_exec, stream_options, tunnel,
     websocket,
 };
+use crate::spdy;
 
 /// `kubectl logs` on a sandbox Pod (a 400, which `kubectl` shows as is).
 pub const NO_CONTAINER_LOG: &str = "a sandbox Pod has no container log: its container is a \
@@ -114,6 +117,46 @@ fn switching(
     Ok((resp, on_upgrade))
 }
 
+/// A place among the open sessions for one more to `pod`, and what it is
+/// held to (its socket watched from here on); a 429 naming the limit when
+/// there is none.
+fn admit(
+    state: &KubeletState,
+    streaming: &Streaming,
+    pod: &str,
+    parts: &axum::http::request::Parts,
+) -> Result<(SessionPass, Upkeep), Refused> {
+    let gate = &streaming.gate;
+    let pass = gate.enter(pod).map_err(|why| {
+        let message = refusal_message(why, &state.node_name, pod, gate.limits());
+        tracing::info!(
+            pod,
+            reason = why.label(),
+            "streaming session refused: {message}"
+        );
+        refused(StatusCode::TOO_MANY_REQUESTS, message)
+    })?;
+    let limits = gate.limits();
+    let stats = Arc::clone(gate.stats());
+    let upkeep = Upkeep {
+        spdy: spdy::Limits {
+            max_streams: limits.max_streams_per_session,
+            stats: Arc::clone(&stats),
+            ..spdy::Limits::default()
+        },
+        watch: Watch {
+            idle_timeout: limits.idle_timeout,
+            socket: parts
+                .extensions
+                .get::<ConnectionFd>()
+                .copied()
+                .and_then(HangupFd::of),
+            stats,
+        },
+    };
+    Ok((pass, upkeep))
+}
+
 /// Path parameters of exec and attach: ns, pod, [uid,] container.
 fn pod_params(params: &[String]) -> (String, String, Option<String>) {
     let uid = (params.len() == 4).then(|| params[2].clone());
@@ -181,13 +224,29 @@ async fn remote_command(
     } else {
         target
     };
+    let key = format!("{ns}/{pod}");
+    let (pass, upkeep) = match admit(&state, &streaming, &key, &parts) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
     let (resp, on_upgrade) = match switching(&negotiated, &mut parts) {
         Ok(x) => x,
         Err(r) => return *r,
     };
-    let span = tracing::info_span!("exec", pod = %format!("{ns}/{pod}"), node = %state.node_name);
+    let span = tracing::info_span!("exec", pod = %key, node = %state.node_name);
     tokio::spawn(tracing::Instrument::instrument(
-        session(negotiated, on_upgrade, opts, streaming.plane, target),
+        async move {
+            session(
+                negotiated,
+                on_upgrade,
+                opts,
+                streaming.plane,
+                target,
+                upkeep,
+            )
+            .await;
+            drop(pass);
+        },
         span,
     ));
     resp
@@ -199,6 +258,7 @@ async fn session(
     opts: StreamOptions,
     plane: Arc<dyn DataPlane>,
     target: Result<SandboxRef, Outcome>,
+    upkeep: Upkeep,
 ) {
     // The guest agent relay is opened while the 101 goes out and the
     // connection is handed over: its round trip to sandboxd overlaps them.
@@ -234,9 +294,11 @@ async fn session(
         (outcome, st)
     };
     match negotiated {
-        Negotiated::Spdy { protocol } => spdy_exec::serve(io, protocol, opts, command).await,
+        Negotiated::Spdy { protocol } => {
+            spdy_exec::serve(io, protocol, opts, command, upkeep).await
+        }
         Negotiated::WebSocket { protocol, .. } => {
-            websocket::serve(io, protocol, opts, command).await
+            websocket::serve(io, protocol, opts, command, upkeep.watch).await
         }
     }
 }
@@ -289,13 +351,24 @@ pub async fn port_forward_route(
         Ok(Err(_)) => return text(StatusCode::BAD_REQUEST, "pod has no sandbox"),
         Err(r) => return *r,
     };
+    let key = format!("{ns}/{pod}");
+    let (pass, upkeep) = match admit(&state, &streaming, &key, &parts) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
     let (resp, on_upgrade) = match switching(&negotiated, &mut parts) {
         Ok(x) => x,
         Err(r) => return *r,
     };
-    let key = format!("{ns}/{pod}");
-    let plane = Arc::clone(&streaming.plane);
+    let forward = port_forward::Forward {
+        plane: Arc::clone(&streaming.plane),
+        sandbox,
+        pod: key,
+        pair_timeout: streaming.pair_timeout,
+        upkeep,
+    };
     tokio::spawn(async move {
+        let _pass = pass;
         let io = match on_upgrade.await {
             Ok(u) => TokioIo::new(u),
             Err(e) => {
@@ -304,10 +377,10 @@ pub async fn port_forward_route(
             }
         };
         match negotiated {
-            Negotiated::Spdy { .. } => port_forward::serve(io, plane, sandbox, key).await,
+            Negotiated::Spdy { .. } => port_forward::serve(io, forward).await,
             Negotiated::WebSocket { .. } => {
                 let io = tunnel::byte_stream(io).await;
-                port_forward::serve(io, plane, sandbox, key).await
+                port_forward::serve(io, forward).await
             }
         }
     });

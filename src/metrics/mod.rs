@@ -136,6 +136,12 @@ pub struct Metrics {
     /// `vk_sandbox_claim_lease_remaining_min_seconds`: time left on the
     /// nearest lease vk-sandbox renews (none held: not set).
     claim_lease_remaining_min: Gauge,
+    /// The kubelet API's streaming sessions, read at scrape time
+    /// ([`streaming`]): `vk_sandbox_streaming_refusals_total{reason}`,
+    /// `vk_sandbox_streaming_closes_total{reason}`,
+    /// `vk_sandbox_streaming_sessions`, `vk_sandbox_streaming_spdy_streams`,
+    /// `vk_sandbox_streaming_queued_bytes`.
+    streaming: Arc<crate::stream_stats::StreamStats>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -404,7 +410,13 @@ impl Metrics {
             .map_err(metric_error)?,
         )?;
 
+        let streaming = Arc::new(crate::stream_stats::StreamStats::default());
+        registry
+            .register(Box::new(streaming::Streaming::new(Arc::clone(&streaming))?))
+            .map_err(|e| Error::Internal(format!("registering a metric: {e}")))?;
+
         Ok(Arc::new(Metrics {
+            streaming,
             claim_renewals,
             claim_transitions,
             claim_lease_remaining_min,
@@ -436,6 +448,11 @@ impl Metrics {
     /// The registry, for modules that register their own metrics.
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// What the streaming sessions count into (`vk_sandbox_streaming_*`).
+    pub fn streaming(&self) -> Arc<crate::stream_stats::StreamStats> {
+        Arc::clone(&self.streaming)
     }
 
     /// The current value of the series `name` whose labels include
@@ -489,6 +506,7 @@ impl Metrics {
 mod process;
 mod record;
 mod sampled;
+pub mod streaming;
 #[cfg(test)]
 mod tests;
 

@@ -195,3 +195,41 @@ fn process_cpu_seconds_are_not_whole_seconds() {
         "process CPU moved by {used}"
     );
 }
+
+#[test]
+fn streaming_sessions_are_exposed_from_their_counts() {
+    use crate::stream_stats::{Close, Refusal};
+    let m = Metrics::new().unwrap();
+    let s = m.streaming();
+    s.refused(Refusal::PodSessions);
+    s.refused(Refusal::SessionStreams);
+    s.refused(Refusal::SessionStreams);
+    s.closed(Close::HangUp);
+    s.session_opened();
+    s.stream_opened();
+    s.stream_opened();
+    s.queued(4096);
+    let text = m.encode().unwrap();
+    for needle in [
+        "# TYPE vk_sandbox_streaming_refusals_total counter",
+        "vk_sandbox_streaming_refusals_total{reason=\"node_sessions\"} 0",
+        "vk_sandbox_streaming_refusals_total{reason=\"pod_sessions\"} 1",
+        "vk_sandbox_streaming_refusals_total{reason=\"session_streams\"} 2",
+        "# TYPE vk_sandbox_streaming_closes_total counter",
+        "vk_sandbox_streaming_closes_total{reason=\"hang_up\"} 1",
+        "vk_sandbox_streaming_closes_total{reason=\"idle_timeout\"} 0",
+        "# TYPE vk_sandbox_streaming_sessions gauge",
+        "vk_sandbox_streaming_sessions 1",
+        "vk_sandbox_streaming_spdy_streams 2",
+        "vk_sandbox_streaming_queued_bytes 4096",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    assert_eq!(
+        m.value(
+            "vk_sandbox_streaming_refusals_total",
+            &[("reason", "session_streams")]
+        ),
+        Some(2.0)
+    );
+}

@@ -16,4 +16,6 @@ pub mod session;
 pub use frame::{Frame, FrameError};
 pub use headers::Headers;
 pub use recycle::Recycler;
-pub use session::{Closed, End, Session, Stream, StreamReader, StreamWriter, start};
+pub use session::{
+    Closed, End, Limits, Session, Stream, StreamReader, StreamWriter, start, start_with,
+};

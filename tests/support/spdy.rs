@@ -32,6 +32,8 @@ pub struct Client {
     next_id: Mutex<u32>,
     /// GOAWAY seen, or the connection ended.
     pub ended: Arc<tokio::sync::Notify>,
+    /// The connection's reader and writer tasks.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// A stream opened by the client.
@@ -173,7 +175,7 @@ impl Client {
     fn start(io: Box<dyn Io>, already: BytesMut) -> Client {
         let (mut read, mut write) = tokio::io::split(io);
         let (out, mut rx) = mpsc::channel::<Vec<u8>>(64);
-        tokio::spawn(async move {
+        let writer = tokio::spawn(async move {
             // Frames already queued go out in one write (up to 256 KiB), as
             // a client on a bufio.Writer sends them.
             while let Some(mut b) = rx.recv().await {
@@ -192,7 +194,7 @@ impl Client {
         let streams: Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Event>>>> = Arc::default();
         let ended = Arc::new(tokio::sync::Notify::new());
         let (s2, e2, out2) = (Arc::clone(&streams), Arc::clone(&ended), out.clone());
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut buf = already;
             let mut inflater = Inflater::new();
             let send = |id: u32, ev: Event| {
@@ -251,6 +253,18 @@ impl Client {
             streams,
             next_id: Mutex::new(1),
             ended,
+            tasks: vec![writer, reader],
+        }
+    }
+
+    /// Hang up: the connection is closed at once, whatever is unsent or
+    /// unread (as a client process that exits).
+    pub async fn hang_up(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        for t in self.tasks {
+            let _ = t.await;
         }
     }
 

@@ -231,6 +231,14 @@ fn help_names_every_env_var_and_default() {
         "--lease-renew-margin",
         "[env: VK_LEASE_RENEW_MARGIN]",
         "[default: 12h]",
+        "--streaming-idle-timeout",
+        "[env: VK_STREAMING_IDLE_TIMEOUT]",
+        "[default: 4h]",
+        "--max-streaming-sessions",
+        "[env: VK_MAX_STREAMING_SESSIONS]",
+        "--max-streaming-sessions-per-pod",
+        "--max-streams-per-session",
+        "[env: VK_MAX_STREAMS_PER_SESSION]",
         "--version",
     ] {
         assert!(help.contains(needle), "help lacks {needle:?}:\n{help}");
@@ -309,6 +317,90 @@ fn lease_renew_margin_is_a_duration_zero_or_more() {
             "{bad}: {err}"
         );
     }
+}
+
+#[test]
+fn streaming_limits_default_to_the_kubelets_and_are_checked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = Config::from_args(&valid(dir.path(), &[])).expect("defaults");
+    assert_eq!(cfg.streaming, StreamingConfig::default());
+    assert_eq!(
+        cfg.streaming,
+        StreamingConfig {
+            idle_timeout: Some(Duration::from_secs(4 * 3600)),
+            max_sessions: 512,
+            max_sessions_per_pod: 16,
+            max_streams_per_session: 512,
+        },
+        "the documented defaults"
+    );
+    assert_eq!(cfg.kubelet().streaming, cfg.streaming);
+    let args = parse(
+        &[
+            "--state-path=/x",
+            "--max-streaming-sessions=9",
+            "--streaming-idle-timeout=0",
+        ],
+        &[
+            ("VK_MAX_STREAMING_SESSIONS_PER_POD", "3"),
+            ("VK_MAX_STREAMS_PER_SESSION", "5"),
+            ("VK_MAX_STREAMING_SESSIONS", "7"),
+            ("VK_STREAMING_IDLE_TIMEOUT", "1m"),
+        ],
+    )
+    .run;
+    let s = &args.streaming;
+    assert_eq!(
+        (
+            s.max_streaming_sessions,
+            s.max_streaming_sessions_per_pod,
+            s.max_streams_per_session,
+            s.streaming_idle_timeout.as_str()
+        ),
+        (9, 3, 5, "0"),
+        "flags win over the environment"
+    );
+    let cfg = Config::from_args(&valid(
+        dir.path(),
+        &["--streaming-idle-timeout=0", "--max-streams-per-session=5"],
+    ))
+    .expect("zero idle timeout, least streams");
+    assert_eq!(cfg.streaming.idle_timeout, None);
+    assert_eq!(cfg.streaming.max_streams_per_session, 5);
+    let cfg =
+        Config::from_args(&valid(dir.path(), &["--streaming-idle-timeout=90s"])).expect("90s");
+    assert_eq!(cfg.streaming.idle_timeout, Some(Duration::from_secs(90)));
+    for (bad, names) in [
+        (
+            "--streaming-idle-timeout=-1s",
+            "--streaming-idle-timeout (env VK_STREAMING_IDLE_TIMEOUT)",
+        ),
+        (
+            "--streaming-idle-timeout=later",
+            "--streaming-idle-timeout (env VK_STREAMING_IDLE_TIMEOUT)",
+        ),
+        (
+            "--max-streaming-sessions=0",
+            "--max-streaming-sessions (env VK_MAX_STREAMING_SESSIONS)",
+        ),
+        (
+            "--max-streaming-sessions-per-pod=0",
+            "--max-streaming-sessions-per-pod (env VK_MAX_STREAMING_SESSIONS_PER_POD)",
+        ),
+        (
+            "--max-streams-per-session=4",
+            "--max-streams-per-session (env VK_MAX_STREAMS_PER_SESSION)",
+        ),
+    ] {
+        let err = Config::from_args(&valid(dir.path(), &[bad]))
+            .expect_err(bad)
+            .to_string();
+        assert!(err.contains(names), "{bad}: {err}");
+    }
+    let err = Config::from_args(&valid(dir.path(), &["--max-streams-per-session=4"]))
+        .expect_err("4")
+        .to_string();
+    assert!(err.contains("at least 5"), "{err}");
 }
 
 // An explicitly empty `--state-path` refuses to start.

@@ -5,12 +5,15 @@
 //! - [`spdy_exec`]: remote command over SPDY streams;
 //! - [`websocket`]: remote command over WebSocket channels (v5 … v1);
 //! - [`tunnel`]: a WebSocket carrying a SPDY byte stream (port-forward);
-//! - [`options`]: the request's stream options (pure).
+//! - [`options`]: the request's stream options (pure);
+//! - [`watch`]: ending a session on its idle timeout or its client's
+//!   hang-up.
 
 pub mod negotiate;
 pub mod options;
 pub mod spdy_exec;
 pub mod tunnel;
+pub mod watch;
 pub mod websocket;
 
 pub use negotiate::{Negotiated, Purpose, Refusal, negotiate};

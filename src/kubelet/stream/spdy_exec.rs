@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::watch::Upkeep;
 use super::{ResizeDecoder, StreamOptions, status_text};
 use crate::kubelet::exec::{Channels, Input, Outcome, Output, TermSize};
 use crate::spdy::{self, StreamReader, StreamWriter};
@@ -65,14 +66,22 @@ pub fn error_stream_body(protocol: &str, status: &serde_json::Value) -> Vec<u8> 
 }
 
 /// Serve one remote-command session on an upgraded connection: wait for
-/// the client's streams, run `command` with them, report its outcome.
-pub async fn serve<IO, F, Fut>(io: IO, protocol: &'static str, opts: StreamOptions, command: F)
-where
+/// the client's streams, run `command` with them, report its outcome. The
+/// session is held to `upkeep`: its client's hang-up or its idle timeout
+/// ends it (and with it the command, as any hang-up).
+pub async fn serve<IO, F, Fut>(
+    io: IO,
+    protocol: &'static str,
+    opts: StreamOptions,
+    command: F,
+    upkeep: Upkeep,
+) where
     IO: AsyncRead + AsyncWrite + Send + 'static,
     F: FnOnce(Channels) -> Fut,
     Fut: Future<Output = (Outcome, serde_json::Value)>,
 {
-    let (session, mut incoming) = spdy::start(io);
+    let (session, mut incoming) = spdy::start_with(io, upkeep.spdy);
+    let _watching = upkeep.watch.spdy(&session);
     let want = expected(&opts, protocol);
     let mut streams: Vec<(&'static str, spdy::Stream)> = Vec::new();
     let collect = async {
@@ -118,7 +127,7 @@ where
     // it); keep its writer.
     let stdin_writer = stdin.as_ref().map(|s| s.writer.clone());
     let hangup = CancellationToken::new();
-    let watch = {
+    let ended = {
         let hangup = hangup.clone();
         let session = session.clone();
         tokio::spawn(async move {
@@ -134,7 +143,7 @@ where
         hangup: hangup.clone(),
     };
     let (outcome, status) = command(channels).await;
-    watch.abort();
+    ended.abort();
     if hangup.is_cancelled() {
         tracing::debug!(?outcome, "remote-command client gone");
         return;

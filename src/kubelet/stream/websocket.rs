@@ -29,7 +29,9 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_util::sync::CancellationToken;
 
+use super::watch::{Watch, Watching};
 use super::{ResizeDecoder, StreamOptions, status_text};
+use crate::activity::Activity;
 use crate::kubelet::exec::{Channels, Input, Outcome, Output};
 
 pub const STDIN: u8 = 0;
@@ -42,6 +44,10 @@ pub const CLOSE_SIGNAL: u8 = 255;
 
 /// Largest message accepted from a client.
 pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+/// Client stdin messages queued for the command: one (it may be a whole
+/// [`MAX_MESSAGE`]; the exec cuts it into bounded frames for the agent),
+/// then the reader waits.
+const STDIN_QUEUE: usize = 1;
 
 /// How a protocol version frames channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,16 +163,25 @@ impl Output for WsOutput {
     }
 }
 
-/// Serve one remote-command session on an upgraded connection.
-pub async fn serve<IO, F, Fut>(io: IO, protocol: &'static str, opts: StreamOptions, command: F)
-where
+/// Serve one remote-command session on an upgraded connection, ended from
+/// this side by `watch` (the client's hang-up, the idle timeout) as by a
+/// client that leaves.
+pub async fn serve<IO, F, Fut>(
+    io: IO,
+    protocol: &'static str,
+    opts: StreamOptions,
+    command: F,
+    watch: Watch,
+) where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     F: FnOnce(Channels) -> Fut,
     Fut: Future<Output = (Outcome, serde_json::Value)>,
 {
     let codec = codec(protocol);
+    let activity = Activity::new();
     let (mut sink, mut stream) = accept(io).await.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Message>(32);
+    let written = activity.clone();
     let writer = tokio::spawn(async move {
         while let Some(m) = out_rx.recv().await {
             if sink.feed(m).await.is_err() {
@@ -175,6 +190,7 @@ where
             if out_rx.is_empty() && sink.flush().await.is_err() {
                 return;
             }
+            written.note();
         }
         let _ = sink.close().await;
     });
@@ -187,16 +203,27 @@ where
     };
     let _ = out_tx.send(codec.encode(first, &[])).await;
 
-    let (stdin_tx, stdin_rx) = mpsc::channel::<Bytes>(16);
+    let (stdin_tx, stdin_rx) = mpsc::channel::<Bytes>(STDIN_QUEUE);
     let (resize_tx, resize_rx) = mpsc::channel(8);
     let hangup = CancellationToken::new();
+    let _watching = {
+        let hangup = hangup.clone();
+        let activity = activity.clone();
+        Watching::new(tokio::spawn(async move {
+            let why = watch.closed(&activity).await;
+            tracing::info!(reason = why.label(), "closing the streaming session");
+            hangup.cancel();
+        }))
+    };
     let reader = {
         let hangup = hangup.clone();
         let want_stdin = opts.stdin;
+        let read = activity.clone();
         tokio::spawn(async move {
             let mut stdin = want_stdin.then_some(stdin_tx);
             let mut sizes = ResizeDecoder::default();
             while let Some(Ok(msg)) = stream.next().await {
+                read.note();
                 if matches!(msg, Message::Close(_)) {
                     break;
                 }

@@ -326,18 +326,19 @@ async fn data_frames_are_cut_at_exactly_the_largest_frame() {
 }
 
 #[tokio::test]
-async fn inbound_frames_up_to_a_mebibyte_are_taken_and_larger_ones_end_the_session() {
+async fn inbound_frames_up_to_64_kib_are_taken_and_larger_ones_end_the_session() {
     let (mut peer, session, mut streams) = pair();
     peer.open(1, &[], false).await;
     let mut s = next_stream(&mut streams).await;
     let _ = peer.recv().await;
-    // The documented limit, not the constant (a changed constant must fail).
-    let mib = 1024 * 1024;
-    peer.data(1, &vec![1u8; mib], false).await;
-    assert_eq!(s.reader.next().await.map(|d| d.len()), Ok(mib));
+    // The documented limit, not the constant (a changed constant must fail):
+    // twice the Go clients' 32 KiB.
+    let max = 64 * 1024;
+    peer.data(1, &vec![1u8; max], false).await;
+    assert_eq!(s.reader.next().await.map(|d| d.len()), Ok(max));
     // A DATA header announcing one byte more: refused from the header
     // alone (the session stops reading, so no payload is sent).
-    let len = u32::try_from(mib + 1).unwrap().to_be_bytes();
+    let len = u32::try_from(max + 1).unwrap().to_be_bytes();
     peer.io
         .write_all(&[0, 0, 0, 1, 0, len[1], len[2], len[3]])
         .await
@@ -481,6 +482,10 @@ async fn nothing_queued_after_close_is_written() {
 
 /// A reader fed streams directly, its replies and streams drained.
 fn bare_reader() -> Reader {
+    bare_reader_with(Limits::default())
+}
+
+fn bare_reader_with(limits: Limits) -> Reader {
     let (out, mut out_rx) = mpsc::channel(WRITE_QUEUE);
     let (streams, mut streams_rx) = mpsc::channel::<Stream>(8);
     tokio::spawn(async move { while out_rx.recv().await.is_some() {} });
@@ -494,6 +499,14 @@ fn bare_reader() -> Reader {
         inflater: Inflater::new(),
         last_id: 0,
         going_away: false,
+        stream_bytes: limits.stream_bytes,
+        session_budget: Arc::new(Semaphore::new(limits.session_bytes)),
+        max_streams: limits.max_streams,
+        tally: Arc::new(Tally {
+            streams: AtomicUsize::new(0),
+            stats: limits.stats,
+        }),
+        activity: Activity::new(),
     }
 }
 
@@ -580,4 +593,377 @@ async fn data_already_arrived_is_gathered_up_to_the_bound_and_the_fin_kept() {
     batch.clear();
     assert_eq!(u.reader.next_batch(&mut batch, 2).await, Ok(()));
     assert_eq!(batch, [&b"a"[..], b"b"]);
+}
+
+/// A reader whose messages to the writer task are kept for the test.
+fn bare_reader_seen(limits: Limits) -> (Reader, mpsc::Receiver<Outbound>) {
+    let mut r = bare_reader_with(limits);
+    let (out, out_rx) = mpsc::channel(1 << 20);
+    r.out = out;
+    (r, out_rx)
+}
+
+/// Finding 5(a) of the 2026-12-b review: every RST_STREAM used to leave its
+/// id in a set the writer never pruned (one `Forget` message each, 1
+/// entry each). Now an unknown id costs nothing, and a known one only its
+/// stream's flag.
+#[tokio::test]
+async fn a_flood_of_resets_leaves_nothing_behind() {
+    let (mut r, mut out) = bare_reader_seen(Limits::default());
+    for i in 0..100_000u32 {
+        r.handle(Frame::RstStream {
+            stream_id: 2 * i + 1_000_001,
+            status: rst::CANCEL,
+        })
+        .await
+        .unwrap();
+    }
+    assert!(
+        out.try_recv().is_err(),
+        "nothing is queued for the writer for ids never opened"
+    );
+    assert!(r.open.is_empty() && r.live.is_empty());
+    // Opened streams reset by the peer, their handlers gone: the tables
+    // stay small, and each reset queues nothing either.
+    let (held_tx, mut held_rx) = mpsc::channel::<Stream>(8);
+    r.streams = held_tx;
+    for i in 0..10_000u32 {
+        let id = 2 * i + 1;
+        r.open_stream(id, false, Headers::default()).await;
+        drop(held_rx.recv().await);
+        r.handle(Frame::RstStream {
+            stream_id: id,
+            status: rst::CANCEL,
+        })
+        .await
+        .unwrap();
+    }
+    assert!(
+        r.open.len() + r.live.len() <= 64,
+        "{}",
+        r.open.len() + r.live.len()
+    );
+    let mut replies = 0;
+    while let Ok(m) = out.try_recv() {
+        assert!(matches!(m, Outbound::Reply { .. }), "{m:?}");
+        replies += 1;
+    }
+    assert_eq!(
+        replies, 10_000,
+        "one SYN_REPLY per stream, nothing per reset"
+    );
+}
+
+/// The same through a whole session: a million resets for ids never
+/// opened, then the session still answers, and its streams still work.
+#[tokio::test]
+async fn a_session_takes_a_million_resets_and_goes_on() {
+    let (mut peer, session, mut streams) = pair();
+    let mut frames = BytesMut::new();
+    for i in 0..1_000_000u32 {
+        frame::encode(
+            &Frame::RstStream {
+                stream_id: 2 * i + 101,
+                status: rst::CANCEL,
+            },
+            &mut frames,
+        )
+        .unwrap();
+        if frames.len() >= 64 * 1024 {
+            peer.io.write_all(&frames).await.unwrap();
+            frames.clear();
+        }
+    }
+    peer.io.write_all(&frames).await.unwrap();
+    peer.send(Frame::Ping { id: 3 }).await;
+    assert_eq!(peer.recv().await, Some(Frame::Ping { id: 3 }));
+    peer.open(1, &[], false).await;
+    let s = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    s.writer.write(Bytes::from_static(b"ok")).await.unwrap();
+    assert!(matches!(peer.recv().await, Some(Frame::Data { .. })));
+    assert!(!session.has_ended());
+}
+
+/// Finding 5(b): a stream whose handler does not read holds at most its
+/// byte budget, whatever the frames' size (it held 16 frames of up to
+/// 1 MiB each). Measured from the peer's side: what the session took
+/// before the peer's writes stopped.
+#[tokio::test]
+async fn a_stream_nobody_reads_takes_at_most_its_byte_budget() {
+    let frame_len = 64 * 1024;
+    let pipe = frame_len + 64;
+    let (a, b) = tokio::io::duplex(pipe);
+    let limits = Limits::default();
+    let stats = Arc::clone(&limits.stats);
+    let (_session, mut streams) = start_with(b, limits);
+    let mut peer = Peer::new(a);
+    peer.open(1, &[], false).await;
+    let s = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    let mut sent = 0usize;
+    let data = vec![7u8; frame_len];
+    loop {
+        let f = Frame::Data {
+            stream_id: 1,
+            fin: false,
+            data: Bytes::copy_from_slice(&data),
+        };
+        let mut out = BytesMut::new();
+        frame::encode(&f, &mut out).unwrap();
+        match tokio::time::timeout(Duration::from_millis(300), peer.io.write_all(&out)).await {
+            Ok(r) => r.unwrap(),
+            Err(_) => break,
+        }
+        sent += frame_len;
+        assert!(sent < 64 * 1024 * 1024, "the session never pushed back");
+    }
+    // The budget, one frame waiting for room in the reader, one partly in
+    // the pipe.
+    let budget = 256 * 1024;
+    assert!(
+        sent <= budget + 2 * frame_len + pipe,
+        "took {sent} bytes for a stream nobody reads"
+    );
+    let queued = stats.queued_bytes();
+    assert!(queued > 0 && queued <= budget as i64, "{queued}");
+    drop(s);
+    wait_for(|| stats.queued_bytes() == 0).await;
+}
+
+async fn wait_for(f: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("condition not met in 10 s");
+}
+
+/// Tiny frames are charged for what they hold, so a flood of them stops at
+/// the budget as well (in frames: budget / (1 + FRAME_COST)).
+#[tokio::test]
+async fn tiny_frames_are_charged_their_cost() {
+    let limits = Limits {
+        stream_bytes: 200 * 1024,
+        ..Limits::default()
+    };
+    let stats = Arc::clone(&limits.stats);
+    let (r, _out) = bare_reader_seen(limits);
+    let mut r = r;
+    let (held_tx, mut held_rx) = mpsc::channel::<Stream>(8);
+    r.streams = held_tx;
+    r.open_stream(1, false, Headers::default()).await;
+    let mut s = held_rx.recv().await.unwrap();
+    let mut queued = 0;
+    loop {
+        let fed = tokio::time::timeout(
+            Duration::from_millis(100),
+            r.data(1, false, Bytes::from_static(b"x")),
+        )
+        .await;
+        if fed.is_err() {
+            break;
+        }
+        queued += 1;
+        assert!(queued < 1_000_000, "never pushed back");
+    }
+    let limit = (200 * 1024) / charge(1);
+    assert!(
+        (limit - 1..=limit).contains(&queued),
+        "{queued} one-byte frames queued, want about {limit}"
+    );
+    assert_eq!(stats.queued_bytes(), (queued * charge(1)) as i64);
+    // Taking one frame frees its charge at the next call, so one more fits.
+    assert_eq!(s.reader.next().await, Ok(Bytes::from_static(b"x")));
+    assert_eq!(
+        stats.queued_bytes(),
+        (queued * charge(1)) as i64,
+        "still held"
+    );
+    assert_eq!(s.reader.next().await, Ok(Bytes::from_static(b"x")));
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        r.data(1, false, Bytes::from_static(b"y")),
+    )
+    .await
+    .expect("room again");
+}
+
+/// The session's budget is shared: streams that each stay within their
+/// own still stop the reader once the session's is spent.
+#[tokio::test]
+async fn the_session_budget_bounds_all_streams_together() {
+    let limits = Limits {
+        stream_bytes: 300 * 1024,
+        session_bytes: 400 * 1024,
+        ..Limits::default()
+    };
+    let stats = Arc::clone(&limits.stats);
+    let (mut r, _out) = bare_reader_seen(limits);
+    let (held_tx, mut held_rx) = mpsc::channel::<Stream>(8);
+    r.streams = held_tx;
+    let mut held = Vec::new();
+    for id in [1, 3] {
+        r.open_stream(id, false, Headers::default()).await;
+        held.push(held_rx.recv().await.unwrap());
+    }
+    let frame = Bytes::from(vec![1u8; 64 * 1024]);
+    let mut fed = 0;
+    'outer: for _ in 0..10 {
+        for id in [1, 3] {
+            let r =
+                tokio::time::timeout(Duration::from_millis(100), r.data(id, false, frame.clone()))
+                    .await;
+            if r.is_err() {
+                break 'outer;
+            }
+            fed += 1;
+        }
+    }
+    assert_eq!(fed, 400 * 1024 / charge(64 * 1024), "frames taken");
+    assert!(stats.queued_bytes() <= 400 * 1024);
+    // A stream's handler letting go gives its share back at once.
+    drop(held.remove(0));
+    tokio::time::timeout(Duration::from_secs(5), r.data(3, false, frame.clone()))
+        .await
+        .expect("room after the other stream is gone");
+}
+
+/// Finding 5: streams held at once are capped; the next is refused, and a
+/// stream given up makes room.
+#[tokio::test]
+async fn streams_over_the_limit_are_refused() {
+    let limits = Limits {
+        max_streams: 2,
+        ..Limits::default()
+    };
+    let stats = Arc::clone(&limits.stats);
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let (session, mut streams) = start_with(b, limits);
+    let mut peer = Peer::new(a);
+    peer.open(1, &[], false).await;
+    let s1 = next_stream(&mut streams).await;
+    peer.open(3, &[], false).await;
+    let _s3 = next_stream(&mut streams).await;
+    assert_eq!(session.open_streams(), 2);
+    peer.open(5, &[], false).await;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(peer.recv().await.unwrap());
+    }
+    assert_eq!(
+        seen[2],
+        Frame::RstStream {
+            stream_id: 5,
+            status: rst::REFUSED_STREAM
+        }
+    );
+    assert_eq!(
+        stats.refusals(crate::stream_stats::Refusal::SessionStreams),
+        1
+    );
+    drop(s1);
+    assert_eq!(session.open_streams(), 1);
+    peer.open(7, &[], false).await;
+    let s7 = next_stream(&mut streams).await;
+    assert_eq!(s7.id, 7);
+    assert_eq!(stats.streams(), 2);
+}
+
+/// An aborted session lets go at once, even with its reader waiting for a
+/// stream's budget and its peer gone quiet.
+#[tokio::test]
+async fn abort_ends_a_session_whose_reader_is_stuck() {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let limits = Limits::default();
+    let (session, mut streams) = start_with(b, limits);
+    let mut peer = Peer::new(a);
+    peer.open(1, &[], false).await;
+    let mut s = next_stream(&mut streams).await;
+    let _ = peer.recv().await;
+    for _ in 0..8 {
+        peer.data(1, &vec![0u8; 64 * 1024], false).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!session.has_ended());
+    session.abort();
+    tokio::time::timeout(Duration::from_secs(5), session.ended())
+        .await
+        .expect("ended");
+    assert!(s.writer.is_gone());
+    // What was queued is still readable, then the reset.
+    let mut got = 0;
+    let end = loop {
+        match s.reader.next().await {
+            Ok(d) => got += d.len(),
+            Err(e) => break e,
+        }
+    };
+    assert!(got > 0);
+    assert_eq!(end, End::Reset);
+    // The connection is let go: the peer reads EOF.
+    assert_eq!(peer.recv().await, None);
+}
+
+/// A transport that reads nothing and fails every write.
+struct Unwritable;
+
+impl AsyncRead for Unwritable {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Pending
+    }
+}
+
+impl AsyncWrite for Unwritable {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// Finding 7: a writer that cannot write ends the session (it used to drop
+/// only one of two senders of `ended`, which then never fired).
+#[tokio::test]
+async fn a_failed_write_ends_the_session() {
+    let (session, _streams) = start(Unwritable);
+    session.close().await;
+    tokio::time::timeout(Duration::from_secs(5), session.ended())
+        .await
+        .expect("ended after the failed write");
+}
+
+#[tokio::test]
+async fn reads_and_writes_are_activity() {
+    let (mut peer, session, mut streams) = pair();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(session.activity().idle_for() >= Duration::from_millis(60));
+    peer.open(1, &[], false).await;
+    let s = next_stream(&mut streams).await;
+    assert!(session.activity().idle_for() < Duration::from_millis(50));
+    let _ = peer.recv().await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    s.writer.write(Bytes::from_static(b"x")).await.unwrap();
+    let _ = peer.recv().await;
+    assert!(session.activity().idle_for() < Duration::from_millis(50));
 }
