@@ -215,11 +215,12 @@ async fn kubelet_api(
     sandboxd: &SandboxdClient,
     metrics: &Arc<Metrics>,
 ) -> Result<KubeletApi> {
+    let settings = cfg.kubelet();
     let streaming = Streaming::new(
         Arc::new(ClaimedSandboxes::new(pods.clone(), claims.clone())),
         Arc::new(SandboxdPlane::new(sandboxd.clone())),
-    );
-    let settings = cfg.kubelet();
+    )
+    .with_limits(settings.streaming, metrics.streaming());
     KubeletApi::prepare(&settings, client, pods, metrics.clone(), Some(streaming)).await
 }
 

@@ -77,8 +77,29 @@ async fn guest_service() -> SocketAddr {
 }
 
 async fn setup(prefix: &str) -> Option<Env> {
+    setup_with(prefix, &[]).await
+}
+
+/// A guest service that accepts connections and never reads them (nor
+/// closes them).
+async fn sink_service() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind sink");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = l.accept().await {
+            held.push(c);
+        }
+    });
+    addr
+}
+
+/// [`setup`] with `extra` flags for vk-sandbox; guest port 8082 leads to a
+/// [`sink_service`].
+async fn setup_with(prefix: &str, extra: &[&str]) -> Option<Env> {
     let cluster = support::cluster().await?;
     let guest = guest_service().await;
+    let sink = sink_service().await;
     let mut cfg = support::sim::config(TOKEN, &[&format!("{TEMPLATE}=4")]);
     cfg.wake_delay_ms = 0;
     for port in [8080, 8081] {
@@ -89,11 +110,18 @@ async fn setup(prefix: &str) -> Option<Env> {
             target: guest,
         });
     }
+    cfg.port_map.push(PortMapping {
+        sandbox: None,
+        template: Some(TEMPLATE.into()),
+        guest_port: 8082,
+        target: sink,
+    });
     let sim = support::sim::start(cfg).await;
     let token_file = support::sim::token_file(&support::vk::test_dir(prefix), TOKEN);
     let mut args = support::sim::vk_args(&sim, Some(&token_file));
     // The status (and its declared features) applied within seconds.
     args.push("--node-status-interval=2s".into());
+    args.extend(extra.iter().map(|a| a.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let vk = VkUnderTest::start_with(&cluster, prefix, &args, StartOpts::default()).await;
     vk.wait_ready(&cluster.client, Duration::from_secs(30))
@@ -899,5 +927,135 @@ async fn kubectl_top_pod_through_metrics_server() {
         "kubectl top shows {mib} Mi; sandboxd measures {stats} bytes"
     );
     drop(ms);
+    env.finish().await;
+}
+
+/// The resident set of process `pid`, in bytes (`VmRSS` of
+/// /proc/PID/status).
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// Finding 5 of the 2026-12-b review, measured on the vk-sandbox binary:
+/// one port-forward session (the kubelet API over TLS, straight to the
+/// node, as the apiserver would reach it) gets 100 000 RST_STREAMs for ids
+/// never opened, then maximum-size DATA frames on 8 connections to a guest
+/// port whose listener accepts and never reads. The process's RSS stays
+/// within 20 MiB of its idle figure (it used to grow with every reset and
+/// hold 16 frames of up to 1 MiB per stream).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_against_one_port_forward_session_leaves_rss_flat() {
+    let Some(env) = setup_with("vk-rss", &["--kubelet-auth=false"]).await else {
+        return;
+    };
+    let pid = env.vk.process.pid();
+    let port = env.vk.process.kubelet_port;
+    const PF: [(&str, &str); 1] = [("X-Stream-Protocol-Version", "portforward.k8s.io")];
+    let path = format!("/portForward/{}/p", env.ns);
+    let c = std::sync::Arc::new(
+        support::spdy::connect(port, "POST", &path, &PF)
+            .await
+            .unwrap_or_else(|h| panic!("upgrade: {}", h.text)),
+    );
+    // Idle: the session open, nothing sent yet.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = (0..5)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            rss(pid)
+        })
+        .max()
+        .expect("samples");
+    let mut peak = idle;
+    let mut sample = || {
+        peak = peak.max(rss(pid));
+    };
+    // 100 000 resets of ids never opened.
+    for i in 0..100_000u32 {
+        c.reset(1_000_001 + 2 * i).await;
+        if i % 10_000 == 0 {
+            sample();
+        }
+    }
+    // The session went through them all: a new connection still works
+    // (client stream ids go on from 1: the server takes any id above the
+    // last one it opened).
+    let open_pair = |request: u32, guest: u16| {
+        let c = std::sync::Arc::clone(&c);
+        async move {
+            let (p, r) = (guest.to_string(), request.to_string());
+            let mut e = c
+                .open(&[("streamType", "error"), ("port", &p), ("requestID", &r)])
+                .await;
+            assert_eq!(e.next().await, Some(support::spdy::Event::Reply));
+            let mut d = c
+                .open(&[("streamType", "data"), ("port", &p), ("requestID", &r)])
+                .await;
+            assert_eq!(d.next().await, Some(support::spdy::Event::Reply));
+            (e, d)
+        }
+    };
+    sample();
+    // Maximum-size frames, 16 MiB per connection, to a guest that never
+    // reads: the writers block once vk-sandbox stops taking them. (The
+    // connections are opened first: once a stream's budget is spent the
+    // session reads nothing more, new streams included.)
+    let frame = vk_sandbox::spdy::session::MAX_INBOUND_FRAME;
+    let mut held = Vec::new();
+    for request in 0..8u32 {
+        held.push(open_pair(request, 8082).await);
+    }
+    let mut writers = Vec::new();
+    for (_, d) in &held {
+        let (c2, id) = (std::sync::Arc::clone(&c), d.id);
+        writers.push(tokio::spawn(async move {
+            let data = vec![0x5a; 16 * 1024 * 1024];
+            c2.write_frames(id, &data, frame).await;
+        }));
+        sample();
+    }
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        sample();
+    }
+    assert!(
+        writers.iter().any(|w| !w.is_finished()),
+        "vk-sandbox pushes back: the client's writes are blocked"
+    );
+    let metrics = env.vk.metrics().await;
+    let queued: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("vk_sandbox_streaming_queued_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the queued-bytes gauge");
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    eprintln!(
+        "RSS idle {:.1} MiB, peak {:.1} MiB (+{:.1} MiB); queued {:.0} KiB",
+        mib(idle),
+        mib(peak),
+        mib(peak.saturating_sub(idle)),
+        queued / 1024.0
+    );
+    assert!(
+        queued > 0.0 && queued <= 1024.0 * 1024.0,
+        "the session holds data, within its 1 MiB budget: {queued}"
+    );
+    assert!(
+        peak <= idle + 20 * 1024 * 1024,
+        "RSS grew from {:.1} to {:.1} MiB",
+        mib(idle),
+        mib(peak)
+    );
+    for w in writers {
+        w.abort();
+    }
+    drop(held);
     env.finish().await;
 }

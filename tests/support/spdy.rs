@@ -314,6 +314,18 @@ impl Client {
         }
     }
 
+    /// `data` on stream `id` in DATA frames of `frame` bytes.
+    pub async fn write_frames(&self, id: u32, data: &[u8], frame: usize) {
+        for chunk in data.chunks(frame) {
+            self.send(Frame::Data {
+                stream_id: id,
+                fin: false,
+                data: Bytes::copy_from_slice(chunk),
+            })
+            .await;
+        }
+    }
+
     pub async fn finish(&self, id: u32) {
         self.send(Frame::Data {
             stream_id: id,
