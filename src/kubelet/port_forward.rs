@@ -111,14 +111,14 @@ fn sweep_every(pair_timeout: Duration) -> Duration {
     (pair_timeout / 6).clamp(Duration::from_millis(100), Duration::from_secs(5))
 }
 
-/// The message of a connection refused because its session holds all the
-/// streams it may (`held` of `limit`).
+/// The message of a connection refused because its session forwards all
+/// the connections its limit of `limit` streams allows.
 pub fn too_many_streams(pod: &str, port: &str, limit: usize) -> String {
     format!(
-        "error forwarding port {port} to pod {pod}: this port-forward session already holds \
-         {limit} streams, its limit (--max-streams-per-session, env \
-         VK_MAX_STREAMS_PER_SESSION; a forwarded connection takes two); close some \
-         connections or raise the limit"
+        "error forwarding port {port} to pod {pod}: this port-forward session already \
+         forwards all the connections its limit allows ({limit} streams, two per \
+         connection: --max-streams-per-session, env VK_MAX_STREAMS_PER_SESSION); close \
+         some connections or raise the limit"
     )
 }
 
@@ -140,6 +140,8 @@ where
     let (session, mut incoming) = spdy::start_with(io, upkeep.spdy);
     let _watching = upkeep.watch.spdy(&session);
     let mut pending: HashMap<String, Pair> = HashMap::new();
+    // One clone per connection being forwarded (two streams each).
+    let forwarding = Arc::new(());
     let mut sweep = tokio::time::interval(sweep_every(pair_timeout));
     loop {
         tokio::select! {
@@ -151,12 +153,15 @@ where
                     continue;
                 };
                 let kind = s.headers.get("streamtype").unwrap_or_default().to_string();
-                // A pair's error stream that takes the session's last stream:
-                // its data stream would be refused, so say why on it now.
-                if kind == "error"
-                    && !pending.contains_key(&id)
-                    && session.open_streams() >= max_streams
-                {
+                // A new pair whose two streams would pass the session's
+                // limit: its data stream would be refused, so say why on its
+                // error stream now.
+                let held = pending
+                    .values()
+                    .map(|p| usize::from(p.error.is_some()) + usize::from(p.data.is_some()))
+                    .sum::<usize>()
+                    + 2 * (Arc::strong_count(&forwarding) - 1);
+                if kind == "error" && !pending.contains_key(&id) && held + 2 > max_streams {
                     stats.refused(Refusal::SessionStreams);
                     let port = s.headers.get("port").unwrap_or("?").to_string();
                     tracing::info!(port, limit = max_streams, "port-forward connection refused: the session holds --max-streams-per-session streams");
@@ -184,7 +189,12 @@ where
                     && pair.data.is_some()
                     && let Some(Pair { error: Some(error), data: Some(data), .. }) = pending.remove(&id)
                 {
-                    tokio::spawn(forward(Arc::clone(&plane), sandbox.clone(), pod.clone(), error, data));
+                    let busy = Arc::clone(&forwarding);
+                    let (plane, sandbox, pod) = (Arc::clone(&plane), sandbox.clone(), pod.clone());
+                    tokio::spawn(async move {
+                        forward(plane, sandbox, pod, error, data).await;
+                        drop(busy);
+                    });
                 }
             }
             _ = sweep.tick() => {
@@ -319,6 +329,9 @@ async fn fail(error: &Stream, data: &Stream, message: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spdy::frame::{self, Frame};
+    use crate::spdy::testing::Peer;
+    use crate::stream_stats::StreamStats;
     use std::pin::Pin;
     use std::task::{Context, Poll};
 
@@ -425,6 +438,263 @@ mod tests {
             .await
             .expect("nothing to write");
         assert!(empty.is_empty());
+    }
+
+    /// Guest ports whose relays echo what they read; any other port is
+    /// unreachable.
+    struct EchoPorts(u16);
+
+    impl DataPlane for EchoPorts {
+        fn agent<'a>(
+            &'a self,
+            _: &'a SandboxRef,
+        ) -> futures::future::BoxFuture<'a, Result<crate::kubelet::sandbox::Relay, RelayError>>
+        {
+            Box::pin(async { Err(RelayError::Unreachable("no agent".into())) })
+        }
+        fn port<'a>(
+            &'a self,
+            _: &'a SandboxRef,
+            port: u16,
+        ) -> futures::future::BoxFuture<'a, Result<crate::kubelet::sandbox::Relay, RelayError>>
+        {
+            Box::pin(async move {
+                if port != self.0 {
+                    return Err(RelayError::Unreachable("guest port unreachable".into()));
+                }
+                let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
+                tokio::spawn(async move {
+                    let (mut r, mut w) = tokio::io::split(&mut theirs);
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+                Ok(Box::new(ours) as crate::kubelet::sandbox::Relay)
+            })
+        }
+        fn stats<'a>(
+            &'a self,
+            _: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<crate::kubelet::sandbox::SandboxStats, RelayError>>
+        {
+            Box::pin(async { Err(RelayError::Transport("none".into())) })
+        }
+    }
+
+    /// A port-forward session on a pipe, and the client's end.
+    fn session(pair_timeout: Duration, max_streams: usize) -> (Peer, Arc<StreamStats>) {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let upkeep = Upkeep::default();
+        let stats = Arc::clone(&upkeep.spdy.stats);
+        let upkeep = Upkeep {
+            spdy: spdy::Limits {
+                max_streams,
+                ..upkeep.spdy
+            },
+            ..upkeep
+        };
+        tokio::spawn(serve(
+            b,
+            Forward {
+                plane: Arc::new(EchoPorts(8080)),
+                sandbox: SandboxRef {
+                    id: "sb_1".into(),
+                    token: crate::sandboxd::Secret::new("t"),
+                },
+                pod: "ns/p".into(),
+                pair_timeout,
+                upkeep,
+            },
+        ));
+        (Peer::new(a), stats)
+    }
+
+    /// Frames until `done` says enough (each checked as it comes).
+    async fn frames_until(peer: &mut Peer, mut done: impl FnMut(&Frame) -> bool) -> Vec<Frame> {
+        let mut seen = Vec::new();
+        loop {
+            let f = peer.recv().await.expect("the session is open");
+            let stop = done(&f);
+            seen.push(f);
+            if stop {
+                return seen;
+            }
+        }
+    }
+
+    fn data_of(frames: &[Frame], id: u32) -> Vec<u8> {
+        frames
+            .iter()
+            .filter_map(|f| match f {
+                Frame::Data {
+                    stream_id, data, ..
+                } if *stream_id == id => Some(data.to_vec()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    fn fin_of(id: u32) -> impl Fn(&Frame) -> bool {
+        move |f| matches!(f, Frame::Data { stream_id, fin: true, .. } if *stream_id == id)
+    }
+
+    #[tokio::test]
+    async fn an_incomplete_pair_is_answered_after_the_pair_timeout() {
+        let (mut peer, _) = session(Duration::from_millis(300), 512);
+        let started = Instant::now();
+        peer.open(
+            1,
+            &[
+                ("streamType", "error"),
+                ("port", "8080"),
+                ("requestID", "a"),
+            ],
+            false,
+        )
+        .await;
+        peer.open(
+            3,
+            &[("streamType", "data"), ("port", "8080"), ("requestID", "b")],
+            false,
+        )
+        .await;
+        let (mut reset, mut fin) = (false, false);
+        let seen = frames_until(&mut peer, |f| {
+            reset |= f
+                == &Frame::RstStream {
+                    stream_id: 3,
+                    status: frame::rst::CANCEL,
+                };
+            fin |= fin_of(1)(f);
+            reset && fin
+        })
+        .await;
+        let took = started.elapsed();
+        assert_eq!(
+            String::from_utf8(data_of(&seen, 1)).unwrap(),
+            "timed out waiting for the data stream of request a"
+        );
+        assert!(
+            seen.iter()
+                .any(|f| matches!(f, Frame::RstStream { stream_id: 3, .. }))
+        );
+        assert!(
+            took >= Duration::from_millis(300),
+            "not before the timeout: {took:?}"
+        );
+        assert!(took < Duration::from_secs(3), "soon after it: {took:?}");
+        // The session goes on.
+        peer.open(
+            5,
+            &[
+                ("streamType", "error"),
+                ("port", "8080"),
+                ("requestID", "c"),
+            ],
+            false,
+        )
+        .await;
+        peer.open(
+            7,
+            &[("streamType", "data"), ("port", "8080"), ("requestID", "c")],
+            false,
+        )
+        .await;
+        peer.data(7, b"echo", false).await;
+        let seen = frames_until(
+            &mut peer,
+            |f| matches!(f, Frame::Data { stream_id: 7, data, .. } if !data.is_empty()),
+        )
+        .await;
+        assert_eq!(data_of(&seen, 7), b"echo");
+    }
+
+    #[test]
+    fn pairs_are_looked_at_a_sixth_of_their_timeout() {
+        assert_eq!(sweep_every(PAIR_TIMEOUT), Duration::from_secs(5));
+        assert_eq!(sweep_every(Duration::from_secs(60)), Duration::from_secs(5));
+        assert_eq!(
+            sweep_every(Duration::from_secs(3)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            sweep_every(Duration::from_millis(60)),
+            Duration::from_millis(100)
+        );
+    }
+
+    /// Finding 5: a connection whose error stream takes the session's last
+    /// stream is refused on it, naming the limit; the others go on.
+    #[tokio::test]
+    async fn a_connection_over_the_stream_limit_is_told_why() {
+        let (mut peer, stats) = session(PAIR_TIMEOUT, 5);
+        for (e, d, rid) in [(1, 3, "1"), (5, 7, "2")] {
+            peer.open(
+                e,
+                &[
+                    ("streamType", "error"),
+                    ("port", "8080"),
+                    ("requestID", rid),
+                ],
+                false,
+            )
+            .await;
+            peer.open(
+                d,
+                &[("streamType", "data"), ("port", "8080"), ("requestID", rid)],
+                false,
+            )
+            .await;
+        }
+        peer.open(
+            9,
+            &[
+                ("streamType", "error"),
+                ("port", "8080"),
+                ("requestID", "3"),
+            ],
+            false,
+        )
+        .await;
+        let seen = frames_until(&mut peer, fin_of(9)).await;
+        let msg = String::from_utf8(data_of(&seen, 9)).unwrap();
+        assert_eq!(msg, too_many_streams("ns/p", "8080", 5));
+        assert!(msg.contains("--max-streams-per-session"), "{msg}");
+        assert_eq!(stats.refusals(Refusal::SessionStreams), 1);
+        // Four streams are still held: the other connections work.
+        peer.data(7, b"still", false).await;
+        let seen = frames_until(
+            &mut peer,
+            |f| matches!(f, Frame::Data { stream_id: 7, data, .. } if !data.is_empty()),
+        )
+        .await;
+        assert_eq!(data_of(&seen, 7), b"still");
+        // Below the limit again (connection 1 done), a connection is taken.
+        peer.data(3, b"", true).await;
+        let _ = frames_until(&mut peer, fin_of(1)).await;
+        peer.open(
+            11,
+            &[
+                ("streamType", "error"),
+                ("port", "8080"),
+                ("requestID", "4"),
+            ],
+            false,
+        )
+        .await;
+        peer.open(
+            13,
+            &[("streamType", "data"), ("port", "8080"), ("requestID", "4")],
+            false,
+        )
+        .await;
+        peer.data(13, b"again", false).await;
+        let seen = frames_until(
+            &mut peer,
+            |f| matches!(f, Frame::Data { stream_id: 13, data, .. } if !data.is_empty()),
+        )
+        .await;
+        assert_eq!(data_of(&seen, 13), b"again");
+        assert_eq!(stats.refusals(Refusal::SessionStreams), 1);
     }
 
     #[test]

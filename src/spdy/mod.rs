@@ -12,6 +12,8 @@ pub mod frame;
 pub mod headers;
 pub mod recycle;
 pub mod session;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use frame::{Frame, FrameError};
 pub use headers::Headers;

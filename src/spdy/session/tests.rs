@@ -1,77 +1,7 @@
 use std::time::Duration;
 
-use tokio::io::DuplexStream;
-
 use super::*;
-use crate::spdy::frame::MAX_PAYLOAD;
-
-/// The client side, speaking frames by hand.
-struct Peer {
-    io: DuplexStream,
-    buf: BytesMut,
-    deflater: Deflater,
-    inflater: Inflater,
-}
-
-impl Peer {
-    fn new(io: DuplexStream) -> Peer {
-        Peer {
-            io,
-            buf: BytesMut::new(),
-            deflater: Deflater::new().unwrap(),
-            inflater: Inflater::new(),
-        }
-    }
-
-    async fn send(&mut self, f: Frame) {
-        let mut out = BytesMut::new();
-        frame::encode(&f, &mut out).unwrap();
-        self.io.write_all(&out).await.unwrap();
-    }
-
-    async fn open(&mut self, id: u32, headers: &[(&str, &str)], fin: bool) {
-        let block = self.deflater.compress(&encode_block(headers)).unwrap();
-        self.send(Frame::SynStream {
-            stream_id: id,
-            associated_to: 0,
-            priority: 0,
-            slot: 0,
-            fin,
-            unidirectional: false,
-            header_block: block.into(),
-        })
-        .await;
-    }
-
-    async fn data(&mut self, id: u32, data: &[u8], fin: bool) {
-        self.send(Frame::Data {
-            stream_id: id,
-            fin,
-            data: Bytes::copy_from_slice(data),
-        })
-        .await;
-    }
-
-    /// The next frame, or None at EOF.
-    async fn recv(&mut self) -> Option<Frame> {
-        loop {
-            if let Some(f) = frame::decode(&mut self.buf, MAX_PAYLOAD).unwrap() {
-                if let Frame::SynReply { header_block, .. } = &f {
-                    let raw = self.inflater.decompress(header_block).unwrap();
-                    assert_eq!(decode_block(&raw).unwrap(), Headers::default());
-                }
-                return Some(f);
-            }
-            let n = tokio::time::timeout(Duration::from_secs(10), self.io.read_buf(&mut self.buf))
-                .await
-                .expect("a frame within 10 s")
-                .unwrap();
-            if n == 0 {
-                return None;
-            }
-        }
-    }
-}
+use crate::spdy::testing::Peer;
 
 fn pair() -> (Peer, Session, mpsc::Receiver<Stream>) {
     let (a, b) = tokio::io::duplex(1 << 20);
@@ -966,4 +896,108 @@ async fn reads_and_writes_are_activity() {
     s.writer.write(Bytes::from_static(b"x")).await.unwrap();
     let _ = peer.recv().await;
     assert!(session.activity().idle_for() < Duration::from_millis(50));
+}
+
+/// Small frames are copied out of the read block (a slice would keep the
+/// whole block alive); frames of COPY_BELOW bytes or more stay slices.
+#[tokio::test]
+async fn small_frames_are_copied_and_large_ones_kept_as_slices() {
+    let (mut r, _out) = bare_reader_seen(Limits::default());
+    let (held_tx, mut held_rx) = mpsc::channel::<Stream>(8);
+    r.streams = held_tx;
+    r.open_stream(1, false, Headers::default()).await;
+    let mut s = held_rx.recv().await.unwrap();
+    let block = Bytes::from(vec![3u8; 2 * COPY_BELOW]);
+    let small = block.slice(0..COPY_BELOW - 1);
+    let large = block.slice(COPY_BELOW..2 * COPY_BELOW);
+    r.data(1, false, small.clone()).await;
+    r.data(1, false, large.clone()).await;
+    let got_small = s.reader.next().await.unwrap();
+    let got_large = s.reader.next().await.unwrap();
+    assert_eq!(
+        (got_small.len(), got_large.len()),
+        (COPY_BELOW - 1, COPY_BELOW)
+    );
+    assert_ne!(got_small.as_ptr(), small.as_ptr(), "copied");
+    assert_eq!(got_large.as_ptr(), large.as_ptr(), "the same slice");
+}
+
+/// Budgets below one largest frame are raised to it (a frame must always
+/// fit), and a session's to at least a stream's.
+#[tokio::test]
+async fn budgets_too_small_for_a_frame_are_raised() {
+    let limits = Limits {
+        stream_bytes: 1,
+        session_bytes: 1,
+        ..Limits::default()
+    };
+    let stats = Arc::clone(&limits.stats);
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let (_session, mut streams) = start_with(b, limits);
+    let mut peer = Peer::new(a);
+    peer.open(1, &[], false).await;
+    let mut s = next_stream(&mut streams).await;
+    peer.data(1, &vec![1u8; MAX_INBOUND_FRAME], false).await;
+    assert_eq!(
+        s.reader.next().await.map(|d| d.len()),
+        Ok(MAX_INBOUND_FRAME)
+    );
+    peer.data(1, &vec![1u8; MAX_INBOUND_FRAME], false).await;
+    assert_eq!(
+        s.reader.next().await.map(|d| d.len()),
+        Ok(MAX_INBOUND_FRAME)
+    );
+    assert_eq!(stats.queued_bytes(), charge(MAX_INBOUND_FRAME) as i64);
+}
+
+/// A handler that lets go of its stream while the reader waits for room
+/// on it frees the reader (its data is dropped), and all its charge.
+#[tokio::test]
+async fn a_stream_let_go_of_frees_the_waiting_reader() {
+    let limits = Limits {
+        stream_bytes: 2 * charge(MAX_INBOUND_FRAME),
+        ..Limits::default()
+    };
+    let stats = Arc::clone(&limits.stats);
+    let (mut r, _out) = bare_reader_seen(limits);
+    let (held_tx, mut held_rx) = mpsc::channel::<Stream>(8);
+    r.streams = held_tx;
+    r.open_stream(1, false, Headers::default()).await;
+    let s = held_rx.recv().await.unwrap();
+    let frame = Bytes::from(vec![0u8; MAX_INBOUND_FRAME]);
+    r.data(1, false, frame.clone()).await;
+    r.data(1, false, frame.clone()).await;
+    let waiting = r.data(1, false, frame.clone());
+    tokio::pin!(waiting);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut waiting)
+            .await
+            .is_err(),
+        "the stream is full"
+    );
+    drop(s);
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("freed");
+    assert_eq!(stats.queued_bytes(), 0);
+    assert_eq!(stats.streams(), 0);
+}
+
+/// The session's count of open streams follows its handlers.
+#[tokio::test]
+async fn open_streams_counts_what_handlers_hold() {
+    let (mut peer, session, mut streams) = pair();
+    assert_eq!(session.open_streams(), 0);
+    peer.open(1, &[], false).await;
+    let s1 = next_stream(&mut streams).await;
+    peer.open(3, &[], true).await;
+    let s3 = next_stream(&mut streams).await;
+    assert_eq!(session.open_streams(), 2);
+    let w = s1.writer.clone();
+    drop(s1);
+    assert_eq!(session.open_streams(), 2, "a writer still holds it");
+    drop(w);
+    assert_eq!(session.open_streams(), 1);
+    drop(s3);
+    assert_eq!(session.open_streams(), 0);
 }
