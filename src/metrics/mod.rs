@@ -133,6 +133,10 @@ pub struct Metrics {
     /// wakes (`hibernate`/`wake`; `ok`, `refused`, `failed`, `gone`,
     /// `no_credential`).
     claim_transitions: IntCounterVec,
+    /// `vk_sandbox_claim_observed_total{state}`: records corrected to what
+    /// sandboxd's listing shows (`running`, `hibernated`, `archived`): a VM
+    /// woken by a relay, hibernated or archived by sandboxd's idle tiers.
+    claim_observed: IntCounterVec,
     /// `vk_sandbox_claim_lease_remaining_min_seconds`: time left on the
     /// nearest lease vk-sandbox renews (none held: not set).
     claim_lease_remaining_min: Gauge,
@@ -401,6 +405,12 @@ impl Metrics {
             "Hibernates and wakes of claims' VMs, by action and result (ok, refused, failed, gone, no_credential).",
             &["action", "result"],
         )?;
+        let claim_observed = counter_vec(
+            &registry,
+            "vk_sandbox_claim_observed_total",
+            "Claims whose recorded VM state was corrected to what sandboxd lists, by the state seen (running, hibernated, archived).",
+            &["state"],
+        )?;
         let claim_lease_remaining_min = register(
             &registry,
             Gauge::with_opts(Opts::new(
@@ -419,6 +429,7 @@ impl Metrics {
             streaming,
             claim_renewals,
             claim_transitions,
+            claim_observed,
             claim_lease_remaining_min,
             pod_status_writes,
             pod_status_write_duration,

@@ -186,6 +186,11 @@ impl Metrics {
             .inc();
     }
 
+    /// One claim's record corrected to the state sandboxd lists.
+    pub fn claim_observed(&self, state: &str) {
+        self.claim_observed.with_label_values(&[state]).inc();
+    }
+
     /// The time left on the nearest lease vk-sandbox renews.
     pub fn claim_lease_remaining_min(&self, seconds: f64) {
         self.claim_lease_remaining_min.set(seconds);

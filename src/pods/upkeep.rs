@@ -5,9 +5,10 @@
 //! owner reference names a version the apiserver does not serve (every
 //! minute) — asks the owner, and does what [`upkeep`] decides: renew,
 //! hibernate, release. At most [`AT_ONCE`] claims at a time, each with its
-//! own back-off after a failure (2 s doubling to 5 min). This module holds
-//! the loop and a turn's questions and decision; `acts` what a decision
-//! does.
+//! own back-off after a failure (2 s doubling to 5 min). Every 30 s a turn
+//! first lists sandboxd and corrects records that fell behind the VM
+//! (`observe`). This module holds the loop and a turn's questions and
+//! decision; `acts` what a decision does.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use crate::periodic::{Beat, Next, Turn};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 mod acts;
+mod observe;
 mod turn;
 
 pub use acts::report_hibernation;
@@ -68,6 +70,9 @@ pub struct LifecycleUpkeep {
     /// The watch cache: which Pods are on this node.
     store: Store<Pod>,
     slots: HashMap<(String, String), Slot>,
+    /// When sandboxd's listing was last compared with the records (`None`:
+    /// on the next turn).
+    observed_at: Option<std::time::Instant>,
 }
 
 impl LifecycleUpkeep {
@@ -76,7 +81,45 @@ impl LifecycleUpkeep {
             ctx,
             store,
             slots: HashMap::new(),
+            observed_at: None,
         }
+    }
+
+    /// Tests: the next turn lists sandboxd and corrects the records.
+    #[cfg(test)]
+    pub fn observe_next_turn(&mut self) {
+        self.observed_at = None;
+    }
+
+    /// Tests: no observation for [`observe::OBSERVE_EVERY`] from now.
+    #[cfg(test)]
+    pub fn observed_now(&mut self) {
+        self.observed_at = Some(std::time::Instant::now());
+    }
+
+    /// Every [`observe::OBSERVE_EVERY`]: lists sandboxd and corrects the
+    /// records that disagree; a corrected claim's schedule starts over,
+    /// so this turn decides on it.
+    async fn observe_if_due(&mut self, beat: &Beat) {
+        if self
+            .observed_at
+            .is_some_and(|at| at.elapsed() < observe::OBSERVE_EVERY)
+        {
+            return;
+        }
+        self.observed_at = Some(std::time::Instant::now());
+        beat.beat();
+        let _working = self
+            .ctx
+            .health
+            .as_ref()
+            .map(|h| h.working("lifecycle upkeep: sandboxd's listing", CLAIM_BOUND));
+        let rows = self.ctx.provider.settled_claims();
+        let span = info_span!("upkeep_observe", node = %self.ctx.node);
+        for corrected in observe::observe(&self.ctx, &rows).instrument(span).await {
+            self.slots.remove(&corrected);
+        }
+        beat.beat();
     }
 }
 
@@ -115,6 +158,7 @@ fn lease<'a>(claim: &'a Claim, pod: Option<&Pod>) -> Lease<'a> {
 
 impl Turn for LifecycleUpkeep {
     async fn turn(&mut self, beat: &Beat) -> Next {
+        self.observe_if_due(beat).await;
         let now = Timestamp::now();
         let settings = self.ctx.provider.lifecycle();
         let rows = self.ctx.provider.settled_claims();

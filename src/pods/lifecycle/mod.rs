@@ -6,9 +6,12 @@
 //!
 //! - [`decide`]: what the owner's state does to the VM, on a Pod's deletion
 //!   and at each claim's upkeep turn (pure);
-//! - [`schedule`]: when a lease is renewed, and for how long (pure).
+//! - [`schedule`]: when a lease is renewed, and for how long (pure);
+//! - [`observe`]: what a record becomes when sandboxd lists its VM in
+//!   another state (pure).
 
 pub mod decide;
+pub mod observe;
 pub mod schedule;
 
 /// Event reasons (docs/pod-contract.md lists them with their actions).

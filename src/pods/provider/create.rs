@@ -295,14 +295,20 @@ impl Provider {
         k: &str,
         claim: &Claim,
     ) -> Result<(), CreateFailure> {
-        if !matches!(claim.lifecycle.vm, VmState::Hibernated { .. }) {
+        // An archived VM too: a wake whose reply is lost still ends the
+        // archive, and a record left `Archived` would then never be
+        // hibernated on a suspend nor renewed (defect review 2026-12-b,
+        // finding 1).
+        let asleep =
+            |vm: &VmState| matches!(vm, VmState::Hibernated { .. } | VmState::Archived { .. });
+        if !asleep(&claim.lifecycle.vm) {
             return Ok(());
         }
         let why = format!("being woken for Pod {}", pod.uid());
         let since = Timestamp::now();
         self.claims
             .update_lifecycle(k, &claim.id, |l, _| {
-                if matches!(l.vm, VmState::Hibernated { .. }) {
+                if asleep(&l.vm) {
                     l.vm = VmState::Hibernating { why, since };
                 }
             })

@@ -16,6 +16,7 @@ use super::{Hibernation, Provider};
 use crate::claims::{Claim, OwnerRef, VmState};
 use crate::pods::authority::{self, OwnerLookup};
 use crate::pods::lifecycle::decide::Whereabouts;
+use crate::pods::lifecycle::observe::Correction;
 use crate::pods::pod::Pod;
 use crate::sandboxd::{Refusal, SandboxAuth, SandboxdError};
 
@@ -76,6 +77,7 @@ impl Provider {
         };
         let result = self.sandboxd.hibernate(&claim.id, auth).await;
         let now = Timestamp::now();
+        let mut deadline = None;
         let (outcome, vm, refused) = match result {
             Ok(()) => (
                 Hibernation::Hibernated,
@@ -85,10 +87,44 @@ impl Provider {
                 },
                 false,
             ),
-            // 409: this VM cannot hibernate (egress lane, volumes); a
-            // router 404: this sandboxd build cannot at all.
-            Err(e) if matches!(e.refusal(), Some(Refusal::Conflict | Refusal::Unsupported)) => {
+            // A router 404: this sandboxd build cannot hibernate at all.
+            Err(e) if e.refusal() == Some(Refusal::Unsupported) => {
                 (Hibernation::Refused(e.to_string()), VmState::Running, true)
+            }
+            // 409 is several things; the row says which. Only an egress-lane
+            // or volume VM is refused for good: an archived one is asleep
+            // already, a failed one may hibernate once it is booted again.
+            Err(e) if e.refusal() == Some(Refusal::Conflict) => {
+                match self.sandboxd.get(&claim.id).await {
+                    Ok(info) if info.archived => {
+                        deadline = Some(info.deadline.expires_at());
+                        (
+                            Hibernation::Hibernated,
+                            VmState::Archived { since: now },
+                            false,
+                        )
+                    }
+                    Ok(info) if info.hibernated => (
+                        Hibernation::Hibernated,
+                        VmState::Hibernated {
+                            why: why.to_string(),
+                            since: now,
+                        },
+                        false,
+                    ),
+                    Ok(info) if !info.is_failed() => {
+                        (Hibernation::Refused(e.to_string()), VmState::Running, true)
+                    }
+                    // Failed, or unread: pending, asked again.
+                    _ => (
+                        Hibernation::Failed(e.to_string()),
+                        VmState::Hibernating {
+                            why: why.to_string(),
+                            since: now,
+                        },
+                        false,
+                    ),
+                }
             }
             Err(e) if e.is_unknown_sandbox() => {
                 if let Err(e) = self.claims.remove(key, &claim.id).await {
@@ -107,9 +143,12 @@ impl Provider {
         };
         let recorded = self
             .claims
-            .update_lifecycle(key, &claim.id, |l, _| {
+            .update_lifecycle(key, &claim.id, |l, d| {
                 if l.owner.is_none() {
                     l.owner = owner;
+                }
+                if let Some(deadline) = deadline {
+                    *d = deadline;
                 }
                 // A pending hibernate keeps the time it was first asked.
                 let pending_again = matches!(
@@ -207,6 +246,50 @@ impl Provider {
             }
             Err(e) if e.is_unknown_sandbox() => Renewal::Gone,
             Err(e) => Renewal::Failed(e),
+        }
+    }
+
+    /// Corrects `key`'s record of its VM to what sandboxd listed, if the
+    /// row still holds `claim` as it was read before the listing (a
+    /// transition recorded since is newer than the listing). `true`: it
+    /// was corrected.
+    pub async fn take_observed(
+        &self,
+        key: &str,
+        claim: &Claim,
+        seen: Correction,
+        deadline: Option<Timestamp>,
+    ) -> bool {
+        let now = Timestamp::now();
+        let recorded = claim.lifecycle.vm.clone();
+        let mut taken = false;
+        let written = self
+            .claims
+            .update_lifecycle(key, &claim.id, |l, d| {
+                if l.vm != recorded {
+                    return;
+                }
+                l.vm = match seen {
+                    Correction::Running => VmState::Running,
+                    Correction::Hibernated => VmState::Hibernated {
+                        why: "hibernated by sandboxd (idle)".to_string(),
+                        since: now,
+                    },
+                    Correction::Archived => {
+                        *d = deadline;
+                        VmState::Archived { since: now }
+                    }
+                };
+                taken = true;
+            })
+            .await;
+        match written {
+            Ok(_) => taken,
+            Err(e) => {
+                warn!(pod = %key, sandbox = %claim.id, error = %e,
+                      "the VM state sandboxd lists could not be recorded; observed again");
+                false
+            }
         }
     }
 

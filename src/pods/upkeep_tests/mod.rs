@@ -19,6 +19,8 @@ use super::upkeep::LifecycleUpkeep;
 use crate::claims::VmState;
 use crate::periodic::{Beat, Turn};
 
+mod drift;
+
 const ALIVE: u8 = 0;
 const SUSPENDED: u8 = 1;
 const GONE: u8 = 2;
@@ -111,7 +113,10 @@ async fn scene_slow(owner: u8, list: Duration) -> Scene {
     )
     .await;
     let (store, cache) = reflector::store::<Pod>();
-    let upkeep = LifecycleUpkeep::new(Arc::clone(&w.ctx), store);
+    let mut upkeep = LifecycleUpkeep::new(Arc::clone(&w.ctx), store);
+    // The tests below pin a turn's own decisions; those of sandboxd's
+    // listing are pinned in `drift` ([`Scene::observing`]).
+    upkeep.observed_now();
     Scene {
         w,
         owner: state,
