@@ -14,6 +14,7 @@ pub mod client_ca;
 pub mod exec;
 pub mod limits;
 pub mod port_forward;
+pub mod recheck;
 pub mod relays;
 pub mod routes;
 pub mod sandbox;

@@ -44,6 +44,11 @@ pub enum RelayError {
     /// sandboxd could not be reached, or the upgrade failed.
     #[error("sandboxd: {0}")]
     Transport(String),
+    /// The session's Pod no longer holds the sandbox it was opened on
+    /// (deleted, being deleted, another claim): nothing is asked of
+    /// sandboxd, whose relays would wake a hibernated VM.
+    #[error("{0}")]
+    Withdrawn(String),
 }
 
 /// sandboxd's memory figures for one sandbox (`GET …/stats`, node token).
@@ -111,6 +116,14 @@ impl Sandboxes for ClaimedSandboxes {
             return Err(Unavailable::NoPod);
         }
         let key = format!("{ns}/{name}");
+        // A Pod being deleted may be a suspend: its VM is being (or was)
+        // hibernated, and a relay would wake it again.
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Err(Unavailable::NoSandbox(format!(
+                "pod {key} is being deleted: its sandbox is no longer reached through the \
+                 kubelet API (a suspended Sandbox's VM stays hibernated until its Pod is back)"
+            )));
+        }
         let (claim, state) = self.claims.get(&key).ok_or_else(|| {
             Unavailable::NoSandbox(format!(
                 "pod {key} has no sandbox: vk-sandbox holds no claim for it (it may be \

@@ -157,6 +157,18 @@ fn admit(
     Ok((pass, upkeep))
 }
 
+/// The session's data plane: each relay opened only while the Pod's
+/// lookup still names the sandbox the session was opened on.
+fn rechecked(streaming: &Streaming, ns: &str, pod: &str, uid: Option<&str>) -> Arc<dyn DataPlane> {
+    Arc::new(crate::kubelet::recheck::Rechecked::new(
+        Arc::clone(&streaming.plane),
+        Arc::clone(&streaming.sandboxes),
+        ns,
+        pod,
+        uid,
+    ))
+}
+
 /// Path parameters of exec and attach: ns, pod, [uid,] container.
 fn pod_params(params: &[String]) -> (String, String, Option<String>) {
     let uid = (params.len() == 4).then(|| params[2].clone());
@@ -233,18 +245,11 @@ async fn remote_command(
         Ok(x) => x,
         Err(r) => return *r,
     };
+    let plane = rechecked(&streaming, &ns, &pod, uid.as_deref());
     let span = tracing::info_span!("exec", pod = %key, node = %state.node_name);
     tokio::spawn(tracing::Instrument::instrument(
         async move {
-            session(
-                negotiated,
-                on_upgrade,
-                opts,
-                streaming.plane,
-                target,
-                upkeep,
-            )
-            .await;
+            session(negotiated, on_upgrade, opts, plane, target, upkeep).await;
             drop(pass);
         },
         span,
@@ -361,7 +366,7 @@ pub async fn port_forward_route(
         Err(r) => return *r,
     };
     let forward = port_forward::Forward {
-        plane: Arc::clone(&streaming.plane),
+        plane: rechecked(&streaming, &ns, &pod, uid.as_deref()),
         sandbox,
         pod: key,
         pair_timeout: streaming.pair_timeout,

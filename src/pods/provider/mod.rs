@@ -511,11 +511,14 @@ impl Provider {
                 Ok(Deleted::Kept { id: claim.id, why })
             }
             OnDelete::Hibernate(why) => {
+                // Untracked first: the kubelet API's lookup no longer hands
+                // the claim's token to a relay, which would wake the VM
+                // right after (or behind) the hibernate.
+                self.untrack(&k, pod.uid());
                 let outcome = self
                     .hibernate_claim(&k, &claim, authority::owner_of(pod), "suspended")
                     .await;
                 info!(pod = %k, sandbox = %claim.id, %why, ?outcome, "owner suspended");
-                self.untrack(&k, pod.uid());
                 self.return_others_of(pod, &claim.id).await;
                 Ok(Deleted::Hibernated {
                     id: claim.id,

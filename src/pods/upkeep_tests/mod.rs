@@ -20,6 +20,7 @@ use crate::claims::VmState;
 use crate::periodic::{Beat, Turn};
 
 mod drift;
+mod relays;
 
 const ALIVE: u8 = 0;
 const SUSPENDED: u8 = 1;
