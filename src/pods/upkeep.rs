@@ -71,7 +71,8 @@ pub struct LifecycleUpkeep {
     store: Store<Pod>,
     slots: HashMap<(String, String), Slot>,
     /// When sandboxd's listing was last compared with the records (`None`:
-    /// on the next turn).
+    /// on the next turn). The first look comes a period after the start:
+    /// the start-up's verification has just listed sandboxd.
     observed_at: Option<std::time::Instant>,
 }
 
@@ -81,7 +82,7 @@ impl LifecycleUpkeep {
             ctx,
             store,
             slots: HashMap::new(),
-            observed_at: None,
+            observed_at: Some(std::time::Instant::now()),
         }
     }
 
@@ -89,12 +90,6 @@ impl LifecycleUpkeep {
     #[cfg(test)]
     pub fn observe_next_turn(&mut self) {
         self.observed_at = None;
-    }
-
-    /// Tests: no observation for [`observe::OBSERVE_EVERY`] from now.
-    #[cfg(test)]
-    pub fn observed_now(&mut self) {
-        self.observed_at = Some(std::time::Instant::now());
     }
 
     /// Every [`observe::OBSERVE_EVERY`]: lists sandboxd and corrects the

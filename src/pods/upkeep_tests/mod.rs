@@ -114,10 +114,10 @@ async fn scene_slow(owner: u8, list: Duration) -> Scene {
     )
     .await;
     let (store, cache) = reflector::store::<Pod>();
-    let mut upkeep = LifecycleUpkeep::new(Arc::clone(&w.ctx), store);
-    // The tests below pin a turn's own decisions; those of sandboxd's
-    // listing are pinned in `drift` ([`Scene::observing`]).
-    upkeep.observed_now();
+    // Its first look at sandboxd's listing comes 30 s after the start:
+    // the tests below pin a turn's own decisions, `drift` the listing's
+    // (`observe_next_turn`).
+    let upkeep = LifecycleUpkeep::new(Arc::clone(&w.ctx), store);
     Scene {
         w,
         owner: state,
