@@ -104,6 +104,12 @@ fn scenarios() -> Vec<(&'static str, &'static str, Scenario, bool)> {
             |w, s| Box::pin(scenarios::suspend_churn(w, s)),
             true,
         ),
+        (
+            "relays",
+            "11 relays across suspends, sandboxd's idle tiers (kill -9, new generations)",
+            |w, s| Box::pin(scenarios::relays_idle(w, s)),
+            true,
+        ),
     ]
 }
 
@@ -197,7 +203,7 @@ fn main() -> ExitCode {
     };
     if rows.is_empty() {
         println!(
-            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn, warmpool, neighbours, suspend)"
+            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn, warmpool, neighbours, suspend, relays)"
         );
         return ExitCode::FAILURE;
     }
@@ -219,6 +225,7 @@ fn main() -> ExitCode {
             + t.bad_state_file
             + t.leases_expired
             + t.running_suspended
+            + t.given_to_another
             > 0
     });
     let mut total = Tally::default();
@@ -236,14 +243,16 @@ fn main() -> ExitCode {
         println!(
             "reliability: FAILED: an invariant column is not zero: {} wrongly released, {} leaked, \
              {} credentials lost, {} not converged, {} bad state files, {} leases expired under \
-             a living owner, {} VMs running for a suspended Sandbox; {summary}",
+             a living owner, {} VMs running for a suspended Sandbox, {} VMs given to another \
+             owner generation; {summary}",
             total.wrongly_released,
             total.leaked,
             total.creds_lost,
             total.not_converged,
             total.bad_state_file,
             total.leases_expired,
-            total.running_suspended
+            total.running_suspended,
+            total.given_to_another
         );
         ExitCode::FAILURE
     } else {
@@ -262,19 +271,20 @@ fn add(total: &mut Tally, t: Tally) {
     total.bad_state_file += t.bad_state_file;
     total.leases_expired += t.leases_expired;
     total.running_suspended += t.running_suspended;
+    total.given_to_another += t.given_to_another;
 }
 
 fn table(rows: &[Row], seed: u64, size: Size, took: Duration, controller: &str) -> String {
     let mut s = format!(
         "Reliability suite ({size:?}, seed {seed}, {:.0} s)\n{controller}\n\n\
-         | scenario | runs | Pods | faults | VMs wrongly released | VMs leaked | credentials lost | Pods not converged | bad state file | leases expired, owner alive | VMs running, Sandbox suspended | max time to converge |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | scenario | runs | Pods | faults | VMs wrongly released | VMs leaked | credentials lost | Pods not converged | bad state file | leases expired, owner alive | VMs running, Sandbox suspended | VMs given to another generation | max time to converge |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         took.as_secs_f64()
     );
     for r in rows {
         let t = &r.tally;
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |\n",
             r.title,
             r.runs,
             t.pods,
@@ -286,6 +296,7 @@ fn table(rows: &[Row], seed: u64, size: Size, took: Duration, controller: &str) 
             t.bad_state_file,
             t.leases_expired,
             t.running_suspended,
+            t.given_to_another,
             r.converge_max.as_secs_f64()
         ));
     }

@@ -64,6 +64,9 @@ pub struct Tally {
     /// A suspended Sandbox's VM still running after settling, sandboxd
     /// never having refused (409) to hibernate it.
     pub running_suspended: usize,
+    /// A VM that served one owner (a Sandbox's UID) served another: a
+    /// Sandbox re-created under the same name got the old one's memory.
+    pub given_to_another: usize,
     pub converge: Duration,
     pub notes: Vec<String>,
 }
@@ -309,7 +312,8 @@ impl World {
             .sim()
             .claims()
             .into_iter()
-            .map(|c| (c.id, c.hibernated))
+            // Archived is asleep too (sandboxd's row: hibernated false).
+            .map(|c| (c.id, c.hibernated || c.archived))
             .collect()
     }
 
@@ -618,6 +622,22 @@ impl World {
                     if r.archived { " (archived)" } else { "" }
                 ));
             }
+        }
+
+        // (g) No VM of one owner generation given to another: each claim
+        // a Pod ran on belongs to one Sandbox UID.
+        let mut served: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for o in &self.owners {
+            if let Some(c) = &o.claim {
+                served.entry(c.as_str()).or_default().insert(o.uid.as_str());
+            }
+        }
+        for (c, uids) in served.iter().filter(|(_, u)| u.len() > 1) {
+            t.given_to_another += 1;
+            t.notes.push(format!(
+                "{c} served {} owner generations: {uids:?}",
+                uids.len()
+            ));
         }
 
         // (f) No VM left running for a suspended Sandbox, unless sandboxd
