@@ -21,6 +21,7 @@ pub mod net;
 pub mod node;
 pub mod orphan;
 pub mod periodic;
+pub mod podnet;
 pub mod pods;
 pub mod preflight;
 pub mod runtime;

@@ -224,6 +224,51 @@ async fn kubelet_api(
     KubeletApi::prepare(&settings, client, pods, metrics.clone(), Some(streaming)).await
 }
 
+/// Each sandbox's own Pod address (`--pod-cidr`, docs/pod-network.md): a
+/// listener per address and declared TCP port, relaying to the guest. Or,
+/// without a range, the node's address for every Pod, said loudly.
+fn pod_addresses(
+    tasks: &mut Tasks,
+    cfg: &Config,
+    provider: &Arc<Provider>,
+    pods: &Arc<NodePods>,
+    claims: &Arc<ClaimsStore>,
+    sandboxd: &SandboxdClient,
+) {
+    use vk_sandbox::kubelet::pod_address::SandboxPorts;
+    use vk_sandbox::podnet::{listeners, netns::PodNetns, relay};
+    let Some(range) = cfg.pod_network.range else {
+        warn!(
+            "no --pod-cidr: every sandbox Pod gets the node's address (the host part of \
+             sandboxd's owner_addr), so Services, the sandbox-router and clients that dial the \
+             Pod IP reach the node, not the sandbox; set --pod-cidr to a range routed to this \
+             host (docs/pod-network.md)"
+        );
+        return;
+    };
+    let netns = PodNetns::new(cfg.pod_network.netns.clone());
+    // Whether the range is local where Pod addresses are answered: else
+    // every listener's bind fails (and says so, once per address).
+    let probe = std::net::SocketAddr::from((range.first(), 0));
+    match netns.listen(probe) {
+        Ok(_) => info!(%range, netns = ?cfg.pod_network.netns, "Pod addresses of their own"),
+        Err(e) => warn!(%range, error = %e,
+            "Pod addresses from --pod-cidr cannot be listened on yet: the range must be \
+             routed locally where they are answered (`ip route add local {range} dev lo`, \
+             docs/pod-network.md); retried for each Pod"),
+    }
+    let relaying = Arc::new(relay::Relaying {
+        guest: Arc::new(SandboxPorts::new(
+            Arc::new(ClaimedSandboxes::new(pods.clone(), claims.clone())),
+            Arc::new(SandboxdPlane::new(sandboxd.clone())),
+        )),
+        admission: Arc::new(relay::AdmitAll),
+        counts: Arc::default(),
+    });
+    let endpoints: Arc<dyn listeners::Endpoints> = provider.clone();
+    tasks.spawn_loop(listeners::Listeners::new(netns, relaying).run(endpoints));
+}
+
 /// What the reporting loops share.
 struct Shared {
     client: kube::Client,
@@ -291,6 +336,10 @@ async fn run(cfg: Config) -> Result<()> {
             renew_margin: cfg.lifecycle.renew_margin,
         },
     );
+    let provider = match cfg.pod_network.range {
+        Some(range) => provider.with_pod_range(range),
+        None => provider,
+    };
     let provider = Arc::new(provider);
 
     // The Pod watch starts listing now. Its store serves the kubelet API
@@ -316,6 +365,7 @@ async fn run(cfg: Config) -> Result<()> {
     // quarantined; the refresh loop lists again). The kubelet API's
     // certificate and client CA are prepared meanwhile.
     let pods = Arc::new(NodePods::new(store, provider.clone()));
+    pod_addresses(&mut tasks, &cfg, &provider, &pods, &claims, &sandboxd);
     let (listed, kubelet) = tokio::join!(
         provider.refresh(),
         kubelet_api(&cfg, &client, pods, &claims, &sandboxd, &metrics),

@@ -56,6 +56,9 @@ pub struct Lifecycle {
     pub ttl_seconds: Option<u64>,
     /// The lease length sandboxd granted last (it clamps what it is asked).
     pub granted_seconds: Option<u64>,
+    /// The sandbox's own Pod address (`--pod-cidr`), kept with the claim
+    /// across Pods, suspends and restarts; freed at release.
+    pub pod_ip: Option<std::net::Ipv4Addr>,
 }
 
 impl Lifecycle {
@@ -83,6 +86,10 @@ pub struct Wire {
     ttl_seconds: Option<u64>,
     #[serde(rename = "grantedSeconds", skip_serializing_if = "Option::is_none")]
     granted_seconds: Option<u64>,
+    /// Unknown to earlier builds, which read the rest of the row as before
+    /// (serde ignores the field): a rollback keeps its claims.
+    #[serde(rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pod_ip: Option<std::net::Ipv4Addr>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -124,6 +131,7 @@ impl Lifecycle {
             hibernate_refused: self.hibernate_refused,
             ttl_seconds: self.ttl_seconds,
             granted_seconds: self.granted_seconds,
+            pod_ip: self.pod_ip,
         })
     }
 
@@ -176,6 +184,7 @@ impl Lifecycle {
             hibernate_refused: wire.hibernate_refused,
             ttl_seconds: wire.ttl_seconds,
             granted_seconds: wire.granted_seconds,
+            pod_ip: wire.pod_ip,
         })
     }
 }
@@ -226,11 +235,12 @@ mod tests {
                     hibernate_refused: false,
                     ttl_seconds: Some(86400),
                     granted_seconds: Some(20),
+                    pod_ip: Some(std::net::Ipv4Addr::new(10, 250, 7, 9)),
                 },
                 json!({"owner": {"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
                                  "name": "sb", "uid": "u1"},
                        "vm": "hibernated", "why": "suspended", "since": "2026-12-02T07:30:02Z",
-                       "ttlSeconds": 86400, "grantedSeconds": 20}),
+                       "ttlSeconds": 86400, "grantedSeconds": 20, "podIP": "10.250.7.9"}),
             ),
             (
                 Lifecycle {

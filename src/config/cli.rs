@@ -139,6 +139,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub lifecycle: LifecycleArgs,
     #[command(flatten)]
+    pub pod_network: PodNetworkArgs,
+    #[command(flatten)]
     pub audit: AuditArgs,
     #[command(flatten)]
     pub inventory: InventoryArgs,
@@ -384,6 +386,23 @@ pub struct LifecycleArgs {
         allow_hyphen_values = true
     )]
     pub lease_renew_margin: String,
+}
+
+/// Every sandbox a network endpoint (docs/pod-network.md).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Pod network")]
+pub struct PodNetworkArgs {
+    /// IPv4 range sandboxes take their own Pod addresses from (a.b.c.d/n,
+    /// routed to this host, not overlapping the CNI's); vk-sandbox answers
+    /// each Pod's declared TCP ports there. Empty: every Pod gets the host
+    /// part of sandboxd's owner_addr, the node's address (said at start).
+    #[arg(long, env = "VK_POD_CIDR", default_value = "", value_name = "CIDR")]
+    pub pod_cidr: String,
+
+    /// The network namespace Pod addresses are answered in (a path such
+    /// as /run/netns/NAME; needs CAP_SYS_ADMIN). Empty: vk-sandbox's own.
+    #[arg(long, env = "VK_POD_NETNS", default_value = "", value_name = "PATH")]
+    pub pod_netns: String,
 }
 
 /// The orphan audit (report only).

@@ -82,6 +82,15 @@ pub struct LifecycleConfig {
     pub renew_margin: Duration,
 }
 
+/// Pod addresses of their own (docs/pod-network.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodNetworkConfig {
+    /// `None`: the owner_addr mode (the node's address for every Pod).
+    pub range: Option<crate::podnet::range::PodRange>,
+    /// `None`: the process's own namespace.
+    pub netns: Option<PathBuf>,
+}
+
 /// exec, attach and port-forward sessions (docs/streaming.md, "Limits").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamingConfig {
@@ -122,6 +131,7 @@ pub struct Config {
     /// The claims file; its directory exists and is writable.
     pub state_path: PathBuf,
     pub lifecycle: LifecycleConfig,
+    pub pod_network: PodNetworkConfig,
     /// `None` = the orphan audit is disabled (`<= 0`).
     pub orphan_scan_interval: Option<Duration>,
     pub inventory: InventoryConfig,

@@ -2,13 +2,13 @@
 //! problem collected and reported at once, each naming the flag, its
 //! environment variable, the value and the fix.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::cli::RunArgs;
 use super::settings::{
     Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, LifecycleConfig,
-    SandboxdConfig, StreamingConfig, TlsFiles,
+    PodNetworkConfig, SandboxdConfig, StreamingConfig, TlsFiles,
 };
 use super::values::{
     ListenAddr, advertise_default, check_label_key, check_label_value, nanos_to_duration,
@@ -74,6 +74,37 @@ impl Config {
                 )
             })
             .ok();
+
+        let pod_range = match args.pod_network.pod_cidr.trim() {
+            "" => None,
+            raw => crate::podnet::range::PodRange::parse(raw)
+                .map_err(|why| {
+                    p.push(
+                        "pod-cidr",
+                        Some("VK_POD_CIDR"),
+                        raw,
+                        &format!("parse --pod-cidr: {why}"),
+                        "give an IPv4 block routed to this host that the CNI does not use, \
+                         e.g. 10.250.3.0/24, or leave it empty for the node's address",
+                    )
+                })
+                .ok(),
+        };
+        let pod_netns = match args.pod_network.pod_netns.trim() {
+            "" => None,
+            raw if Path::new(raw).exists() => Some(PathBuf::from(raw)),
+            raw => {
+                p.push(
+                    "pod-netns",
+                    Some("VK_POD_NETNS"),
+                    raw,
+                    "--pod-netns names no file",
+                    "give a network namespace's path (e.g. /run/netns/NAME, made by `ip netns \
+                     add NAME`), or leave it empty for vk-sandbox's own",
+                );
+                None
+            }
+        };
 
         let mut quantity = |flag: &str, env: &str, value: &str| {
             validate_quantity(value)
@@ -369,6 +400,10 @@ impl Config {
             lifecycle: LifecycleConfig {
                 hibernate_on_suspend: args.lifecycle.hibernate_on_suspend,
                 renew_margin,
+            },
+            pod_network: PodNetworkConfig {
+                range: pod_range,
+                netns: pod_netns,
             },
             orphan_scan_interval,
             inventory: InventoryConfig {

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod client_ca;
 pub mod exec;
 pub mod limits;
+pub mod pod_address;
 pub mod port_forward;
 pub mod recheck;
 pub mod relays;

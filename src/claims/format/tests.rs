@@ -227,6 +227,7 @@ fn with_lifecycle(id: &str) -> Claim {
             hibernate_refused: false,
             ttl_seconds: Some(86_400),
             granted_seconds: Some(20),
+            pod_ip: None,
         }),
         ..claim(id)
     }

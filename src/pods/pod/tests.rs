@@ -70,7 +70,8 @@ fn keeps_what_vk_sandbox_reads_and_drops_the_rest() {
         spec.containers,
         vec![Container {
             name: "agent".into(),
-            image: Some("base:24.04".into())
+            image: Some("base:24.04".into()),
+            ports: Vec::new(),
         }]
     );
 

@@ -208,11 +208,20 @@ impl Provider {
     ) -> Result<Created, CreateFailure> {
         let woken = wake && self.wake_for(pod, k, &claim).await?;
         let owner = authority::owner_of(pod);
+        // A claim made without a Pod address of its own (before
+        // --pod-cidr was set) gets one with its next Pod; the Pod that
+        // already runs keeps the address it was given.
+        let address = (!resumed && claim.lifecycle.pod_ip.is_none())
+            .then(|| self.next_pod_ip(k))
+            .flatten();
         let recorded = self
             .claims
             .rebind_with(k, &claim.id, pod.uid(), |l| {
                 if owner.is_some() {
                     l.owner = owner;
+                }
+                if address.is_some() && l.pod_ip.is_none() {
+                    l.pod_ip = address;
                 }
                 if woken {
                     l.vm = VmState::Running;
@@ -378,6 +387,7 @@ impl Provider {
             // its renewals.
             lifecycle: Box::new(Lifecycle {
                 owner: authority::owner_of(pod),
+                pod_ip: self.next_pod_ip(k),
                 ttl_seconds: Some(request.ttl_seconds),
                 granted_seconds: deadline
                     .and_then(|d| u64::try_from(d.duration_since(now).as_secs()).ok())

@@ -168,6 +168,9 @@ pub struct Provider {
     settle_after: Duration,
     /// `--hibernate-on-suspend`, `--lease-renew-margin`.
     lifecycle: Settings,
+    /// `--pod-cidr`: claims get Pod addresses of their own (see
+    /// `addresses.rs`).
+    addresses: Option<Mutex<crate::podnet::range::Picker>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -179,10 +182,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The view a status is built from; `None` address when owner_addr has no
 /// usable IP (the Pod then runs without an IP, and the Sandbox says so).
 pub fn view(claim: &Claim) -> ClaimView<'_> {
+    // The claim's own Pod address (`--pod-cidr`), else the host part of
+    // sandboxd's owner_addr (the node's).
+    let own = claim.lifecycle.pod_ip.map(std::net::IpAddr::V4);
     ClaimView {
         id: &claim.id,
-        ip: pod_ip_from_owner_addr(&claim.address)
-            .ok()
+        ip: own
+            .or_else(|| pod_ip_from_owner_addr(&claim.address).ok())
             .map(|ip| ip.to_string()),
         claimed_at: claim.claimed_at,
         deadline: claim.deadline,
@@ -206,6 +212,7 @@ impl Provider {
             verification: tokio::sync::Mutex::new(Verification::default()),
             settle_after: suspects::SETTLE_AFTER,
             lifecycle: Settings::default(),
+            addresses: None,
         }
     }
 
@@ -570,6 +577,7 @@ impl Provider {
     }
 }
 
+pub mod addresses;
 mod create;
 pub mod create_step;
 pub mod keys;

@@ -1,0 +1,164 @@
+//! Each claim's own Pod address (`--pod-cidr`, docs/pod-network.md): given
+//! when the claim is made (or when a Pod adopts a claim made without one),
+//! kept in the claim's row across Pods, suspends and restarts, free again
+//! once no row holds it, and not given again until its cool-down is over.
+//! Also what the Pod-address listeners want: one per tracked Pod's address
+//! and declared TCP port.
+
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{Provider, lock};
+use crate::claims::Claim;
+use crate::podnet::listeners::{Endpoints, Wanted};
+use crate::podnet::range::{Picker, PodRange};
+use crate::pods::pod::Pod;
+
+/// How long a released address waits before it is given again.
+pub const COOLDOWN: Duration = Duration::from_secs(300);
+
+impl Provider {
+    /// Gives claims their own Pod addresses from `range`.
+    pub fn with_pod_range(mut self, range: PodRange) -> Provider {
+        let held = self.pod_ips_held();
+        self.addresses = Some(Mutex::new(Picker::new(range, COOLDOWN, &held)));
+        self
+    }
+
+    /// The Pod range, when claims get their own addresses.
+    pub fn pod_range(&self) -> Option<PodRange> {
+        self.addresses.as_ref().map(|p| lock(p).range())
+    }
+
+    fn pod_ips_held(&self) -> HashSet<Ipv4Addr> {
+        self.claims
+            .all()
+            .into_iter()
+            .filter_map(|(_, c, _)| c.lifecycle.pod_ip)
+            .collect()
+    }
+
+    /// A Pod address for a new claim; `None` in the owner_addr mode, or
+    /// when the range is full (the Pod then runs with the node's address,
+    /// and the log says why).
+    pub(super) fn next_pod_ip(&self, key: &str) -> Option<Ipv4Addr> {
+        let addresses = self.addresses.as_ref()?;
+        let held = self.pod_ips_held();
+        let mut picker = lock(addresses);
+        let picked = picker.pick(&held, Instant::now());
+        if picked.is_none() {
+            tracing::warn!(pod = %key, range = %picker.range(), held = held.len(),
+                           "the Pod range has no free address (all held or cooling down): \
+                            this Pod gets the node's address; widen --pod-cidr");
+        }
+        picked
+    }
+
+    /// Notes which addresses rows hold now, so a released one starts its
+    /// cool-down when it is released rather than at the next claim.
+    pub fn observe_pod_ips(&self) {
+        if let Some(a) = &self.addresses {
+            let held = self.pod_ips_held();
+            lock(a).observe(&held, Instant::now());
+        }
+    }
+}
+
+/// The declared TCP ports of a Pod's containers.
+pub fn declared_tcp_ports(pod: &Pod) -> Vec<u16> {
+    let mut ports: Vec<u16> = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|c| c.ports.iter())
+        .filter(|p| p.protocol.as_deref().is_none_or(|proto| proto == "TCP"))
+        .filter_map(|p| u16::try_from(p.container_port).ok())
+        .filter(|p| *p > 0)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+/// The listeners `claim`'s address wants for `pod`.
+fn wanted_for(pod: &Pod, claim: &Claim) -> Vec<Wanted> {
+    let Some(ip) = claim.lifecycle.pod_ip else {
+        return Vec::new();
+    };
+    declared_tcp_ports(pod)
+        .into_iter()
+        .map(|port| Wanted {
+            addr: SocketAddr::from((ip, port)),
+            key: pod.key(),
+            id: claim.id.clone(),
+        })
+        .collect()
+}
+
+impl Endpoints for Provider {
+    fn wanted(&self) -> Vec<Wanted> {
+        self.observe_pod_ips();
+        self.tracked_pods()
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| Some((p, self.settled_claims_of(&p.key())?)))
+            .flat_map(|(p, c)| wanted_for(p, &c))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ports: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+            "spec": {"containers": [
+                {"name": "a", "ports": ports},
+                {"name": "b", "ports": [{"containerPort": 8080}, {"containerPort": 22, "protocol": "TCP"}]}
+            ]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn only_declared_tcp_ports_are_listened_on() {
+        let p = pod(serde_json::json!([
+            {"containerPort": 8080, "name": "http"},
+            {"containerPort": 53, "protocol": "UDP"},
+            {"containerPort": 9000, "protocol": "SCTP"},
+            {"containerPort": 0},
+            {"containerPort": 70000}
+        ]));
+        assert_eq!(declared_tcp_ports(&p), vec![22, 8080]);
+    }
+
+    #[test]
+    fn a_claim_without_an_address_wants_no_listener() {
+        let p = pod(serde_json::json!([]));
+        let mut claim = Claim {
+            id: "sb_1".into(),
+            token: None,
+            address: String::new(),
+            pod_uid: "u".into(),
+            claimed_at: jiff::Timestamp::UNIX_EPOCH,
+            deadline: None,
+            lifecycle: Default::default(),
+        };
+        assert!(wanted_for(&p, &claim).is_empty());
+        claim.lifecycle.pod_ip = Some(Ipv4Addr::new(10, 250, 7, 9));
+        let got: Vec<String> = wanted_for(&p, &claim)
+            .iter()
+            .map(|w| format!("{} {} {}", w.addr, w.key, w.id))
+            .collect();
+        assert_eq!(
+            got,
+            ["10.250.7.9:22 ns/p sb_1", "10.250.7.9:8080 ns/p sb_1"]
+        );
+    }
+}
