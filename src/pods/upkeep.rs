@@ -5,9 +5,9 @@
 //! owner reference names a version the apiserver does not serve (every
 //! minute) — asks the owner, and does what [`upkeep`] decides: renew,
 //! hibernate, release. At most [`AT_ONCE`] claims at a time, each with its
-//! own back-off after a failure (2 s doubling to 5 min). Every 30 s a turn
-//! first lists sandboxd and corrects records that fell behind the VM
-//! (`observe`). This module holds the loop and a turn's questions and
+//! own back-off after a failure (2 s doubling to 5 min). Every 30 s (a
+//! quarter of the shortest lease, if shorter) a turn first lists sandboxd
+//! and corrects records that fell behind the VM (`observe`). This module holds the loop and a turn's questions and
 //! decision; `acts` what a decision does.
 
 use std::collections::HashMap;
@@ -92,13 +92,14 @@ impl LifecycleUpkeep {
         self.observed_at = None;
     }
 
-    /// Every [`observe::OBSERVE_EVERY`]: lists sandboxd and corrects the
+    /// Every [`observe::period`]: lists sandboxd and corrects the
     /// records that disagree; a corrected claim's schedule starts over,
     /// so this turn decides on it.
     async fn observe_if_due(&mut self, beat: &Beat) {
+        let rows = self.ctx.provider.settled_claims();
         if self
             .observed_at
-            .is_some_and(|at| at.elapsed() < observe::OBSERVE_EVERY)
+            .is_some_and(|at| at.elapsed() < observe::period(&rows))
         {
             return;
         }
@@ -109,7 +110,6 @@ impl LifecycleUpkeep {
             .health
             .as_ref()
             .map(|h| h.working("lifecycle upkeep: sandboxd's listing", CLAIM_BOUND));
-        let rows = self.ctx.provider.settled_claims();
         let span = info_span!("upkeep_observe", node = %self.ctx.node);
         for corrected in observe::observe(&self.ctx, &rows).instrument(span).await {
             self.slots.remove(&corrected);
@@ -454,7 +454,15 @@ async fn act(
             }
             Went::Waited
         }
-        Upkeep::Renew(ttl) => renew(ctx, key, claim, pod, ttl, regarding, held).await,
+        Upkeep::Renew(ttl) => {
+            let went = renew(ctx, key, claim, pod, ttl, regarding.clone(), held).await;
+            match (went, held) {
+                (Went::Through, Held::Yes) => {
+                    then_hibernate(ctx, key, local, &owner, asked, settings, regarding).await
+                }
+                _ => went,
+            }
+        }
         _ if held == Held::No => return None,
         Upkeep::AskWhereabouts => Went::Through,
         Upkeep::Hibernate(why) => hibernate(ctx, key, claim, &why, regarding).await,
@@ -462,6 +470,39 @@ async fn act(
         Upkeep::ReleaseOwnerGone(why) => release(ctx, key, claim, &why, regarding, pod).await,
     };
     Some(went)
+}
+
+/// After a renewal that came first (a suspended owner's VM whose lease was
+/// due), the hibernate it put off, in the same turn, on the renewed record.
+/// Otherwise, with leases short enough to be due at every look, each turn
+/// renewed and none hibernated: the VM ran through the suspension
+/// (reliability scenario 11, 30 s leases).
+async fn then_hibernate(
+    ctx: &Context,
+    key: &str,
+    local: &Local,
+    owner: &OwnerState,
+    asked: &Asked,
+    settings: Settings,
+    regarding: Option<k8s_openapi::api::core::v1::ObjectReference>,
+) -> Went {
+    let Some(claim) = ctx
+        .provider
+        .settled_claims_of(key)
+        .filter(|c| c.id == local.claim.id)
+    else {
+        return Went::Through;
+    };
+    let renewed = Local {
+        claim,
+        pod: local.pod.clone(),
+        here: local.here,
+        tracked: local.tracked,
+    };
+    match upkeep(&facts(&renewed, owner, asked.whereabouts.clone(), settings)) {
+        Upkeep::Hibernate(why) => hibernate(ctx, key, &renewed.claim, &why, regarding).await,
+        _ => Went::Through,
+    }
 }
 
 /// A Pod here whose claim has no owner recorded (made before lifecycle

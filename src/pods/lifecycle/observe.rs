@@ -10,8 +10,27 @@
 //! its next decision then acts on what is true (defect review 2026-12-b,
 //! finding 1, and finding 2's backstop).
 
+use std::time::Duration;
+
 use crate::claims::VmState;
 use crate::sandboxd::SandboxState;
+
+/// The longest time between two looks at sandboxd's listing.
+pub const OBSERVE_AT_MOST_EVERY: Duration = Duration::from_secs(30);
+/// The shortest.
+const OBSERVE_AT_LEAST_EVERY: Duration = Duration::from_secs(2);
+
+/// How often the listing is compared with the records: every 30 s, or a
+/// quarter of the shortest lease sandboxd granted a claim here (at least
+/// 2 s). A VM woken from the archive gets a fresh lease of that length
+/// while the record still says archived (nothing renews it): the look must
+/// come well before that lease ends (the reliability suite's 30 s leases
+/// ended under a living owner with a 30 s period).
+pub fn period(shortest_lease_seconds: Option<u64>) -> Duration {
+    shortest_lease_seconds.map_or(OBSERVE_AT_MOST_EVERY, |s| {
+        (Duration::from_secs(s) / 4).clamp(OBSERVE_AT_LEAST_EVERY, OBSERVE_AT_MOST_EVERY)
+    })
+}
 
 /// The state a record is corrected to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +133,18 @@ mod tests {
                 "{case}: {recorded:?} vs {seen:?}"
             );
         }
+    }
+
+    #[test]
+    fn short_leases_are_looked_at_within_a_quarter_of_their_length() {
+        let s = Duration::from_secs;
+        assert_eq!(period(None), s(30));
+        assert_eq!(period(Some(86_400)), s(30));
+        assert_eq!(period(Some(120)), s(30));
+        assert_eq!(period(Some(100)), s(25));
+        assert_eq!(period(Some(30)), Duration::from_millis(7500));
+        assert_eq!(period(Some(4)), s(2));
+        assert_eq!(period(Some(0)), s(2));
     }
 
     #[test]

@@ -275,11 +275,14 @@ impl Provider {
                         why: "hibernated by sandboxd (idle)".to_string(),
                         since: now,
                     },
-                    Correction::Archived => {
-                        *d = deadline;
-                        VmState::Archived { since: now }
-                    }
+                    Correction::Archived => VmState::Archived { since: now },
                 };
+                // sandboxd's deadline with it: a VM woken from the archive
+                // runs on a fresh lease, and the record still held the
+                // archive's (days away), so its renewal was never due and
+                // sandboxd reaped it under a living owner (reliability
+                // scenario 11).
+                *d = deadline;
                 taken = true;
             })
             .await;

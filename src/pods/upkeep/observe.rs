@@ -1,5 +1,5 @@
 //! The upkeep's look at sandboxd (docs/architecture.md, "Sandbox
-//! lifecycle"): every [`OBSERVE_EVERY`] one listing, and each settled
+//! lifecycle"): every [`period`] one listing, and each settled
 //! claim whose record disagrees with its listed row is corrected
 //! ([`crate::pods::lifecycle::observe`] decides to what). The turn that
 //! follows decides from the corrected record: a VM a relay woke under a
@@ -15,10 +15,16 @@ use crate::claims::Claim;
 use crate::pods::context::Context;
 use crate::pods::lifecycle::observe::correction;
 
-/// How often sandboxd's listing is compared with the records: a VM woken
+/// How often sandboxd's listing is compared with `rows`: a VM woken
 /// behind the record runs unrenewed or through a suspension at most this
 /// long (plus a turn) before the upkeep acts on it.
-pub const OBSERVE_EVERY: Duration = Duration::from_secs(30);
+pub(super) fn period(rows: &[(String, Claim)]) -> Duration {
+    let shortest = rows
+        .iter()
+        .filter_map(|(_, c)| c.lifecycle.granted_seconds.or(c.lifecycle.ttl_seconds))
+        .min();
+    crate::pods::lifecycle::observe::period(shortest)
+}
 
 /// Lists sandboxd once and corrects each of `rows` (read before the
 /// listing, so a transition recorded since is never undone) whose VM is

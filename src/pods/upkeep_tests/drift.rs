@@ -91,9 +91,10 @@ async fn a_vm_woken_from_the_archive_by_a_relay_is_renewed_again() {
 
     relay_opened(&s, &id).await;
     s.upkeep.observe_next_turn();
-    s.lease_due().await;
     s.turn().await;
     assert_eq!(vm(&s), VmState::Running);
+    s.lease_due().await;
+    s.turn().await;
     assert_eq!(
         s.sandboxd(&id, "renew"),
         2,
@@ -101,6 +102,45 @@ async fn a_vm_woken_from_the_archive_by_a_relay_is_renewed_again() {
     );
     assert_eq!(observed(&s, "running"), 1.0);
     assert!(release_requests(&s.w.sim).is_empty());
+}
+
+/// A VM woken from the archive runs on a fresh lease: the corrected
+/// record takes sandboxd's deadline, not the archive's it held, so the
+/// renewal comes before the fresh lease ends (found by reliability
+/// scenario 11: a 30 s lease ended under a living owner).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_vm_woken_from_the_archive_takes_its_fresh_deadline() {
+    let mut s = scene(ALIVE).await;
+    let id = claimed(&s.w).await;
+    s.cache(&running_pod(&id));
+    patch(
+        &s,
+        &id,
+        ClaimPatch {
+            hibernated: Some(true),
+            archived: Some(true),
+            deadline_in_seconds: Some(7 * 86_400),
+            ..Default::default()
+        },
+    );
+    s.upkeep.observe_next_turn();
+    s.turn().await;
+    assert!(matches!(vm(&s), VmState::Archived { .. }), "{:?}", vm(&s));
+    relay_opened(&s, &id).await;
+    let fresh = listed_deadline(&s, &id).await;
+    let seconds = |d: Option<jiff::Timestamp>| d.map(|d| d.as_second());
+    assert!(
+        seconds(fresh) < seconds(record(&s).deadline),
+        "the wake gave a fresh lease shorter than the archive's"
+    );
+    s.upkeep.observe_next_turn();
+    s.turn().await;
+    assert_eq!(vm(&s), VmState::Running);
+    assert_eq!(
+        seconds(record(&s).deadline),
+        seconds(fresh),
+        "the record kept the archive's deadline"
+    );
 }
 
 /// Finding 1 (B): a wake of an archived VM whose reply was lost left the
@@ -290,4 +330,34 @@ async fn a_hibernate_refused_for_volumes_is_remembered() {
     let l = record(&s).lifecycle;
     assert!(l.hibernate_refused);
     assert_eq!(l.vm, VmState::Running);
+}
+
+/// A suspended owner's running VM whose lease is due is renewed first and
+/// hibernated in the same turn: with leases short enough to be due at
+/// every look, renewing alone put the hibernate off for good (reliability
+/// scenario 11 with 30 s leases: the VM ran through the suspension).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_due_renewal_does_not_put_the_hibernate_off() {
+    let mut s = scene(SUSPENDED).await;
+    let id = claimed(&s.w).await;
+    s.pod_deleted(&id).await;
+    relay_opened(&s, &id).await;
+    // The lease sandboxd lists ends in a minute: due at once.
+    patch(
+        &s,
+        &id,
+        ClaimPatch {
+            deadline_in_seconds: Some(60),
+            ..Default::default()
+        },
+    );
+    s.upkeep.observe_next_turn();
+    s.turn().await;
+    assert_eq!(s.sandboxd(&id, "renew"), 1, "the due lease first");
+    assert!(
+        row(&s, &id).hibernated,
+        "renewed but not hibernated: {:?}",
+        vm(&s)
+    );
+    assert_eq!(s.sandboxd(&id, "hibernate"), 2);
 }
