@@ -18,6 +18,7 @@ pub mod kubelet;
 pub mod memory;
 pub mod metrics;
 pub mod net;
+pub mod netpol;
 pub mod node;
 pub mod orphan;
 pub mod periodic;
