@@ -24,8 +24,8 @@ esac
 
 die() { echo "deps: error: $*" >&2; exit 1; }
 
-if [[ "$profile" == demo ]]; then progress_start deps 5; else progress_start deps 6; fi
-done_rust="" done_debian="" done_plane="" done_agent="" done_kubelet="" done_metrics=""
+if [[ "$profile" == demo ]]; then progress_start deps 5; else progress_start deps 7; fi
+done_rust="" done_debian="" done_plane="" done_agent="" done_kubelet="" done_metrics="" done_cyclonus=""
 
 progress_step "Rust toolchain and components"
 command -v cargo >/dev/null 2>&1 ||
@@ -143,6 +143,20 @@ case $ms_status in
   *) die "building metrics-server failed (e2e/metrics-server.sh build)" ;;
 esac
 
+# Cyclonus, the independent NetworkPolicy oracle tests/netpol_oracle.rs
+# compares vk-sandbox's verdicts with (docs/networkpolicy.md); the tests
+# only, not the demo.
+if [[ "$profile" != demo ]]; then
+  progress_step "Cyclonus (NetworkPolicy oracle)"
+  cy_status=0
+  cy=$("$here/cyclonus.sh" build) || cy_status=$?
+  case $cy_status in
+    0) done_cyclonus="cyclonus: $cy; " ;;
+    3) done_cyclonus="note: $cy; "; progress_note "$cy" ;;
+    *) die "building Cyclonus failed (e2e/cyclonus.sh build)" ;;
+  esac
+fi
+
 agent_release=$("$here/agent-sandbox.sh" release)
 progress_step "agent-sandbox $agent_release: controller, runtime and SDK driver (Go module)"
 # The Sandbox controller of the tests and the demo, fetched and built by
@@ -163,4 +177,4 @@ case $agent_status in
   3) done_agent="note: $agent"; progress_note "$agent" ;;
   *) die "fetching or building agent-sandbox $agent_release failed (e2e/agent-sandbox.sh build)" ;;
 esac
-progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}${done_kubelet}${done_metrics}${done_agent}"
+progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}${done_kubelet}${done_metrics}${done_cyclonus}${done_agent}"
