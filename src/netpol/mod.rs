@@ -1,9 +1,23 @@
 //! Ingress NetworkPolicy for connections to sandbox Pods' own addresses
 //! (docs/networkpolicy.md): no CNI sees them, so the relay that accepts
-//! them is where the policies selecting the Pod are enforced. `verdict`
-//! decides (pure); `selector` and `cidr` are its label selectors and
-//! address blocks.
+//! them is where the policies selecting the Pod are enforced.
+//!
+//! - `verdict` decides (pure); `selector` and `cidr` are its label
+//!   selectors and address blocks; `target` reads the Pod a connection is
+//!   for.
+//! - `peers` says which label-selected Pod watches the policies need and
+//!   indexes their Pods by address (pure); `watches` runs the watches.
+//! - `enforcer` is the handle: [`NetworkPolicies::verdict`] per connection,
+//!   [`NetworkPolicies::run`] for the watches.
 
 pub mod cidr;
+pub mod enforcer;
+pub mod peers;
 pub mod selector;
+pub mod target;
 pub mod verdict;
+pub mod watches;
+
+pub use enforcer::{LocalPods, NetworkPolicies};
+pub use target::TargetPod;
+pub use verdict::Verdict;

@@ -34,6 +34,9 @@ pub enum Need {
     InventoryStaleCheck,
     /// Only with `--kubelet-auth` (the default).
     KubeletAuth,
+    /// Only where the Pod-IP relay enforces NetworkPolicy (the netpol
+    /// watches); not checked until that mode is configurable.
+    NetworkPolicy,
 }
 
 /// One rule of the ClusterRole.
@@ -118,6 +121,22 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
         need: Need::InventoryStaleCheck,
         why: "report a NodeInventory of this node left in a group it no longer publishes in",
+    },
+    Rule {
+        groups: &["networking.k8s.io"],
+        resources: &["networkpolicies"],
+        verbs: &["list", "watch"],
+        scope: Scope::AllNamespaces,
+        need: Need::NetworkPolicy,
+        why: "enforce ingress NetworkPolicy at the Pod-IP relay",
+    },
+    Rule {
+        groups: &[""],
+        resources: &["namespaces"],
+        verbs: &["list", "watch"],
+        scope: Scope::Cluster,
+        need: Need::NetworkPolicy,
+        why: "namespace labels for NetworkPolicy namespaceSelectors",
     },
     Rule {
         groups: &["authentication.k8s.io"],
@@ -206,6 +225,7 @@ pub fn required(inventory: Option<&Choice>, kubelet_auth: bool) -> Vec<Permissio
             },
             Need::KubeletAuth if kubelet_auth => rule.groups.to_vec(),
             Need::KubeletAuth => continue,
+            Need::NetworkPolicy => continue,
         };
         let (namespace, name) = match rule.scope {
             Scope::Namespace(ns) => (Some(ns.to_string()), None),
