@@ -234,6 +234,7 @@ fn pod_addresses(
     pods: &Arc<NodePods>,
     claims: &Arc<ClaimsStore>,
     sandboxd: &SandboxdClient,
+    admission: Arc<dyn vk_sandbox::podnet::relay::Admission>,
 ) {
     use vk_sandbox::kubelet::pod_address::SandboxPorts;
     use vk_sandbox::podnet::{listeners, netns::PodNetns, relay};
@@ -262,11 +263,31 @@ fn pod_addresses(
             Arc::new(ClaimedSandboxes::new(pods.clone(), claims.clone())),
             Arc::new(SandboxdPlane::new(sandboxd.clone())),
         )),
-        admission: Arc::new(relay::AdmitAll),
+        admission,
         counts: Arc::default(),
     });
     let endpoints: Arc<dyn listeners::Endpoints> = provider.clone();
     tasks.spawn_loop(listeners::Listeners::new(netns, relaying).run(endpoints));
+}
+
+/// Ingress NetworkPolicy at the Pod addresses (docs/networkpolicy.md): with
+/// `--pod-cidr` the relay asks the policies selecting each Pod, kept by
+/// watches of the policies, the namespaces' labels and the Pods their peers
+/// select; without it there is no relay, and nothing is watched.
+fn network_policy(
+    tasks: &mut Tasks,
+    cfg: &Config,
+    client: &kube::Client,
+    store: kube::runtime::reflector::Store<vk_sandbox::pods::pod::Pod>,
+) -> Arc<dyn vk_sandbox::podnet::relay::Admission> {
+    use vk_sandbox::netpol::{self, NetworkPolicies, PolicyAdmission};
+    if cfg.pod_network.range.is_none() {
+        return Arc::new(vk_sandbox::podnet::relay::AdmitAll);
+    }
+    let policies = NetworkPolicies::new(netpol::admission::local_pods(store.clone()));
+    let watches = Arc::clone(&policies).run(client.clone(), cfg.node_name.clone(), tasks.stop());
+    tasks.spawn_loop(watches);
+    Arc::new(PolicyAdmission::new(policies, store))
 }
 
 /// What the reporting loops share.
@@ -364,8 +385,11 @@ async fn run(cfg: Config) -> Result<()> {
     // strays and seeds the first NodeInventory (a failure leaves the rows
     // quarantined; the refresh loop lists again). The kubelet API's
     // certificate and client CA are prepared meanwhile.
+    let admission = network_policy(&mut tasks, &cfg, &client, store.clone());
     let pods = Arc::new(NodePods::new(store, provider.clone()));
-    pod_addresses(&mut tasks, &cfg, &provider, &pods, &claims, &sandboxd);
+    pod_addresses(
+        &mut tasks, &cfg, &provider, &pods, &claims, &sandboxd, admission,
+    );
     let (listed, kubelet) = tokio::join!(
         provider.refresh(),
         kubelet_api(&cfg, &client, pods, &claims, &sandboxd, &metrics),

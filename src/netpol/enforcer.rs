@@ -142,6 +142,19 @@ impl NetworkPolicies {
         self.policies.listed().then(|| self.policies.len())
     }
 
+    /// The policies as if listed from the cluster (tests without one).
+    #[cfg(test)]
+    pub(crate) fn seed(&self, policies: &[k8s_openapi::api::networking::v1::NetworkPolicy]) {
+        use kube::runtime::watcher::Event;
+        let mut buffer = None;
+        self.policies.apply(Event::Init, &mut buffer);
+        for p in policies {
+            self.policies
+                .apply(Event::InitApply(p.clone()), &mut buffer);
+        }
+        self.policies.apply(Event::InitDone, &mut buffer);
+    }
+
     /// Watches until `stop`: policies and namespaces all along, peer Pods
     /// as the policies selecting this node's Pods ask.
     pub async fn run(self: Arc<Self>, client: Client, node: String, stop: CancellationToken) {

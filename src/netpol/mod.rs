@@ -8,8 +8,10 @@
 //! - `peers` says which label-selected Pod watches the policies need and
 //!   indexes their Pods by address (pure); `watches` runs the watches.
 //! - `enforcer` is the handle: [`NetworkPolicies::verdict`] per connection,
-//!   [`NetworkPolicies::run`] for the watches.
+//!   [`NetworkPolicies::run`] for the watches; `admission` is the relay's
+//!   `Admission` made of it.
 
+pub mod admission;
 pub mod cidr;
 pub mod enforcer;
 pub mod peers;
@@ -18,6 +20,7 @@ pub mod target;
 pub mod verdict;
 pub mod watches;
 
+pub use admission::PolicyAdmission;
 pub use enforcer::{LocalPods, NetworkPolicies};
 pub use target::TargetPod;
 pub use verdict::Verdict;

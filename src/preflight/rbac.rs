@@ -34,8 +34,8 @@ pub enum Need {
     InventoryStaleCheck,
     /// Only with `--kubelet-auth` (the default).
     KubeletAuth,
-    /// Only where the Pod-IP relay enforces NetworkPolicy (the netpol
-    /// watches); not checked until that mode is configurable.
+    /// Only with `--pod-cidr`: the Pod-IP relay enforces NetworkPolicy
+    /// (the netpol watches).
     NetworkPolicy,
 }
 
@@ -209,8 +209,13 @@ impl Permission {
 }
 
 /// The permissions this configuration needs, in table order.
-/// `inventory`: where the NodeInventory goes, when publishing.
-pub fn required(inventory: Option<&Choice>, kubelet_auth: bool) -> Vec<Permission> {
+/// `inventory`: where the NodeInventory goes, when publishing;
+/// `network_policy`: whether Pod addresses (`--pod-cidr`) are served.
+pub fn required(
+    inventory: Option<&Choice>,
+    kubelet_auth: bool,
+    network_policy: bool,
+) -> Vec<Permission> {
     let mut out = Vec::new();
     for rule in RULES {
         let groups: Vec<&str> = match rule.need {
@@ -225,6 +230,7 @@ pub fn required(inventory: Option<&Choice>, kubelet_auth: bool) -> Vec<Permissio
             },
             Need::KubeletAuth if kubelet_auth => rule.groups.to_vec(),
             Need::KubeletAuth => continue,
+            Need::NetworkPolicy if network_policy => rule.groups.to_vec(),
             Need::NetworkPolicy => continue,
         };
         let (namespace, name) = match rule.scope {
@@ -423,7 +429,7 @@ mod tests {
 
     #[test]
     fn required_follows_the_configuration() {
-        let base = required(None, false);
+        let base = required(None, false, false);
         assert!(base.iter().all(|p| p.resource != "nodeinventories"));
         assert!(base.iter().all(|p| p.resource != "tokenreviews"));
         let status = base
@@ -442,7 +448,7 @@ mod tests {
             Some("extensions.agents.x-k8s.io"),
             &["sandbox.cocoonstack.io".to_string()],
         );
-        let full = required(Some(&choice), true);
+        let full = required(Some(&choice), true, true);
         let inv: Vec<_> = full
             .iter()
             .filter(|p| p.resource == "nodeinventories")
@@ -459,6 +465,23 @@ mod tests {
         assert!(
             full.iter()
                 .any(|p| p.resource == "subjectaccessreviews" && p.verb == "create")
+        );
+        // NetworkPolicy at the Pod addresses: only with --pod-cidr.
+        assert!(base.iter().all(|p| p.resource != "networkpolicies"));
+        assert!(base.iter().all(|p| p.resource != "namespaces"));
+        let np: Vec<_> = full
+            .iter()
+            .filter(|p| p.resource == "networkpolicies" || p.resource == "namespaces")
+            .map(|p| (p.group.as_str(), p.resource.as_str(), p.verb.as_str()))
+            .collect();
+        assert_eq!(
+            np,
+            vec![
+                ("networking.k8s.io", "networkpolicies", "list"),
+                ("networking.k8s.io", "networkpolicies", "watch"),
+                ("", "namespaces", "list"),
+                ("", "namespaces", "watch"),
+            ]
         );
         let ca = full
             .iter()
@@ -482,7 +505,7 @@ mod tests {
             "{}",
             ca.target()
         );
-        assert_eq!(full.len(), base.len() + 3 + 2 + 1);
+        assert_eq!(full.len(), base.len() + 3 + 2 + 1 + 4);
     }
 
     fn perm(resource: &str, verb: &str) -> Permission {

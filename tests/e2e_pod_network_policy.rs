@@ -1,0 +1,287 @@
+//! Ingress NetworkPolicy at the Pod-IP relay, end to end
+//! (docs/networkpolicy.md): the vk-sandbox binary with `--pod-cidr` and
+//! `--pod-netns` (as the ServiceAccount of manifests/rbac.yaml), the
+//! sandboxd simulator, a client in a network namespace of the test's (as
+//! in tests/e2e_pod_network.rs: no private-range address is a target in
+//! the host's own namespace). A policy selecting the sandbox's Pod closes
+//! its address to the client, a change that allows the client's address
+//! opens it, an `except` closes it again, and deleting the policy opens
+//! it: each within 5 s of the change.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Api;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::vk::{VkUnderTest, tail};
+use support::wait_for;
+use vk_sandbox::podnet::netns::PodNetns;
+
+const TOKEN: &str = "root-token-netpol";
+const RANGE: &str = "10.250.9.0/24";
+const FLIP_LIMIT: Duration = Duration::from_secs(5);
+
+/// A network namespace of the test's with the Pod range routed locally,
+/// removed when dropped.
+struct TestNetns {
+    name: String,
+}
+
+impl TestNetns {
+    fn make() -> Option<TestNetns> {
+        let name = format!("vknp-{}", std::process::id());
+        let ip = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !ip(&["netns", "add", &name]) {
+            return None;
+        }
+        let ns = TestNetns { name };
+        assert!(ip(&["-n", &ns.name, "link", "set", "lo", "up"]));
+        assert!(ip(&[
+            "-n", &ns.name, "route", "add", "local", RANGE, "dev", "lo"
+        ]));
+        Some(ns)
+    }
+
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.name))
+    }
+
+    /// The first line `addr` answers from inside the namespace, or the
+    /// error.
+    fn ask(&self, addr: SocketAddr) -> Result<String, String> {
+        let ns = PodNetns::new(Some(self.path()));
+        let mut s = ns
+            .within(move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let mut talk = || -> std::io::Result<String> {
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"who\n")?;
+            let mut buf = [0u8; 64];
+            match s.read(&mut buf)? {
+                0 => Err(std::io::ErrorKind::UnexpectedEof.into()),
+                n => Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string()),
+            }
+        };
+        talk().map_err(|e| format!("read from {addr}: {e}"))
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &self.name])
+            .status();
+    }
+}
+
+/// A loopback server answering every connection with `name`.
+async fn naming_server(name: &'static str) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = [0u8; 64];
+                let _ = c.read(&mut buf).await;
+                let _ = c.write_all(format!("{name}\n").as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Until `addr` answers (`open`) or refuses, polled from `net`; how long
+/// since `start` (before the change was sent) is printed.
+async fn until(
+    net: &TestNetns,
+    (addr, open): (SocketAddr, bool),
+    what: &str,
+    vk: &VkUnderTest,
+    start: Instant,
+) {
+    loop {
+        let got = net.ask(addr);
+        if got.is_ok() == open {
+            eprintln!(
+                "netpol e2e: {what}: {} after {:?} ({got:?})",
+                if open { "open" } else { "closed" },
+                start.elapsed()
+            );
+            return;
+        }
+        assert!(
+            start.elapsed() < FLIP_LIMIT,
+            "{what}: {addr} still {got:?} after {FLIP_LIMIT:?}; vk-sandbox log:\n{}",
+            tail(&vk.logs(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_selecting_the_pod_decides_who_reaches_its_address() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    let Some(net) = TestNetns::make() else {
+        assert!(
+            std::env::var_os("VK_REQUIRE_CLUSTER").is_none(),
+            "cannot make a network namespace (ip netns add needs root)"
+        );
+        println!("SKIPPED: cannot make a network namespace");
+        return;
+    };
+    let prefix = "vk-podnet-np";
+    support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
+    let sim = support::sim::start(support::sim::config(TOKEN, &["base:24.04=2"])).await;
+    let token_file = support::sim::token_file(&support::vk::test_dir(prefix), TOKEN);
+    let mut args = support::sim::vk_args(&sim, Some(&token_file));
+    args.push(format!("--pod-cidr={RANGE}"));
+    args.push(format!("--pod-netns={}", net.path().display()));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let vk = VkUnderTest::start(&cluster, prefix, &argv).await;
+    vk.wait_ready(&cluster.client, Duration::from_secs(30))
+        .await;
+    let ns = cluster.namespace(prefix).await;
+
+    // A Sandbox and its Pod, as the agent-sandbox controller makes them.
+    let sandboxes: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client.clone(),
+        &ns,
+        &support::controller::resource("Sandbox"),
+    );
+    let sandbox: DynamicObject = support::from_json(json!({
+        "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+        "metadata": {"name": "p"},
+        "spec": {"podTemplate": {"spec": {"containers": [{"name": "agent", "image": "base:24.04"}]}}}
+    }));
+    let uid = sandboxes
+        .create(&PostParams::default(), &sandbox)
+        .await
+        .expect("create Sandbox")
+        .metadata
+        .uid
+        .expect("uid");
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns);
+    let pod: Pod = support::from_json(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"app": "guarded"},
+            "annotations": {"sandbox.cocoonstack.io/runtime": "sandboxd",
+                            "sandbox.cocoonstack.io/template": "base:24.04"},
+            "ownerReferences": [{"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+                "name": "p", "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": vk.node},
+            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "agent", "image": "base:24.04",
+                "ports": [{"containerPort": 8080, "name": "http"}]}]
+        }
+    }));
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create Pod");
+    let (id, ip): (String, Ipv4Addr) =
+        wait_for("Pod p Running", Duration::from_secs(30), || async {
+            let p = pods.get("p").await.map_err(|e| e.to_string())?;
+            let st = p.status.clone().unwrap_or_default();
+            let id = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("sandbox.cocoonstack.io/claim-id").cloned());
+            match (st.phase.as_deref(), id, st.pod_ip) {
+                (Some("Running"), Some(id), Some(ip)) => {
+                    Ok((id, ip.parse().map_err(|e| format!("{ip}: {e}"))?))
+                }
+                other => Err(format!("{other:?}; log:\n{}", tail(&vk.logs(), 20))),
+            }
+        })
+        .await;
+    sim.sim()
+        .map_port(
+            sandboxd_sim::config::PortMapping {
+                sandbox: Some(id),
+                template: None,
+                guest_port: 8080,
+                target: naming_server("vm-p").await,
+            },
+            false,
+        )
+        .expect("map the guest port");
+    let addr = SocketAddr::from((ip, 8080));
+    wait_for(
+        &format!("{addr} answers"),
+        Duration::from_secs(15),
+        || async { net.ask(addr) },
+    )
+    .await;
+
+    // The client connects from inside the namespace, where the whole
+    // range is local: its source address is in the range.
+    let policies: Api<NetworkPolicy> = Api::namespaced(cluster.client.clone(), &ns);
+    let apply = PatchParams::apply("netpol-e2e").force();
+    let policy = |ingress: serde_json::Value| -> NetworkPolicy {
+        support::from_json(json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "guard"},
+            "spec": {"podSelector": {"matchLabels": {"app": "guarded"}},
+                     "policyTypes": ["Ingress"], "ingress": ingress},
+        }))
+    };
+    let set = |ingress: serde_json::Value| {
+        let (policies, apply, p) = (policies.clone(), apply.clone(), policy(ingress));
+        async move {
+            policies
+                .patch("guard", &apply, &Patch::Apply(&p))
+                .await
+                .expect("apply the policy");
+        }
+    };
+    let t = Instant::now();
+    set(json!([])).await;
+    until(&net, (addr, false), "a policy allowing nothing", &vk, t).await;
+    let t = Instant::now();
+    set(json!([{"from": [{"ipBlock": {"cidr": RANGE}}], "ports": [{"port": "http"}]}])).await;
+    until(
+        &net,
+        (addr, true),
+        "the range allowed to the named port",
+        &vk,
+        t,
+    )
+    .await;
+    assert_eq!(net.ask(addr).as_deref(), Ok("vm-p"));
+    let this = format!("{ip}/32");
+    let t = Instant::now();
+    set(json!([{"from": [{"ipBlock": {"cidr": RANGE, "except": [this]}}]}])).await;
+    until(&net, (addr, false), "the client's address excepted", &vk, t).await;
+    let t = Instant::now();
+    policies
+        .delete("guard", &Default::default())
+        .await
+        .expect("delete the policy");
+    until(&net, (addr, true), "the policy deleted", &vk, t).await;
+    let logs = vk.logs();
+    assert!(
+        logs.contains("none allows"),
+        "the refusals name the policy's verdict:\n{}",
+        tail(&logs, 30)
+    );
+    cluster.drop_namespace(&ns).await;
+    vk.delete_node(&cluster.client).await;
+}
