@@ -438,12 +438,16 @@ async fn the_address_follows_the_claim_and_goes_with_it() {
     .await;
     // Reset while the Pod goes (its lookup fails), then no listener at all.
     let addr = SocketAddr::from((ip, 8080));
-    wait_for(&format!("{addr} closed"), Duration::from_secs(15), || async {
-        match env.net.ask(addr) {
-            Err(e) if e.contains("refused") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
+    wait_for(
+        &format!("{addr} closed"),
+        Duration::from_secs(15),
+        || async {
+            match env.net.ask(addr) {
+                Err(e) if e.contains("refused") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
     .await;
     env.finish().await;
 }
