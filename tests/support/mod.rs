@@ -84,12 +84,14 @@ impl TestCluster {
             .await
             .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
         // Pods are admitted only once the controller-manager has made the
-        // namespace's default ServiceAccount.
+        // namespace's default ServiceAccount. Right after the reliability
+        // suite's apiserver and etcd restarts it can take longer than 30 s
+        // (seed 2335885082: scenario 6's namespace timed out at 30 s).
         let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
             Api::namespaced(self.client.clone(), &name);
         wait_for(
             "the default ServiceAccount of a new namespace (is kube-controller-manager running?)",
-            Duration::from_secs(30),
+            Duration::from_secs(120),
             || async {
                 match sas.get_opt("default").await {
                     Ok(Some(_)) => Ok(()),
