@@ -9,9 +9,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -20,96 +18,12 @@ use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
 use sandboxd_sim::SimHandle;
 use serde_json::json;
+use support::netns::{TestNetns, naming_server};
 use support::vk::{VkUnderTest, tail};
 use support::{TestCluster, wait_for};
-use vk_sandbox::podnet::netns::PodNetns;
 
 const TOKEN: &str = "root-token-podnet";
 const RANGE: &str = "10.250.7.0/24";
-
-/// A network namespace of the test's, removed when dropped: loopback up,
-/// the Pod range routed locally (what the operator does on a node).
-struct TestNetns {
-    name: String,
-}
-
-impl TestNetns {
-    fn make() -> Option<TestNetns> {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("vkpod-{}-{n}", std::process::id());
-        let ip = |args: &[&str]| {
-            std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !ip(&["netns", "add", &name]) {
-            return None;
-        }
-        let ns = TestNetns { name };
-        assert!(ip(&["-n", &ns.name, "link", "set", "lo", "up"]));
-        assert!(ip(&[
-            "-n", &ns.name, "route", "add", "local", RANGE, "dev", "lo"
-        ]));
-        Some(ns)
-    }
-
-    fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/run/netns/{}", self.name))
-    }
-
-    /// Connects to `addr` from inside the namespace; the first line the
-    /// server sends, or the error.
-    fn ask(&self, addr: SocketAddr) -> Result<String, String> {
-        let ns = PodNetns::new(Some(self.path()));
-        let stream = ns
-            .within(move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
-            .map_err(|e| format!("connect {addr}: {e}"))?;
-        read_line(stream).map_err(|e| format!("read from {addr}: {e}"))
-    }
-}
-
-fn read_line(mut s: TcpStream) -> std::io::Result<String> {
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"who\n")?;
-    let mut buf = [0u8; 256];
-    let n = s.read(&mut buf)?;
-    if n == 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "closed without a byte",
-        ));
-    }
-    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
-}
-
-impl Drop for TestNetns {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "delete", &self.name])
-            .status();
-    }
-}
-
-/// A loopback server answering every connection with `name`.
-async fn naming_server(name: &'static str) -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = l.accept().await {
-            tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut buf = [0u8; 64];
-                let _ = c.read(&mut buf).await;
-                let _ = c.write_all(format!("{name}\n").as_bytes()).await;
-            });
-        }
-    });
-    addr
-}
 
 struct Env {
     cluster: TestCluster,
@@ -122,7 +36,7 @@ struct Env {
 
 async fn setup(prefix: &str) -> Option<Env> {
     let cluster = support::cluster().await?;
-    let Some(net) = TestNetns::make() else {
+    let Some(net) = TestNetns::make("vkpod", RANGE) else {
         assert!(
             std::env::var_os("VK_REQUIRE_CLUSTER").is_none(),
             "cannot make a network namespace (ip netns add needs root)"

@@ -10,9 +10,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -20,90 +18,13 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
+use support::netns::{TestNetns, naming_server};
 use support::vk::{VkUnderTest, tail};
 use support::wait_for;
-use vk_sandbox::podnet::netns::PodNetns;
 
 const TOKEN: &str = "root-token-netpol";
 const RANGE: &str = "10.250.9.0/24";
 const FLIP_LIMIT: Duration = Duration::from_secs(5);
-
-/// A network namespace of the test's with the Pod range routed locally,
-/// removed when dropped.
-struct TestNetns {
-    name: String,
-}
-
-impl TestNetns {
-    fn make() -> Option<TestNetns> {
-        let name = format!("vknp-{}", std::process::id());
-        let ip = |args: &[&str]| {
-            std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !ip(&["netns", "add", &name]) {
-            return None;
-        }
-        let ns = TestNetns { name };
-        assert!(ip(&["-n", &ns.name, "link", "set", "lo", "up"]));
-        assert!(ip(&[
-            "-n", &ns.name, "route", "add", "local", RANGE, "dev", "lo"
-        ]));
-        Some(ns)
-    }
-
-    fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/run/netns/{}", self.name))
-    }
-
-    /// The first line `addr` answers from inside the namespace, or the
-    /// error.
-    fn ask(&self, addr: SocketAddr) -> Result<String, String> {
-        let ns = PodNetns::new(Some(self.path()));
-        let mut s = ns
-            .within(move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
-            .map_err(|e| format!("connect {addr}: {e}"))?;
-        let mut talk = || -> std::io::Result<String> {
-            s.set_read_timeout(Some(Duration::from_secs(5)))?;
-            s.write_all(b"who\n")?;
-            let mut buf = [0u8; 64];
-            match s.read(&mut buf)? {
-                0 => Err(std::io::ErrorKind::UnexpectedEof.into()),
-                n => Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string()),
-            }
-        };
-        talk().map_err(|e| format!("read from {addr}: {e}"))
-    }
-}
-
-impl Drop for TestNetns {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "delete", &self.name])
-            .status();
-    }
-}
-
-/// A loopback server answering every connection with `name`.
-async fn naming_server(name: &'static str) -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = l.accept().await {
-            tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut buf = [0u8; 64];
-                let _ = c.read(&mut buf).await;
-                let _ = c.write_all(format!("{name}\n").as_bytes()).await;
-            });
-        }
-    });
-    addr
-}
 
 /// Until `addr` answers (`open`) or refuses, polled from `net`; how long
 /// since `start` (before the change was sent) is printed.
@@ -138,7 +59,7 @@ async fn a_policy_selecting_the_pod_decides_who_reaches_its_address() {
     let Some(cluster) = support::cluster().await else {
         return;
     };
-    let Some(net) = TestNetns::make() else {
+    let Some(net) = TestNetns::make("vknp", RANGE) else {
         assert!(
             std::env::var_os("VK_REQUIRE_CLUSTER").is_none(),
             "cannot make a network namespace (ip netns add needs root)"

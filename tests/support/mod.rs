@@ -201,6 +201,7 @@ pub mod controller;
 pub mod crds;
 pub mod kubectl;
 pub mod kubelet;
+pub mod netns;
 pub mod nodes;
 pub mod process;
 pub mod progress;
