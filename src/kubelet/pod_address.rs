@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use super::sandbox::{DataPlane, RelayError, Sandboxes, Unavailable};
+use super::recheck::still_serves;
+use super::sandbox::{DataPlane, RelayError, Sandboxes};
 use crate::podnet::relay::{GuestIo, GuestPorts, Refused};
 
 /// [`GuestPorts`] over the kubelet API's lookup and data plane.
@@ -31,21 +32,8 @@ impl GuestPorts for SandboxPorts {
     ) -> BoxFuture<'a, Result<Box<dyn GuestIo>, Refused>> {
         Box::pin(async move {
             let (ns, name) = key.split_once('/').unwrap_or(("default", key));
-            let sandbox = match self.sandboxes.lookup(ns, name, None) {
-                Ok(s) if s.id == id => s,
-                Ok(s) => {
-                    return Err(Refused::Gone(format!(
-                        "pod {key} now runs in sandbox {}, not {id}",
-                        s.id
-                    )));
-                }
-                Err(Unavailable::NoPod) => {
-                    return Err(Refused::Gone(format!(
-                        "pod {key} is no longer on this node"
-                    )));
-                }
-                Err(Unavailable::NoSandbox(why)) => return Err(Refused::Gone(why)),
-            };
+            let sandbox =
+                still_serves(self.sandboxes.as_ref(), ns, name, None, id).map_err(Refused::Gone)?;
             match self.plane.port(&sandbox, port).await {
                 Ok(relay) => Ok(Box::new(relay) as Box<dyn GuestIo>),
                 Err(RelayError::Unreachable(why)) => Err(Refused::Guest(why)),

@@ -46,23 +46,40 @@ impl Rechecked {
     /// The sandbox the session may still reach: the one it was opened on,
     /// as the lookup finds it now.
     fn current(&self, opened_on: &SandboxRef) -> Result<SandboxRef, RelayError> {
-        let pod = format!("{}/{}", self.ns, self.name);
-        match self
-            .sandboxes
-            .lookup(&self.ns, &self.name, self.uid.as_deref())
-        {
-            Ok(now) if now.id == opened_on.id => Ok(now),
-            Ok(now) => Err(RelayError::Withdrawn(format!(
-                "pod {pod} now runs in sandbox {} and this session was opened on sandbox {}; \
-                 open a new one",
-                now.id, opened_on.id
-            ))),
-            Err(Unavailable::NoPod) => Err(RelayError::Withdrawn(format!(
-                "pod {pod} is no longer on this node; this session no longer reaches its \
-                 sandbox"
-            ))),
-            Err(Unavailable::NoSandbox(why)) => Err(RelayError::Withdrawn(why)),
-        }
+        still_serves(
+            self.sandboxes.as_ref(),
+            &self.ns,
+            &self.name,
+            self.uid.as_deref(),
+            &opened_on.id,
+        )
+        .map_err(RelayError::Withdrawn)
+    }
+}
+
+/// Pod `ns/name` (and `uid`) still holds sandbox `id`, as the lookup finds
+/// it now (with the claim's token); else why not. Every relay opened
+/// after a session's upgrade, or for a Pod-address connection, asks this
+/// first.
+pub fn still_serves(
+    sandboxes: &dyn Sandboxes,
+    ns: &str,
+    name: &str,
+    uid: Option<&str>,
+    id: &str,
+) -> Result<SandboxRef, String> {
+    let pod = format!("{ns}/{name}");
+    match sandboxes.lookup(ns, name, uid) {
+        Ok(now) if now.id == id => Ok(now),
+        Ok(now) => Err(format!(
+            "pod {pod} now runs in sandbox {} and this session was opened on sandbox {id}; \
+             open a new one",
+            now.id
+        )),
+        Err(Unavailable::NoPod) => Err(format!(
+            "pod {pod} is no longer on this node; this session no longer reaches its sandbox"
+        )),
+        Err(Unavailable::NoSandbox(why)) => Err(why),
     }
 }
 
