@@ -287,6 +287,13 @@ fn network_policy(
     let policies = NetworkPolicies::new(netpol::admission::local_pods(store.clone()));
     let watches = Arc::clone(&policies).run(client.clone(), cfg.node_name.clone(), tasks.stop());
     tasks.spawn_loop(watches);
+    tasks.spawn_loop(netpol::egress_events::run(
+        Arc::clone(&policies),
+        store.clone(),
+        client.clone(),
+        cfg.node_name.clone(),
+        tasks.stop(),
+    ));
     Arc::new(PolicyAdmission::new(policies, store))
 }
 

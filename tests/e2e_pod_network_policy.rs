@@ -69,7 +69,11 @@ async fn a_policy_selecting_the_pod_decides_who_reaches_its_address() {
     };
     let prefix = "vk-podnet-np";
     support::controller::install_crds(&cluster.client, &cluster.kubeconfig).await;
-    let sim = support::sim::start(support::sim::config(TOKEN, &["base:24.04=2"])).await;
+    let sim = support::sim::start(support::sim::config(
+        TOKEN,
+        &["base:24.04=2", "base:24.04@egress=1"],
+    ))
+    .await;
     let token_file = support::sim::token_file(&support::vk::test_dir(prefix), TOKEN);
     let mut args = support::sim::vk_args(&sim, Some(&token_file));
     args.push(format!("--pod-cidr={RANGE}"));
@@ -202,6 +206,66 @@ async fn a_policy_selecting_the_pod_decides_who_reaches_its_address() {
         logs.contains("none allows"),
         "the refusals name the policy's verdict:\n{}",
         tail(&logs, 30)
+    );
+
+    // Egress is sandboxd's lane: a policy limiting it is reported on the
+    // Pod whose VM has a NIC ("egress" lane), not on p (no NIC).
+    let mut q = pod.clone();
+    q.metadata.name = Some("q".into());
+    q.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("sandbox.cocoonstack.io/net".into(), "egress".into());
+    pods.create(&PostParams::default(), &q)
+        .await
+        .expect("create Pod q");
+    let outbound: NetworkPolicy = support::from_json(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "outbound"},
+        "spec": {"podSelector": {"matchLabels": {"app": "guarded"}},
+                 "policyTypes": ["Egress"],
+                 "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}]}]},
+    }));
+    policies
+        .create(&PostParams::default(), &outbound)
+        .await
+        .expect("create the egress policy");
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(cluster.client.clone(), &ns);
+    let egress_events = || async {
+        let all = events
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(
+            all.items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("EgressNotEnforced"))
+                .map(|e| {
+                    let about = e.regarding.and_then(|r| r.name).unwrap_or_default();
+                    (about, e.note.unwrap_or_default())
+                })
+                .collect::<Vec<_>>(),
+        )
+    };
+    let told = wait_for(
+        "a Warning Event EgressNotEnforced on Pod q",
+        Duration::from_secs(15),
+        || async {
+            let got = egress_events().await?;
+            if got.is_empty() {
+                Err("none yet".to_string())
+            } else {
+                Ok(got)
+            }
+        },
+    )
+    .await;
+    assert_eq!(told.len(), 1, "one Event, on q only: {told:?}");
+    assert_eq!(told[0].0, "q", "{told:?}");
+    assert!(
+        told[0].1.contains("NetworkPolicy") && told[0].1.contains("/outbound limits"),
+        "the Event names the policy: {told:?}"
     );
     cluster.drop_namespace(&ns).await;
     vk.delete_node(&cluster.client).await;

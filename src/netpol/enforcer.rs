@@ -14,6 +14,7 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span};
 
+use super::egress;
 use super::peers::{self, PeerPod, PeerWatch};
 use super::selector::Labels;
 use super::target::TargetPod;
@@ -110,6 +111,16 @@ impl NetworkPolicies {
             pods: &sources,
         };
         verdict::decide(policies.iter().map(|p| &**p), &target, &source, port)
+    }
+
+    /// Why the egress policies selecting a Pod are not what limits its VM
+    /// ([`egress::gap`]); `None` also until the policies are listed.
+    pub fn egress_gap(&self, namespace: &str, labels: &Labels, lane: &str) -> Option<String> {
+        if !self.policies.listed() {
+            return None;
+        }
+        let policies = self.policies.in_namespace(namespace);
+        egress::gap(policies.iter().map(|p| &**p), namespace, labels, lane)
     }
 
     /// The Pods the peer watches know at `ip`, each once.

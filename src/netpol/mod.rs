@@ -7,12 +7,17 @@
 //!   for.
 //! - `peers` says which label-selected Pod watches the policies need and
 //!   indexes their Pods by address (pure); `watches` runs the watches.
+//! - `egress` compares the egress policies selecting a Pod with sandboxd's
+//!   lane (pure; nothing here enforces egress) and `egress_events` reports
+//!   a gap as a Warning Event on the Pod.
 //! - `enforcer` is the handle: [`NetworkPolicies::verdict`] per connection,
 //!   [`NetworkPolicies::run`] for the watches; `admission` is the relay's
 //!   `Admission` made of it.
 
 pub mod admission;
 pub mod cidr;
+pub mod egress;
+pub mod egress_events;
 pub mod enforcer;
 pub mod peers;
 pub mod selector;

@@ -23,7 +23,8 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -87,6 +88,21 @@ pub struct Policy {
     selector: Option<Selector>,
     /// `None`: not an ingress policy.
     ingress: Option<Vec<Rule>>,
+    /// What it says about the selected Pods' egress (enforced by no one
+    /// here: sandboxd's lane decides, [`super::egress`] reports the gap).
+    pub egress: EgressRules,
+}
+
+/// A policy's egress part, as far as sandboxd's lane can be compared
+/// with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EgressRules {
+    /// `Egress` is not among its effective `policyTypes`.
+    None,
+    /// A rule with no `to` and no `ports`: every destination, every port.
+    AllowsAll,
+    /// It limits where the Pods may connect (no rules at all: nowhere).
+    Restricts,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,11 +175,13 @@ impl Policy {
                 .map(|(i, r)| compile_rule(&namespace, r, i, &mut problems))
                 .collect()
         });
+        let egress = egress_rules(&types, spec.egress.as_deref());
         let policy = Policy {
             namespace,
             name,
             selector,
             ingress,
+            egress,
         };
         (policy, problems)
     }
@@ -176,6 +194,14 @@ impl Policy {
                 .selector
                 .as_ref()
                 .is_some_and(|s| s.matches(target.labels))
+    }
+
+    /// Whether the policy limits the egress of Pods of `namespace` with
+    /// `labels`.
+    pub fn restricts_egress_of(&self, namespace: &str, labels: &Labels) -> bool {
+        self.egress == EgressRules::Restricts
+            && self.namespace == namespace
+            && self.selector.as_ref().is_some_and(|s| s.matches(labels))
     }
 
     /// Whether the policy decides on ingress to Pods of `namespace` with
@@ -207,6 +233,27 @@ impl Policy {
             .iter()
             .flatten()
             .position(|r| r.allows_port(target, port) && r.allows_source(source))
+    }
+}
+
+/// Effective `policyTypes` as the apiserver defaults them: absent or empty
+/// means Ingress, plus Egress when the policy has egress rules.
+fn egress_rules(types: &[String], rules: Option<&[NetworkPolicyEgressRule]>) -> EgressRules {
+    let rules = rules.unwrap_or_default();
+    let egress = if types.is_empty() {
+        !rules.is_empty()
+    } else {
+        types.iter().any(|t| t == "Egress")
+    };
+    let open = |r: &NetworkPolicyEgressRule| {
+        r.to.as_ref().is_none_or(Vec::is_empty) && r.ports.as_ref().is_none_or(Vec::is_empty)
+    };
+    if !egress {
+        EgressRules::None
+    } else if rules.iter().any(open) {
+        EgressRules::AllowsAll
+    } else {
+        EgressRules::Restricts
     }
 }
 
