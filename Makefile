@@ -82,7 +82,7 @@ image-archive: ## The Dockerfile's image without a container engine (GOARCH=amd6
 	VK_IMAGE_ARCH=$(or $(GOARCH),amd64) ./e2e/image/build.sh product dist/vk-sandbox-image-$(or $(GOARCH),amd64).tar $(IMAGE) org.opencontainers.image.version=$(VK_VERSION) org.opencontainers.image.revision=$(VK_REVISION)
 
 .PHONY: check-packaging
-check-packaging: ## Manifests (server-side dry-run), systemd unit, static binary as UID 65532, shell scripts
+check-packaging: ## Manifests (server-side dry-run), systemd unit, static binary as UID 65532, shell scripts, image, Helm chart (e2e/check-chart.sh)
 	VK_TEST_KUBECONFIG="$${VK_TEST_KUBECONFIG:-$$(./e2e/cluster.sh up)}" ./e2e/check-packaging.sh
 
 .PHONY: kind-e2e

@@ -118,7 +118,7 @@ schemas_dir() {
 # kubeconform_file FILE WHAT: validated; prints "n valid" or fails.
 kubeconform_file() {
   local file=$1 what=$2 out status=0 skipped
-  out=$("$kubeconform" -strict -summary -output json -kubernetes-version 1.37.2 \
+  out=$("$kubeconform" -strict -summary -verbose -output json -kubernetes-version 1.37.2 \
     -schema-location "$schemas/native/{{ .ResourceKind }}{{ .KindSuffix }}.json" \
     -schema-location "$schemas/crd/{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json" \
     -ignore-missing-schemas "$file" 2>&1) || status=$?
@@ -265,7 +265,7 @@ EOF
 check_schema() {
   local c=${1:-$chart} out bad=0
   # helm install as a user runs it, without a cluster (--dry-run=client).
-  inst() { "$helm" install "$release" "$c" --namespace "$ns" --dry-run=client --kube-version 1.37.2 "$@" 2>&1; }
+  inst() { "$helm" install "$release" "$c" --namespace "$ns" --dry-run=client "$@" 2>&1; }
   if out=$(inst --set-json 'metrics.serviceMonitor.enabled="yes"'); then
     fail "schema: helm install accepted metrics.serviceMonitor.enabled: \"yes\""; bad=1
   elif grep -q 'values don.t meet the specifications of the schema' <<<"$out" &&

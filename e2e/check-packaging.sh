@@ -37,8 +37,12 @@
 #              inspected: user 65532, entrypoint, nonroot, CA bundle,
 #              zoneinfo, os-release, no shell; its size is reported.
 #              .dockerignore keeps target/ and .cache/ out of the context.
+#   chart      the Helm chart charts/vk-sandbox (e2e/check-chart.sh: helm
+#              lint, kubeconform -strict, helm-unittest, promtool, the
+#              chart against the kustomize base, the values schema's
+#              refusals, and each check failing on a broken copy)
 #
-# Usage: e2e/check-packaging.sh [manifests|systemd|static|scripts|image ...]
+# Usage: e2e/check-packaging.sh [manifests|systemd|static|scripts|image|chart ...]
 #        (default: all). Environment:
 #   VK_TEST_KUBECONFIG  kubeconfig of the cluster for `manifests` (required)
 #   VK_K8S_BIN_DIR      where kubectl is (default: e2e/cluster.sh bin)
@@ -594,8 +598,12 @@ check_image() {
   log "image: built from the Dockerfile's final stage without a container engine: user 65532, static entrypoint, nonroot, CA bundle, zoneinfo, os-release, no shell; $((size / 1024)) KiB in layers, $((gz / 1024)) KiB gzipped (the dev-profile binary without debug info; release is optimised and smaller)"
 }
 
+check_chart() {
+  "$here/check-chart.sh" || fail "chart: e2e/check-chart.sh failed (see above)"
+}
+
 sections=("$@")
-((${#sections[@]})) || sections=(scripts image systemd manifests static)
+((${#sections[@]})) || sections=(scripts image systemd manifests static chart)
 for s in "${sections[@]}"; do
   case "$s" in
     manifests) check_manifests ;;
@@ -603,7 +611,8 @@ for s in "${sections[@]}"; do
     static) check_static ;;
     scripts) check_scripts ;;
     image) check_image ;;
-    *) die "unknown section '$s' (manifests, systemd, static, scripts, image)" ;;
+    chart) check_chart ;;
+    *) die "unknown section '$s' (manifests, systemd, static, scripts, image, chart)" ;;
   esac
 done
 if ((failures)); then

@@ -24,8 +24,8 @@ esac
 
 die() { echo "deps: error: $*" >&2; exit 1; }
 
-if [[ "$profile" == demo ]]; then progress_start deps 5; else progress_start deps 7; fi
-done_rust="" done_debian="" done_plane="" done_agent="" done_kubelet="" done_metrics="" done_cyclonus=""
+if [[ "$profile" == demo ]]; then progress_start deps 5; else progress_start deps 8; fi
+done_rust="" done_debian="" done_plane="" done_agent="" done_kubelet="" done_metrics="" done_cyclonus="" done_chart=""
 
 progress_step "Rust toolchain and components"
 command -v cargo >/dev/null 2>&1 ||
@@ -80,6 +80,8 @@ for cmd in "${!pkgs[@]}"; do
 done
 if [[ "$profile" != demo ]]; then
   [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
+  # The chart's checks (e2e/check-chart.sh) read and write YAML with it.
+  python3 -c 'import yaml' 2>/dev/null || missing+=(python3-yaml)
   # Static: the init container's image holds nothing else.
   [[ -x /bin/busybox ]] && LC_ALL=C file -b /bin/busybox 2>/dev/null | grep -q 'statically linked' ||
     missing+=(busybox-static)
@@ -102,6 +104,9 @@ if ((${#missing[@]})); then
     command -v "$cmd" >/dev/null 2>&1 ||
       die "$cmd is still not on PATH after installing ${pkgs[$cmd]} (PATH=$PATH)"
   done
+  if [[ "$profile" != demo ]]; then
+    python3 -c 'import yaml' 2>/dev/null || die "python3 still cannot import yaml after installing python3-yaml"
+  fi
   # Debian's containerd package starts its service where systemd runs; the
   # tests' node runs its own containerd (own socket and folders) beside it.
   done_debian="installed ${missing[*]}; "
@@ -157,6 +162,18 @@ if [[ "$profile" != demo ]]; then
   esac
 fi
 
+# The Helm chart's tools (e2e/check-chart.sh, the chart's real-node
+# install): helm, helm-unittest and kubeconform from their Go modules.
+if [[ "$profile" != demo ]]; then
+  progress_step "chart tools: helm, helm-unittest, kubeconform (Go modules)"
+  chart_status=0
+  chart_tools=$("$here/helm-tools.sh" build) || chart_status=$?
+  case $chart_status in
+    0) done_chart="chart tools: $("$here/helm-tools.sh" versions | awk '{print $1, $3}' | paste -sd, - | sed 's/,/, /g'); " ;;
+    *) die "building the chart's tools failed: ${chart_tools:-see above} (e2e/helm-tools.sh build)" ;;
+  esac
+fi
+
 agent_release=$("$here/agent-sandbox.sh" release)
 progress_step "agent-sandbox $agent_release: controller, runtime and SDK driver (Go module)"
 # The Sandbox controller of the tests and the demo, fetched and built by
@@ -177,4 +194,4 @@ case $agent_status in
   3) done_agent="note: $agent"; progress_note "$agent" ;;
   *) die "fetching or building agent-sandbox $agent_release failed (e2e/agent-sandbox.sh build)" ;;
 esac
-progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}${done_kubelet}${done_metrics}${done_cyclonus}${done_agent}"
+progress_summary "ok ($profile): ${done_rust}${done_debian}${done_plane}${done_kubelet}${done_metrics}${done_cyclonus}${done_chart}${done_agent}"

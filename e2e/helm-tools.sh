@@ -17,9 +17,10 @@
 #   e2e/helm-tools.sh versions         "tool module version", one a line
 #
 # Each binary is cached in .cache/<tool>-<version>/ (stamped with its
-# version), like the control plane: a warm run builds nothing. `go install
-# module/cmd/...@version` fetches the module through Go's module proxy,
-# checksum-verified; nothing else is downloaded.
+# version), like the control plane: a warm run builds nothing. `go mod
+# download module@version` fetches the module through Go's module proxy,
+# checksum-verified, and `go build` builds it with its own go.mod; nothing
+# else is downloaded.
 #
 # Environment (optional): VK_HELM_VERSION (default v4.3.2),
 # VK_HELM_UNITTEST_VERSION (v1.1.2), VK_KUBECONFORM_VERSION (v0.8.0).
@@ -75,17 +76,24 @@ build_one() {
   command -v go >/dev/null 2>&1 ||
     unavailable "$tool $version cannot be built here: Go is not installed (install Go, then retry)"
   mkdir -p "$out"
-  local t0=$SECONDS scratch
+  local t0=$SECONDS json dir pkgdir
   log "building $pkg@$version into $out (a minute or more cold; log $out/build.log)"
-  # Outside any module (no go.mod or go.work of the caller's applies);
-  # GOBIN: go install writes nowhere else.
-  scratch=$(mktemp -d)
-  if ! (cd "$scratch" && CGO_ENABLED=0 GOBIN="$out" go install -trimpath ${ldflags:+-ldflags "$ldflags"} "$pkg@$version") >"$out/build.log" 2>&1; then
-    rm -rf "$scratch"
-    tail -n 20 "$out/build.log" >&2
-    unavailable "$tool $version cannot be built here: go install $pkg@$version failed (log $out/build.log)"
+  # The module's own folder (fetched through the module proxy, checksum-
+  # verified), built with its own go.mod and go.sum: `go install mod@v`
+  # refuses modules with replace directives (helm-unittest has one).
+  if ! json=$(cd / && go mod download -json "$module@$version" 2>&1); then
+    echo "$json" >"$out/build.log"
+    unavailable "$tool $version cannot be built here: go mod download $module@$version failed: $(grep -m1 '"Error"' <<<"$json" || tail -1 <<<"$json")"
   fi
-  rm -rf "$scratch"
+  dir=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$json")
+  [[ -n "$dir" && -f "$dir/go.mod" ]] || unavailable "$tool $version cannot be built here: go mod download named no module folder"
+  pkgdir=./${pkg#"$module"/}
+  if ! (cd "$dir" && CGO_ENABLED=0 go build -trimpath ${ldflags:+-ldflags "$ldflags"} -o "$bin.tmp" "$pkgdir") >"$out/build.log" 2>&1; then
+    rm -f "$bin.tmp"
+    tail -n 20 "$out/build.log" >&2
+    unavailable "$tool $version cannot be built here: go build of $pkg@$version failed (log $out/build.log)"
+  fi
+  mv "$bin.tmp" "$bin"
   [[ -x "$bin" ]] || unavailable "$tool $version cannot be built here: go install succeeded but left no $bin (log $out/build.log)"
   echo "$version" >"$out/.built"
   log "built $tool $version in $((SECONDS - t0))s: $bin"

@@ -122,7 +122,7 @@ else
       "vk-sandbox (it was started by an older e2e/cluster.sh; restart it: make cluster-down)"
   fi
   # Manifests (server-side dry-run), systemd unit, static binary as UID
-  # 65532, shell scripts.
+  # 65532, shell scripts, image, and the Helm chart's offline checks.
   progress_step "packaging checks (e2e/check-packaging.sh)"
   "$here/check-packaging.sh" || { status=$?; failed+=("packaging checks"); }
   # The older supported release: the lifecycle and the warm-pool path once

@@ -26,39 +26,50 @@ INT_OR_STRING = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
 QUANTITY = {"oneOf": [{"type": "string"}, {"type": "number"}]}
 
 
+def subschemas(node):
+    """The schemas directly below the schema node (not property names)."""
+    for k in ("properties", "patternProperties", "definitions"):
+        if isinstance(node.get(k), dict):
+            yield from node[k].values()
+    for k in ("items", "additionalProperties", "not"):
+        if isinstance(node.get(k), dict):
+            yield node[k]
+    if isinstance(node.get("items"), list):
+        yield from node["items"]
+    for k in ("allOf", "anyOf", "oneOf"):
+        if isinstance(node.get(k), list):
+            yield from node[k]
+
+
 def strict(node):
-    """Adds additionalProperties: false below node, in place."""
-    if isinstance(node, dict):
-        if node.get("format") == "int-or-string" or node.get("x-kubernetes-int-or-string"):
-            keep = {k: v for k, v in node.items() if k.startswith("description")}
-            node.clear()
-            node.update(copy.deepcopy(INT_OR_STRING))
-            node.update(keep)
-            return
-        if (
-            "properties" in node
-            and "additionalProperties" not in node
-            and not node.get("x-kubernetes-preserve-unknown-fields")
-        ):
-            node["additionalProperties"] = False
-        for v in node.values():
-            strict(v)
-    elif isinstance(node, list):
-        for v in node:
-            strict(v)
+    """Adds additionalProperties: false below the schema node, in place."""
+    if not isinstance(node, dict):
+        return
+    if node.get("format") == "int-or-string" or node.get("x-kubernetes-int-or-string") is True:
+        keep = {k: v for k, v in node.items() if k == "description"}
+        node.clear()
+        node.update(copy.deepcopy(INT_OR_STRING))
+        node.update(keep)
+        return
+    if (
+        isinstance(node.get("properties"), dict)
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        node["additionalProperties"] = False
+    for sub in list(subschemas(node)):
+        strict(sub)
 
 
 def nullable(node):
     """Lets Kubernetes' optional fields be null, as the apiserver does."""
-    if isinstance(node, dict):
-        t = node.get("type")
-        if isinstance(t, str) and t != "null":
-            node["type"] = [t, "null"]
-        for v in node.values():
-            nullable(v)
-    elif isinstance(node, list):
-        for v in node:
-            nullable(v)
+    if not isinstance(node, dict):
+        return
+    t = node.get("type")
+    if isinstance(t, str) and t != "null":
+        node["type"] = [t, "null"]
+    for sub in subschemas(node):
+        nullable(sub)
 
 
 def native(swagger_path, out):
@@ -73,7 +84,7 @@ def native(swagger_path, out):
     def resolve(node, stack):
         if isinstance(node, dict):
             ref = node.get("$ref")
-            if ref:
+            if isinstance(ref, str):
                 name = ref.rsplit("/", 1)[-1]
                 if name in special:
                     return copy.deepcopy(special[name])

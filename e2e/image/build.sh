@@ -22,6 +22,12 @@
 #   e2e/image/build.sh busybox OUT.tar NAME:TAG
 #       Debian's busybox-static with its applet links, as /bin (the init
 #       container's image in the real-node tests)
+#   e2e/image/build.sh agent-sandbox OUT.tar NAME:TAG BINARY
+#       the agent-sandbox controller's image as its release's Dockerfile
+#       makes it (a distroless static nonroot base, the static controller
+#       binary at /agent-sandbox-controller, its entrypoint, user 65532):
+#       the same base as the product image (e2e/image/rootfs.sh) and the
+#       binary e2e/agent-sandbox.sh builds from the Go module
 #
 # Reproducible: files sorted, numeric owners kept, mtimes and the image's
 # creation time set to SOURCE_DATE_EPOCH (default: the commit's time).
@@ -251,10 +257,25 @@ build_busybox() {
   write_archive "$out" "$tag"
 }
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+build_agent_sandbox() {
+  local out=$1 tag=$2 bin=$3 d="$work/agent-sandbox"
+  [[ -x "$bin" ]] || die "$bin is not an executable (e2e/agent-sandbox.sh build makes it)"
+  file -b "$bin" | grep -qE 'statically linked|static-pie linked' || die "$bin is not static"
+  mkdir -p "$d"
+  cp "$bin" "$d/agent-sandbox-controller"
+  chmod 0755 "$d/agent-sandbox-controller"
+  VK_IMAGE_DEBS=${VK_IMAGE_DEBS:-$root/.cache/image-debs} "$here/rootfs.sh" "$work/rootfs" >&2
+  config='{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"User":"65532:65532","WorkingDir":"/home/nonroot","Entrypoint":["/agent-sandbox-controller"]}'
+  layers=("$work/rootfs" "$d")
+  history=("e2e/image/rootfs.sh (distroless static nonroot style)" "COPY agent-sandbox-controller /agent-sandbox-controller")
+  write_archive "$out" "$tag"
+}
+
+usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 case "${1:-}" in
   product) (($# >= 3)) || usage; shift; build_product "$@" ;;
   pause) (($# == 3)) || usage; build_pause "$2" "$3" ;;
   busybox) (($# == 3)) || usage; build_busybox "$2" "$3" ;;
+  agent-sandbox) (($# == 4)) || usage; build_agent_sandbox "$2" "$3" "$4" ;;
   *) usage ;;
 esac
