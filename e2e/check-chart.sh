@@ -308,7 +308,7 @@ open(p, 'w').write(t)
   out=$("check_$check" "$m" 2>&1) || status=$?
   failures=$saved
   if ((status != 0)); then
-    log "mutants: $check fails on $name ($file): $(grep -m1 'FAIL' <<<"$out" | sed 's/^chart: FAIL: //' | cut -c1-220)"
+    log "mutants: $check fails on $name ($file): $(grep -A4 -m1 'FAIL' <<<"$out" | sed 's/^chart: FAIL: //' | tr -s '[:space:]' ' ' | cut -c1-400)"
   else
     fail "mutants: $check passed on a chart broken on purpose ($name in $file): $out"
   fi

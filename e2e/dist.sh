@@ -10,7 +10,11 @@
 # directory, so the README's installation commands work right after
 # `tar xz`: ./vk-sandbox, ./packaging/vk-sandbox.service,
 # ./packaging/env.example, ./manifests/…, ./README.md, ./SHA256SUMS (of the
-# files inside). dist/checksums.txt holds the archives' SHA-256.
+# files inside). The Helm chart is packed beside them with `helm package`
+# (e2e/helm-tools.sh builds helm): dist/vk-sandbox-<chart version>.tgz, the
+# file `helm push dist/vk-sandbox-<version>.tgz oci://ghcr.io/cocoonstack/charts`
+# publishes. dist/checksums.txt holds the SHA-256 of the archives and the
+# chart.
 #
 # VK_DIST_NO_BUILD=1 packs the ./vk-sandbox-linux-<arch> binaries already
 # built instead of running the build.
@@ -82,6 +86,17 @@ for arch in "${archs[@]}"; do
   log "$out ($(du -h "$out" | cut -f1)): $(file -b "$bin" | cut -d, -f1-2)"
   built+=("$name.tar.gz")
 done
+
+# The chart, packed as `helm package` does (its .helmignore keeps tests/
+# and ci/ out), after its offline checks' cheapest one: helm lint.
+helm=$("$here/helm-tools.sh" build helm) || die "helm is needed to pack the chart: $helm"
+export HELM_CACHE_HOME=$stage_root/helm HELM_CONFIG_HOME=$stage_root/helm HELM_DATA_HOME=$stage_root/helm
+"$helm" lint --strict charts/vk-sandbox >/dev/null || die "helm lint --strict charts/vk-sandbox failed (e2e/check-chart.sh lint says why)"
+chart_out=$("$helm" package charts/vk-sandbox --destination dist) || die "helm package charts/vk-sandbox failed: $chart_out"
+chart_tgz=$(basename "${chart_out##* }")
+[[ -f "dist/$chart_tgz" ]] || die "helm package wrote no dist/$chart_tgz: $chart_out"
+log "dist/$chart_tgz: the Helm chart ($(tar -tzf "dist/$chart_tgz" | wc -l) files; helm push dist/$chart_tgz oci://ghcr.io/cocoonstack/charts)"
+built+=("$chart_tgz")
 
 (cd dist && sha256sum "${built[@]}" > checksums.txt)
 log "dist/checksums.txt:"
