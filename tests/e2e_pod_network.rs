@@ -213,6 +213,14 @@ async fn each_sandbox_answers_on_its_own_pod_address() {
     env.create_pod("b", &b_uid).await;
     let (a_id, a_ip) = env.running("a").await;
     let (b_id, b_ip) = env.running("b").await;
+    // Listening before the Pod is reported Running: a connection made as
+    // soon as the address is read is accepted (and reset by the relay, as
+    // nothing serves the guest port yet), not refused by the kernel.
+    let first = env.net.ask(SocketAddr::from((b_ip, 8080)));
+    assert!(
+        !format!("{first:?}").contains("Connection refused"),
+        "{b_ip}:8080 refused right after the Pod was reported Running: {first:?}"
+    );
     assert_ne!(a_ip, b_ip, "two sandboxes, one address");
     let range = vk_sandbox::podnet::range::PodRange::parse(RANGE).expect("range");
     assert!(

@@ -1,6 +1,7 @@
 //! The listening sockets on Pod addresses: one per (Pod address, declared
 //! TCP `containerPort`) of every Pod this node runs in a sandbox, made and
-//! closed as Pods come and go (looked at every [`PERIOD`]). A port the Pod
+//! closed as Pods come and go (looked at every [`PERIOD`], and at once
+//! before a Pod is reported Running on its address). A port the Pod
 //! does not declare has no listener: a connection there is refused by the
 //! kernel, as on any Pod where nothing listens.
 
@@ -30,6 +31,13 @@ pub struct Wanted {
 /// their claims' addresses and their declared ports).
 pub trait Endpoints: Send + Sync {
     fn wanted(&self) -> Vec<Wanted>;
+
+    /// Notified when a Pod is about to be reported Running on its address,
+    /// so that its listeners open before a client can read the address
+    /// (not a [`PERIOD`] later).
+    fn changed(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
 }
 
 struct Open {
@@ -117,12 +125,17 @@ impl Listeners {
         }
     }
 
-    /// Converges every [`PERIOD`] until the process ends.
+    /// Converges every [`PERIOD`], and at once when the endpoints say
+    /// they changed, until the process ends.
     pub async fn run(mut self, endpoints: Arc<dyn Endpoints>) {
         let mut tick = tokio::time::interval(PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let changed = endpoints.changed().unwrap_or_default();
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = changed.notified() => {}
+            }
             self.converge(&endpoints.wanted());
         }
     }

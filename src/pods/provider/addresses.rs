@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Provider, lock};
@@ -99,7 +99,21 @@ fn wanted_for(pod: &Pod, claim: &Claim) -> Vec<Wanted> {
         .collect()
 }
 
+impl Provider {
+    /// Wakes the listeners (a Pod is about to be reported Running on its
+    /// address); nothing without `--pod-cidr`.
+    pub(super) fn endpoints_changed(&self) {
+        if self.addresses.is_some() {
+            self.endpoints_changed.notify_one();
+        }
+    }
+}
+
 impl Endpoints for Provider {
+    fn changed(&self) -> Option<Arc<tokio::sync::Notify>> {
+        Some(Arc::clone(&self.endpoints_changed))
+    }
+
     fn wanted(&self) -> Vec<Wanted> {
         self.observe_pod_ips();
         self.tracked_pods()

@@ -233,6 +233,7 @@ impl Provider {
         }
         self.track(pod);
         let claim = self.claims.get(k).map(|(c, _)| c).unwrap_or(claim);
+        self.endpoints_changed();
         let (id, status) = (claim.id.clone(), status::running(pod, &view(&claim)));
         Ok(if woken {
             Created::Woken { id, status }
@@ -418,6 +419,7 @@ impl Provider {
         // Running, from the row as stored (times at the store's precision),
         // so a later re-publish computes the same status.
         let claim = self.claims.get(k).map(|(c, _)| c).unwrap_or(claim);
+        self.endpoints_changed();
         Ok(Created::Claimed {
             id: claim.id.clone(),
             status: status::running(pod, &view(&claim)),
@@ -482,6 +484,7 @@ impl Provider {
              (state file lost or replaced?); it will be released with the node token"
         );
         self.track(pod);
+        self.endpoints_changed();
         Ok(Some(Created::Adopted {
             id: claim.id.clone(),
             status: status::running(pod, &view(&claim)),

@@ -171,6 +171,8 @@ pub struct Provider {
     /// `--pod-cidr`: claims get Pod addresses of their own (see
     /// `addresses.rs`).
     addresses: Option<Mutex<crate::podnet::range::Picker>>,
+    /// Wakes the Pod-address listeners before a Running status is written.
+    endpoints_changed: Arc<tokio::sync::Notify>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -213,6 +215,7 @@ impl Provider {
             settle_after: suspects::SETTLE_AFTER,
             lifecycle: Settings::default(),
             addresses: None,
+            endpoints_changed: Arc::default(),
         }
     }
 
@@ -392,6 +395,7 @@ impl Provider {
         if state != ClaimState::Settled {
             return None;
         }
+        self.endpoints_changed();
         Some((claim.id.clone(), status::running(pod, &view(&claim))))
     }
 
