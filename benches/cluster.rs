@@ -18,7 +18,7 @@
 //! - `BENCH_VK_LOG`: RUST_LOG for the vk-sandbox processes (default info;
 //!   their logs are under target/bench-cluster/<node>/);
 //! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load`,
-//!   `fleet`, `stream`, `lifecycle` to run only those parts (to study one
+//!   `fleet`, `stream`, `lifecycle`, `podnet` to run only those parts (to study one
 //!   figure; the doc is then not written unless `BENCH_DOC` names a file);
 //! - `BENCH_STREAM_MIB` (default 256): MiB per port-forward run of the
 //!   `stream` part; 0 skips the port-forwards (exec round trips only);
@@ -76,6 +76,10 @@ mod null_kubelet;
 /// `BENCH_ONLY=lifecycle`: suspend → hibernated, resume → Running.
 #[path = "cluster/lifecycle.rs"]
 mod lifecycle;
+
+/// `BENCH_ONLY=podnet`: a Pod's own address against the `/ports` relay.
+#[path = "cluster/podnet.rs"]
+mod podnet;
 
 use report::Report;
 use support::TestCluster;
@@ -164,6 +168,7 @@ fn planned_steps(plan: &Plan) -> usize {
         + usize::from(wants("fleet"))
         + usize::from(wants("stream"))
         + usize::from(wants("lifecycle"))
+        + usize::from(wants("podnet"))
 }
 
 impl Plan {
@@ -319,6 +324,18 @@ impl Vk {
         kubeconfig: &Path,
         state: Option<&[u8]>,
     ) -> Vk {
+        Vk::start_with(env, node, sim, kubeconfig, state, &[])
+    }
+
+    /// [`Vk::start`] with `extra` flags.
+    fn start_with(
+        env: &Env,
+        node: &str,
+        sim: &SimHandle,
+        kubeconfig: &Path,
+        state: Option<&[u8]>,
+        extra: &[String],
+    ) -> Vk {
         let dir = env.dir.join(node);
         std::fs::create_dir_all(dir.join("state"))
             .unwrap_or_else(|e| die(&format!("{}: {e}", dir.display())));
@@ -329,6 +346,7 @@ impl Vk {
         }
         let mut args = support::vk::node_args(node, &state_path);
         args.extend(support::sim::vk_args(sim, Some(&token)));
+        args.extend_from_slice(extra);
         let mut vk = Vk {
             node: node.to_string(),
             process: VkProcess::none(),
@@ -1479,11 +1497,12 @@ fn only() -> Option<Vec<String>> {
             "fleet",
             "stream",
             "lifecycle",
+            "podnet",
         ]
         .contains(&p.as_str())
         {
             die(&format!(
-                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load, fleet, stream, lifecycle)"
+                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load, fleet, stream, lifecycle, podnet)"
             ));
         }
     }
@@ -1656,6 +1675,15 @@ async fn run() -> Report {
     } else {
         None
     };
+    let podnet = if wants("podnet") {
+        let n = ((200.0 * k).round() as usize).clamp(20, 2000);
+        progress.step(&format!(
+            "Pod address: {n} connections per path, 64 MiB one way"
+        ));
+        podnet::run(&env, n, 64).await
+    } else {
+        None
+    };
     env.cluster.drop_namespace(&ns).await;
     Api::<Node>::all(env.cluster.client.clone())
         .delete(&node, &DeleteParams::default())
@@ -1677,6 +1705,7 @@ async fn run() -> Report {
         fleet,
         stream,
         lifecycle,
+        podnet,
     }
 }
 

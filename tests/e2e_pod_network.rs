@@ -121,27 +121,8 @@ impl Env {
 
     /// The Pod Running: its claim id and Pod address.
     async fn running(&self, name: &str) -> (String, Ipv4Addr) {
-        let pods = self.pods();
-        wait_for(
-            &format!("Pod {name} Running"),
-            Duration::from_secs(30),
-            || async {
-                let p = pods.get(name).await.map_err(|e| e.to_string())?;
-                let st = p.status.clone().unwrap_or_default();
-                let id = p
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get("sandbox.cocoonstack.io/claim-id").cloned());
-                match (st.phase.as_deref(), id, st.pod_ip) {
-                    (Some("Running"), Some(id), Some(ip)) => {
-                        Ok((id, ip.parse().map_err(|e| format!("{ip}: {e}"))?))
-                    }
-                    other => Err(format!("{other:?}; log:\n{}", tail(&self.vk.logs(), 20))),
-                }
-            },
-        )
-        .await
+        let log = || format!("; log:\n{}", tail(&self.vk.logs(), 20));
+        support::running_address(&self.pods(), name, Duration::from_secs(30), log).await
     }
 
     /// The sandbox's guest port 8080 leads to `target`.

@@ -120,23 +120,9 @@ async fn a_policy_selecting_the_pod_decides_who_reaches_its_address() {
     pods.create(&PostParams::default(), &pod)
         .await
         .expect("create Pod");
+    let log = || format!("; log:\n{}", tail(&vk.logs(), 20));
     let (id, ip): (String, Ipv4Addr) =
-        wait_for("Pod p Running", Duration::from_secs(30), || async {
-            let p = pods.get("p").await.map_err(|e| e.to_string())?;
-            let st = p.status.clone().unwrap_or_default();
-            let id = p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get("sandbox.cocoonstack.io/claim-id").cloned());
-            match (st.phase.as_deref(), id, st.pod_ip) {
-                (Some("Running"), Some(id), Some(ip)) => {
-                    Ok((id, ip.parse().map_err(|e| format!("{ip}: {e}"))?))
-                }
-                other => Err(format!("{other:?}; log:\n{}", tail(&vk.logs(), 20))),
-            }
-        })
-        .await;
+        support::running_address(&pods, "p", Duration::from_secs(30), log).await;
     sim.sim()
         .map_port(
             sandboxd_sim::config::PortMapping {

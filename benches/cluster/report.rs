@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::fleet::Fleet;
 use super::lifecycle::{self, LifecycleFigures};
+use super::podnet::PodnetFigures;
 use super::stream::StreamFigures;
 use super::support::controller;
 use super::{BurstResult, HistQ, Load, MIB, Quantiles, Startup, env_scale, median, only, repo};
@@ -125,6 +126,7 @@ pub struct Report {
     pub fleet: Option<Fleet>,
     pub stream: Option<StreamFigures>,
     pub lifecycle: Option<LifecycleFigures>,
+    pub podnet: Option<PodnetFigures>,
 }
 
 /// Median across repeats of each figure.
@@ -355,6 +357,9 @@ pub fn render(r: &Report) -> String {
     }
     if let Some(l) = &r.lifecycle {
         render_lifecycle(&mut s, l);
+    }
+    if let Some(p) = &r.podnet {
+        p.render(&mut s);
     }
 
     let _ = writeln!(s, "\n### Goals\n\n| goal | measured | |\n|---|---|---|");
@@ -847,6 +852,9 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
             }),
             ratios.map(|(k, _)| k >= 0.5),
         ));
+    }
+    if let Some(p) = &r.podnet {
+        out.extend(p.goals());
     }
     out
 }

@@ -92,36 +92,49 @@ pub const RELAY: &str = "sandboxd /ports relay alone";
 pub const KUBELET_SPDY: &str = "vk-sandbox kubelet API, SPDY port-forward";
 pub const KUBECTL_PF: &str = "kubectl port-forward (apiserver → vk-sandbox)";
 
-/// Reads everything until EOF, answers with the count (8 bytes, big
-/// endian), closes.
-async fn sink() -> std::net::SocketAddr {
+/// A loopback server running `serve` on each connection it accepts.
+pub async fn loopback_service<F, Fut>(what: &str, serve: F) -> std::net::SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| die(&format!("bind the sink: {e}")));
+        .unwrap_or_else(|e| die(&format!("bind the {what}: {e}")));
     let addr = l
         .local_addr()
-        .unwrap_or_else(|e| die(&format!("sink address: {e}")));
+        .unwrap_or_else(|e| die(&format!("{what} address: {e}")));
     tokio::spawn(async move {
-        while let Ok((mut c, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 256 * 1024];
-                let mut n: u64 = 0;
-                loop {
-                    match c.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(k) => n += k as u64,
-                    }
-                }
-                let _ = c.write_all(&n.to_be_bytes()).await;
-                let _ = c.shutdown().await;
-            });
+        while let Ok((c, _)) = l.accept().await {
+            tokio::spawn(serve(c));
         }
     });
     addr
 }
 
+/// Reads everything until EOF, answers with the count (8 bytes, big
+/// endian), closes.
+pub async fn sink() -> std::net::SocketAddr {
+    loopback_service("sink", |mut c| async move {
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut n: u64 = 0;
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(k) => n += k as u64,
+            }
+        }
+        let _ = c.write_all(&n.to_be_bytes()).await;
+        let _ = c.shutdown().await;
+    })
+    .await
+}
+
 /// Write `mib` MiB into `io`, half-close, read the count; MiB/s.
-async fn push<IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(io: IO, mib: usize) -> f64 {
+pub async fn push<IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    io: IO,
+    mib: usize,
+) -> f64 {
     let (mut r, mut w) = tokio::io::split(io);
     let chunk = vec![0x5au8; 256 * 1024];
     let t = Instant::now();

@@ -80,6 +80,12 @@ pub enum Refused {
     Failed(String),
 }
 
+/// Bytes buffered each way of a relayed connection: tokio's default (8 KiB)
+/// costs a system call per 8 KiB on both hops; 64 KiB keeps a bulk transfer
+/// near the direct `/ports` relay's rate (`make bench`, docs/benchmarks.md)
+/// for 128 KiB per open connection.
+const COPY_BUF: usize = 64 * 1024;
+
 /// Serves one accepted connection to `key`'s sandbox `id` on `port`.
 pub async fn serve(
     relaying: &Relaying,
@@ -94,7 +100,10 @@ pub async fn serve(
         Ok(mut guest) => {
             relaying.counts.relayed.fetch_add(1, Relaxed);
             let _ = conn.set_nodelay(true);
-            match tokio::io::copy_bidirectional(&mut conn, &mut guest).await {
+            let copied =
+                tokio::io::copy_bidirectional_with_sizes(&mut conn, &mut guest, COPY_BUF, COPY_BUF)
+                    .await;
+            match copied {
                 Ok((up, down)) => debug!(%peer, port, up, down, "Pod-address connection ended"),
                 Err(e) => debug!(%peer, port, error = %e, "Pod-address connection broke"),
             }

@@ -15,6 +15,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod podnet;
 mod scenarios;
 mod world;
 
@@ -110,6 +111,12 @@ fn scenarios() -> Vec<(&'static str, &'static str, Scenario, bool)> {
             |w, s| Box::pin(scenarios::relays_idle(w, s)),
             true,
         ),
+        (
+            "podnet",
+            "12 Pod-address connections across suspends, deletes, kill -9",
+            |w, s| Box::pin(scenarios::pod_addresses(w, s)),
+            true,
+        ),
     ]
 }
 
@@ -203,7 +210,7 @@ fn main() -> ExitCode {
     };
     if rows.is_empty() {
         println!(
-            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn, warmpool, neighbours, suspend, relays)"
+            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn, warmpool, neighbours, suspend, relays, podnet)"
         );
         return ExitCode::FAILURE;
     }
@@ -226,6 +233,7 @@ fn main() -> ExitCode {
             + t.leases_expired
             + t.running_suspended
             + t.given_to_another
+            + t.address_faults
             > 0
     });
     let mut total = Tally::default();
@@ -244,7 +252,7 @@ fn main() -> ExitCode {
             "reliability: FAILED: an invariant column is not zero: {} wrongly released, {} leaked, \
              {} credentials lost, {} not converged, {} bad state files, {} leases expired under \
              a living owner, {} VMs running for a suspended Sandbox, {} VMs given to another \
-             owner generation; {summary}",
+             owner generation, {} Pod-address faults; {summary}",
             total.wrongly_released,
             total.leaked,
             total.creds_lost,
@@ -252,7 +260,8 @@ fn main() -> ExitCode {
             total.bad_state_file,
             total.leases_expired,
             total.running_suspended,
-            total.given_to_another
+            total.given_to_another,
+            total.address_faults
         );
         ExitCode::FAILURE
     } else {
@@ -272,19 +281,20 @@ fn add(total: &mut Tally, t: Tally) {
     total.leases_expired += t.leases_expired;
     total.running_suspended += t.running_suspended;
     total.given_to_another += t.given_to_another;
+    total.address_faults += t.address_faults;
 }
 
 fn table(rows: &[Row], seed: u64, size: Size, took: Duration, controller: &str) -> String {
     let mut s = format!(
         "Reliability suite ({size:?}, seed {seed}, {:.0} s)\n{controller}\n\n\
-         | scenario | runs | Pods | faults | VMs wrongly released | VMs leaked | credentials lost | Pods not converged | bad state file | leases expired, owner alive | VMs running, Sandbox suspended | VMs given to another generation | max time to converge |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | scenario | runs | Pods | faults | VMs wrongly released | VMs leaked | credentials lost | Pods not converged | bad state file | leases expired, owner alive | VMs running, Sandbox suspended | VMs given to another generation | Pod addresses: other VM reached, shared or leaked | max time to converge |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         took.as_secs_f64()
     );
     for r in rows {
         let t = &r.tally;
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |\n",
             r.title,
             r.runs,
             t.pods,
@@ -297,6 +307,7 @@ fn table(rows: &[Row], seed: u64, size: Size, took: Duration, controller: &str) 
             t.leases_expired,
             t.running_suspended,
             t.given_to_another,
+            t.address_faults,
             r.converge_max.as_secs_f64()
         ));
     }

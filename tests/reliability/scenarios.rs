@@ -823,3 +823,111 @@ pub async fn relays_idle(w: &mut World, size: Size) {
     }
     tokio::time::sleep(Duration::from_secs(2 * TTL + 35)).await;
 }
+
+/// 12: connections to the Pods' own addresses (docs/pod-network.md) while
+/// Sandboxes are suspended, resumed, deleted (some re-created under their
+/// name) and vk-sandbox is killed: no connection reaches another
+/// sandbox's VM, no address is shown by two Pods, none outlives its claim
+/// ([`crate::podnet`] probes and judges).
+pub async fn pod_addresses(w: &mut World, size: Size) {
+    let seed = w.rng.random();
+    let Some(probe) = crate::podnet::AddressProbe::start(&w.sim, w.pods(), seed) else {
+        assert!(
+            std::env::var_os("VK_REQUIRE_CLUSTER").is_none(),
+            "scenario 12 needs a network namespace of its own (ip netns add: root)"
+        );
+        println!("   SKIPPED scenario 12: cannot make a network namespace (not root)");
+        return;
+    };
+    // vk-sandbox again, now with the Pod range (nothing is claimed yet).
+    w.extra_args = vec![
+        format!("--pod-cidr={}", crate::podnet::RANGE),
+        format!("--pod-netns={}", probe.netns_path().display()),
+    ];
+    w.pod_ports = vec![crate::podnet::PORT];
+    w.vk.process.signal(nix::sys::signal::Signal::SIGKILL);
+    w.vk.process.wait_exit(Duration::from_secs(10));
+    w.restart_and_wait().await;
+    w.create(size.pick(4, 8)).await;
+    settle(w, Duration::from_secs(90)).await;
+    for _ in 0..size.pick(6, 15) {
+        // Only Sandboxes whose first claim the world has seen are acted
+        // on (a Sandbox suspended before its Pod ran has no VM to judge).
+        let ran: Vec<usize> = (0..w.owners.len())
+            .filter(|i| w.owners[*i].deleted_at.is_none() && w.owners[*i].claim.is_some())
+            .collect();
+        if ran.is_empty() {
+            w.create(2).await;
+            let _ = w.converge(Duration::from_secs(30)).await;
+            continue;
+        }
+        for &i in &ran {
+            if w.rng.random_bool(0.25) {
+                let suspend = !w.owners[i].suspended;
+                w.set_suspended(i, suspend).await;
+                w.faults += 1;
+            }
+        }
+        if w.rng.random_bool(0.4) {
+            let i = ran[w.rng.random_range(0..ran.len())];
+            let name = w.owners[i].name.clone();
+            let foreground = w.rng.random_bool(0.5);
+            w.delete_index(i, foreground).await;
+            if w.rng.random_bool(0.5) {
+                w.create_named(&name).await;
+            } else {
+                w.create(1).await;
+            }
+            w.faults += 1;
+        }
+        w.jitter(2000).await;
+        if w.rng.random_bool(0.3) {
+            w.kill_and_restart();
+            w.faults += 1;
+        }
+        w.jitter(1500).await;
+        // New Sandboxes' first claims recorded; the probe keeps going.
+        let _ = w.converge(Duration::from_secs(30)).await;
+    }
+    // Most suspended Sandboxes resume: their Pods must show the address
+    // their VM had.
+    let suspended: Vec<usize> = (0..w.owners.len())
+        .filter(|i| w.owners[*i].deleted_at.is_none() && w.owners[*i].suspended)
+        .collect();
+    for i in suspended {
+        if w.rng.random_bool(0.7) {
+            w.set_suspended(i, false).await;
+            w.faults += 1;
+        }
+    }
+    w.sim.sim().clear_faults();
+    let (_, problems) = w.converge(Duration::from_secs(180)).await;
+    if !problems.is_empty() {
+        println!("   (not settled after the churn: {problems:?}; judged at the end)");
+    }
+    let live = w.sim.sim().claims().into_iter().map(|c| c.id).collect();
+    let pods = w
+        .pods()
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let running: Vec<(std::net::IpAddr, String)> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let st = p.status.as_ref()?;
+            (st.phase.as_deref() == Some("Running")).then_some(())?;
+            let ip = st.pod_ip.as_deref()?.parse().ok()?;
+            let claim = p
+                .metadata
+                .annotations
+                .as_ref()?
+                .get("sandbox.cocoonstack.io/claim-id")?;
+            Some((ip, claim.clone()))
+        })
+        .collect();
+    let (faults, notes) = probe.judge(&live, &running).await;
+    w.address_faults += faults;
+    w.address_notes.extend(notes);
+}

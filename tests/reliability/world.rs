@@ -67,6 +67,10 @@ pub struct Tally {
     /// A VM that served one owner (a Sandbox's UID) served another: a
     /// Sandbox re-created under the same name got the old one's memory.
     pub given_to_another: usize,
+    /// Pod addresses (scenario 12): a connection that reached another
+    /// sandbox's VM, an address two Pods showed at once, a released
+    /// claim's address still answering or a Running Pod's not.
+    pub address_faults: usize,
     pub converge: Duration,
     pub notes: Vec<String>,
 }
@@ -96,6 +100,14 @@ pub struct World {
     /// The `ttl-seconds` the Pods of the Sandboxes created from now on
     /// ask (`None`: the contract's default, 24 h).
     pub lease_ttl: Option<u64>,
+    /// Flags added to every start (scenario 12: the Pod range).
+    pub extra_args: Vec<String>,
+    /// The container ports the Pods of Sandboxes created from now on
+    /// declare.
+    pub pod_ports: Vec<u16>,
+    /// Scenario 12's Pod-address faults and what it noted.
+    pub address_faults: usize,
+    pub address_notes: Vec<String>,
     seen: SeenSandboxes,
     watch: Option<tokio::task::JoinHandle<()>>,
     _controller: crate::support::controller::SandboxController,
@@ -134,6 +146,10 @@ impl World {
             foreign: Vec::new(),
             discover: false,
             lease_ttl: None,
+            extra_args: Vec::new(),
+            pod_ports: Vec::new(),
+            address_faults: 0,
+            address_notes: Vec::new(),
             seen: Default::default(),
             watch: None,
             _controller: controller,
@@ -218,6 +234,14 @@ impl World {
         if let Some(ttl) = self.lease_ttl {
             v["spec"]["podTemplate"]["metadata"]["annotations"]["sandbox.cocoonstack.io/ttl-seconds"] =
                 Value::from(ttl.to_string());
+        }
+        if !self.pod_ports.is_empty() {
+            let ports: Vec<Value> = self
+                .pod_ports
+                .iter()
+                .map(|p| serde_json::json!({"containerPort": p}))
+                .collect();
+            v["spec"]["podTemplate"]["spec"]["containers"][0]["ports"] = Value::from(ports);
         }
         let sb: Sandbox = serde_json::from_value(v).expect("sandbox json");
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -335,7 +359,9 @@ impl World {
     }
 
     pub fn vk_args(&self) -> Vec<String> {
-        base_args(&self.sim, &self.token_file)
+        let mut args = base_args(&self.sim, &self.token_file);
+        args.extend(self.extra_args.iter().cloned());
+        args
     }
 
     /// `kill -9`, then start again with the same state and ports.
@@ -546,8 +572,10 @@ impl World {
             faults: self.faults,
             converge: took.max(self.slowest),
             not_converged: problems.len(),
+            address_faults: self.address_faults,
             ..Tally::default()
         };
+        t.notes.append(&mut self.address_notes);
         t.notes.extend(problems.iter().take(5).cloned());
         if !problems.is_empty() {
             t.notes.push(format!(

@@ -166,6 +166,35 @@ pub async fn wait_pod_gone(
 
 /// Polls `check` until it yields `Some`, or fails after `timeout` naming
 /// what was awaited, the last observation, and the component logs.
+/// Until Pod `name` is Running on a claim with an address: its claim id
+/// and its Pod IP (`log` says what to print on a timeout besides).
+pub async fn running_address<A: std::str::FromStr>(
+    pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    name: &str,
+    timeout: Duration,
+    log: impl Fn() -> String,
+) -> (String, A)
+where
+    A::Err: std::fmt::Display,
+{
+    wait_for(&format!("Pod {name} Running"), timeout, || async {
+        let p = pods.get(name).await.map_err(|e| e.to_string())?;
+        let st = p.status.clone().unwrap_or_default();
+        let id = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("sandbox.cocoonstack.io/claim-id").cloned());
+        match (st.phase.as_deref(), id, st.pod_ip) {
+            (Some("Running"), Some(id), Some(ip)) => {
+                Ok((id, ip.parse::<A>().map_err(|e| format!("{ip}: {e}"))?))
+            }
+            other => Err(format!("{other:?}{}", log())),
+        }
+    })
+    .await
+}
+
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
     F: FnMut() -> Fut,
