@@ -62,7 +62,7 @@ build:
 endif
 
 .PHONY: dist
-dist: ## Release archives dist/vk-sandbox_Linux_{x86_64,arm64}.tar.gz (static binary, unit, env template, manifests, SHA256SUMS)
+dist: ## Release archives dist/vk-sandbox_Linux_{x86_64,arm64}.tar.gz (static binary, unit, env template, manifests, SHA256SUMS) and the Helm chart dist/vk-sandbox-<version>.tgz (helm package)
 	./e2e/dist.sh $(DIST_ARCHS)
 
 .PHONY: image
