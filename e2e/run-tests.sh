@@ -94,7 +94,7 @@ else
   cargo test --workspace --no-fail-fast -- --skip "$real_node_test" || { status=$?; failed+=("cargo test"); }
   # The installation on a real node (e2e/real-node.sh), alone and with its
   # progress shown: which node ran it, each step, the teardown's report.
-  progress_step "the DaemonSet on a real node (tests/e2e_real_node.rs)"
+  progress_step "the DaemonSet on a real node (tests/e2e_real_node.rs, tests/e2e_real_node_helm.rs)"
   # One real node per machine (its kubelet's ports, containerd, the host's
   # CNI): where several checkouts share a machine, the lock file
   # VK_REAL_NODE_LOCK serialises this step across them, if it exists.
@@ -107,7 +107,9 @@ else
   # Its image's binary: the static one the packaging check uses too.
   static_bin=${VK_STATIC_BIN:-$root/target/check-packaging/vk-sandbox-static}
   if VK_MUSL_PROFILE=dev "$here/musl-build.sh" x86_64-unknown-linux-musl "$static_bin" >/dev/null; then
-    VK_STATIC_BIN=$static_bin "${locked[@]}" cargo test --test e2e_real_node -- --nocapture --test-threads 1 ||
+    # The manifests (e2e_real_node), then the Helm chart with agent-sandbox's
+    # own chart (e2e_real_node_helm), one after the other.
+    VK_STATIC_BIN=$static_bin "${locked[@]}" cargo test --test e2e_real_node --test e2e_real_node_helm -- --nocapture --test-threads 1 ||
       { status=$?; failed+=("real node"); }
   else
     status=1; failed+=("real node (static build)")
