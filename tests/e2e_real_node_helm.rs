@@ -192,18 +192,17 @@ impl Drop for Cleanup {
                 "--ignore-not-found",
             ],
         );
-        for ns in [AS_NS] {
-            self.run(
-                &kubectl,
-                &[
-                    "delete",
-                    "namespace",
-                    ns,
-                    "--ignore-not-found",
-                    "--timeout=90s",
-                ],
-            );
-        }
+        // agent-sandbox's namespace (sandbox-system stays: other tests use it).
+        self.run(
+            &kubectl,
+            &[
+                "delete",
+                "namespace",
+                AS_NS,
+                "--ignore-not-found",
+                "--timeout=90s",
+            ],
+        );
         self.run(
             &kubectl,
             &["delete", "node", &self.vnode, "--ignore-not-found"],
