@@ -19,8 +19,13 @@
 #                                    SDK in port-forward mode); print both
 #                                    paths, one a line
 #   e2e/agent-sandbox.sh router      build (or reuse) agent-sandbox's Go
-#                                    sandbox-router and print its path (no
-#                                    test runs it yet)
+#                                    sandbox-router and print its path
+#   e2e/agent-sandbox.sh python-runtime
+#                                    make (or reuse) a Python environment for
+#                                    the release's legacy runtime (its
+#                                    examples/python-runtime-sandbox: the API
+#                                    the SDK speaks through the router) and
+#                                    print a launcher: `LAUNCHER PORT DIR`
 #   e2e/agent-sandbox.sh run KUBECONFIG [FLAG...]
 #                                    `crds`, then run the controller in the
 #                                    foreground (exec), out of cluster, with
@@ -277,6 +282,41 @@ cmd_router() {
   echo "$out/sandbox-router"
 }
 
+# The legacy Python runtime: its main.py from the release, and a venv with
+# the server packages its requirements pin (FastAPI, uvicorn,
+# python-multipart; not the ML packages its agent tasks use), installed from
+# the Python package index. The launcher serves main.py on 127.0.0.1:PORT
+# with SANDBOX_BASE_DIR=DIR.
+cmd_python_runtime() {
+  need_upstream
+  pre10 && die "the pre-1.0 tree holds no python runtime example"
+  out=$(out_dir)
+  local dir="$out/python-runtime" stamp
+  stamp="fastapi==0.138.0 uvicorn==0.49.0 python-multipart==0.0.32, $(python3 --version 2>&1)"
+  if [[ ! -x "$dir/launch" || "$(cat "$dir/.built" 2>/dev/null)" != "$stamp" ]]; then
+    command -v python3 >/dev/null || die "python3 is needed for the legacy runtime (apt-get install python3 python3-venv)"
+    progress_start "agent-sandbox $release" 2
+    fetch
+    progress_step "a Python environment for the legacy runtime (FastAPI, uvicorn)"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    python3 -m venv "$dir/venv" >&2 || die "python3 -m venv failed (apt-get install python3-venv)"
+    # shellcheck disable=SC2086
+    "$dir/venv/bin/pip" install --quiet --disable-pip-version-check ${stamp%%,*} >&2 ||
+      die "pip install of the legacy runtime's server packages failed (see above)"
+    cp "$src_dir/examples/python-runtime-sandbox/main.py" "$dir/main.py"
+    cat >"$dir/launch" <<LAUNCH
+#!/usr/bin/env bash
+# agent-sandbox $release's legacy runtime on 127.0.0.1:\$1, files under \$2.
+cd "$dir" && SANDBOX_BASE_DIR="\$2" exec "$dir/venv/bin/python" -m uvicorn main:app --host 127.0.0.1 --port "\$1" --log-level warning
+LAUNCH
+    chmod +x "$dir/launch"
+    echo "$stamp" >"$dir/.built"
+    progress_summary "legacy runtime ready in $dir"
+  fi
+  echo "$dir/launch"
+}
+
 cmd_which() {
   build_controller
   echo "upstream kubernetes-sigs/agent-sandbox $release (built from the $(cat "$out/source"), binary $out/agent-sandbox-controller)"
@@ -335,6 +375,7 @@ case "${1:-}" in
   crds) shift; cmd_crds "$@" ;;
   sdk) cmd_sdk ;;
   router) cmd_router ;;
+  python-runtime) cmd_python_runtime ;;
   run) shift; cmd_run "$@" ;;
-  *) sed -n '2,67p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,73p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

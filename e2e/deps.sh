@@ -82,6 +82,9 @@ if [[ "$profile" != demo ]]; then
   [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
   # The chart's checks (e2e/check-chart.sh) read and write YAML with it.
   python3 -c 'import yaml' 2>/dev/null || missing+=(python3-yaml)
+  # agent-sandbox's legacy Python runtime gets a venv of its own
+  # (e2e/agent-sandbox.sh python-runtime, tests/e2e_pod_network_router.rs).
+  python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
   # Static: the init container's image holds nothing else.
   [[ -x /bin/busybox ]] && LC_ALL=C file -b /bin/busybox 2>/dev/null | grep -q 'statically linked' ||
     missing+=(busybox-static)
@@ -190,6 +193,12 @@ case $agent_status in
     done_agent="agent-sandbox $agent_release: $agent"
     # Its in-sandbox runtime and a driver of its Go SDK (tests/e2e_sdk.rs).
     "$here/agent-sandbox.sh" sdk >/dev/null || die "building agent-sandbox's runtime and SDK driver failed"
+    if [[ "$profile" == test && "$agent_release" != pre-1.0 ]]; then
+      # Its router and legacy runtime (tests/e2e_pod_network_router.rs).
+      "$here/agent-sandbox.sh" router >/dev/null || die "building agent-sandbox's sandbox-router failed"
+      "$here/agent-sandbox.sh" python-runtime >/dev/null ||
+        die "making agent-sandbox's legacy Python runtime failed"
+    fi
     ;;
   3) done_agent="note: $agent"; progress_note "$agent" ;;
   *) die "fetching or building agent-sandbox $agent_release failed (e2e/agent-sandbox.sh build)" ;;

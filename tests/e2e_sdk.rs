@@ -13,7 +13,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -30,75 +29,6 @@ const TOKEN: &str = "sdk-token";
 const TEMPLATE: &str = "base:24.04";
 const POOL: &str = "sdk-pool";
 
-/// The runtime and the SDK driver (built from the agent-sandbox release the
-/// tests run).
-fn binaries() -> (PathBuf, PathBuf) {
-    let out =
-        std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/e2e/agent-sandbox.sh"))
-            .arg("sdk")
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run e2e/agent-sandbox.sh sdk");
-    assert!(
-        out.status.success(),
-        "e2e/agent-sandbox.sh sdk failed ({:?})",
-        out.status
-    );
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let mut lines = text.lines().map(PathBuf::from);
-    match (lines.next(), lines.next()) {
-        (Some(runtime), Some(driver)) => (runtime, driver),
-        _ => panic!("e2e/agent-sandbox.sh sdk printed {text:?}"),
-    }
-}
-
-/// The runtime, on loopback ports of its own; killed when dropped.
-struct Runtime {
-    child: std::process::Child,
-    rest: u16,
-    grpc: u16,
-    root: PathBuf,
-}
-
-impl Drop for Runtime {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn start_runtime(bin: &PathBuf) -> Runtime {
-    let (rest, grpc) = (support::process::free_port(), support::process::free_port());
-    let root = support::vk::test_dir("sdk-root");
-    let child = std::process::Command::new(bin)
-        .args(["--listen-host", "127.0.0.1"])
-        .args(["--rest-port", &rest.to_string()])
-        .args(["--grpc-port", &grpc.to_string()])
-        .arg("--root-dir")
-        .arg(&root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start agent-sandbox's runtime");
-    let rt = Runtime {
-        child,
-        rest,
-        grpc,
-        root,
-    };
-    let health = format!("http://127.0.0.1:{rest}/v1/health");
-    wait_for("the runtime's health", Duration::from_secs(30), || async {
-        let r = reqwest::get(&health).await.map_err(|e| e.to_string())?;
-        (r.status() == reqwest::StatusCode::OK)
-            .then_some(())
-            .ok_or(r.status().to_string())
-    })
-    .await;
-    rt
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_go_sdk_runs_a_command_and_moves_a_file_through_port_forward() {
     let Some(cluster) = support::cluster().await else {
@@ -107,8 +37,8 @@ async fn the_go_sdk_runs_a_command_and_moves_a_file_through_port_forward() {
     if !ctl::upstream_or_skip("the Go SDK end to end") {
         return;
     }
-    let (runtime_bin, driver) = binaries();
-    let runtime = start_runtime(&runtime_bin).await;
+    let (runtime_bin, driver) = support::upstream::sdk();
+    let runtime = support::upstream::Runtime::start(&runtime_bin).await;
 
     // The template's guest ports 8080 (REST) and 9090 (gRPC), the SDK's
     // defaults, lead to the runtime.

@@ -240,4 +240,5 @@ pub mod real_node;
 pub mod scratch;
 pub mod sim;
 pub mod spdy;
+pub mod upstream;
 pub mod vk;

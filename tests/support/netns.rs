@@ -42,6 +42,25 @@ impl TestNetns {
         PathBuf::from(format!("/run/netns/{}", self.name))
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n <this namespace> ARGS`; panics when it fails.
+    pub fn ip(&self, args: &[&str]) {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        assert!(ip(&all), "ip {all:?} failed");
+    }
+
+    /// An address of the namespace's own (on its loopback), and the one
+    /// its connections into `range` come from: as a Pod's address is the
+    /// source of what the Pod sends.
+    pub fn source_for(&self, range: &str, addr: &str) {
+        self.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"]);
+        self.ip(&["route", "replace", "local", range, "dev", "lo", "src", addr]);
+    }
+
     /// Connects to `addr` from inside the namespace, says "who", and
     /// returns the first answer, or the error.
     pub fn ask(&self, addr: SocketAddr) -> Result<String, String> {
@@ -88,4 +107,34 @@ pub async fn naming_server(name: &'static str) -> SocketAddr {
         }
     });
     addr
+}
+
+/// Relays every connection to a loopback port of the host's namespace to
+/// `to`, dialled from inside `net` (`None`: the host's), or the other way:
+/// with `listen_in`, the listener is made inside that namespace. Returns
+/// the port it listens on (on 127.0.0.1 of wherever it listens).
+pub async fn forward(listen_in: Option<PathBuf>, dial_in: Option<PathBuf>, to: SocketAddr) -> u16 {
+    let listener = PodNetns::new(listen_in)
+        .within(|| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            l.set_nonblocking(true)?;
+            Ok(l)
+        })
+        .expect("bind the forwarder");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("forwarder to tokio");
+    let port = listener.local_addr().expect("forwarder address").port();
+    let dial = PodNetns::new(dial_in);
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let Ok(socket) = dial.within(tokio::net::TcpSocket::new_v4) else {
+                continue;
+            };
+            tokio::spawn(async move {
+                if let Ok(mut out) = socket.connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    });
+    port
 }
