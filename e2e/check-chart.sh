@@ -171,7 +171,7 @@ check_unittest() {
   if out=$("$ut" --color=false "$c" 2>&1); then
     log "unittest: $(grep -E '^(Charts|Test Suites|Tests):' <<<"$out" | tr -s ' ' | paste -sd ';' -)"
   else
-    fail "unittest: helm-unittest $c: $(grep -E 'FAIL|Error|error' <<<"$out" | head -8)"
+    fail "unittest: helm-unittest $c: $(grep -E 'FAIL|^[[:space:]]+- |Error|Expected|Actual|^Tests:' <<<"$out" | head -12)"
     return 1
   fi
 }
