@@ -5,15 +5,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use tracing::debug;
 
+use super::auth::{Credential, bearer};
 use super::decode::{RawReply, body_limit, decode_claim, decode_info, decode_list, decode_release};
 use super::error::{Op, SandboxdError};
 use super::types::{
     ClaimBody, ClaimRequest, Granted, NodeInfo, ReleaseOutcome, SandboxRow, Secret,
 };
+use super::verbs_types::SandboxAuth;
 
 /// Per-request bound, as the Go client's.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -173,12 +175,6 @@ pub fn normalise_base_url(raw: &str) -> Result<String, SandboxdError> {
     Ok(trimmed.to_string())
 }
 
-pub(super) fn bearer(token: &str) -> Option<HeaderValue> {
-    let mut value = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
-    value.set_sensitive(true);
-    Some(value)
-}
-
 /// The sandboxd client. Cheap to clone; all clones share one connection pool.
 #[derive(Clone)]
 pub struct SandboxdClient {
@@ -223,122 +219,112 @@ impl SandboxdClient {
     /// `POST /v1/claim`. On [`SandboxdError::is_outcome_unknown`] errors a
     /// claim may exist under `claim_ref`.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Granted, SandboxdError> {
-        let started = Instant::now();
-        let result = async {
-            let body = serde_json::to_vec(&ClaimBody::from(request)).map_err(|e| {
-                SandboxdError::InvalidRequest {
-                    op: Op::Claim,
-                    message: format!("encode request: {e}"),
-                }
-            })?;
-            let req = self
-                .inner
-                .http
-                .post(format!("{}/v1/claim", self.inner.base))
-                .header(CONTENT_TYPE, "application/json")
-                .body(body);
-            let reply = self.send(Op::Claim, req, self.inner.token.as_ref()).await?;
-            decode_claim(&reply)
-        }
-        .await;
-        self.finish(Op::Claim, started, &result);
-        result
+        let op = Op::Claim;
+        let url = format!("{}/v1/claim", self.inner.base);
+        let req = self.post_json(op, url, &ClaimBody::from(request))?;
+        self.call(op, "", req, Credential::NodeIfAny, decode_claim)
+            .await
     }
 
     /// `POST /v1/sandboxes/{id}/release` with the claim's own token.
     /// `204` → [`ReleaseOutcome::Released`]; sandboxd's JSON `404` →
     /// [`ReleaseOutcome::AlreadyGone`]; everything else is an error.
     pub async fn release(&self, id: &str, token: &Secret) -> Result<ReleaseOutcome, SandboxdError> {
-        let auth = if token.is_empty() {
-            None
-        } else {
-            Some(
-                bearer(token.expose()).ok_or_else(|| SandboxdError::InvalidRequest {
-                    op: Op::Release,
-                    message: "the sandbox token contains characters not allowed in an HTTP header"
-                        .into(),
-                })?,
-            )
-        };
-        self.release_with(id, auth.as_ref()).await
+        self.release_with(id, SandboxAuth::Token(token)).await
     }
 
     /// Release any sandbox by id with the node (root) token, for returning
     /// stray rows of lost claim replies, whose token nobody holds.
     pub async fn release_as_node(&self, id: &str) -> Result<ReleaseOutcome, SandboxdError> {
-        let Some(token) = self.inner.token.clone() else {
-            return Err(SandboxdError::InvalidRequest {
-                op: Op::Release,
-                message: format!("cannot release {id:?} by id: no node token is configured"),
-            });
-        };
-        self.release_with(id, Some(&token)).await
+        self.release_with(id, SandboxAuth::Node).await
     }
 
     async fn release_with(
         &self,
         id: &str,
-        auth: Option<&HeaderValue>,
+        auth: SandboxAuth<'_>,
     ) -> Result<ReleaseOutcome, SandboxdError> {
-        if id.is_empty() {
-            return Err(SandboxdError::InvalidRequest {
-                op: Op::Release,
-                message: "empty sandbox id".into(),
-            });
-        }
-        let started = Instant::now();
-        let result = async {
-            let url = format!(
-                "{}/v1/sandboxes/{}/release",
-                self.inner.base,
-                utf8_percent_encode(id, PATH_SEGMENT)
-            );
-            let reply = self
-                .send(Op::Release, self.inner.http.post(url), auth)
-                .await?;
-            decode_release(&reply)
-        }
-        .await;
-        self.finish(Op::Release, started, &result);
-        result
+        let op = Op::Release;
+        let url = self.sandbox_url(op, id, "/release")?;
+        let req = self.inner.http.post(url);
+        self.call(op, id, req, Credential::Sandbox(auth), decode_release)
+            .await
     }
 
     /// `GET /v1/sandboxes`. An error is never an empty list.
     pub async fn list(&self) -> Result<Vec<SandboxRow>, SandboxdError> {
-        let started = Instant::now();
-        let result = async {
-            // Not kept for reuse: a connection's read buffer grows to the
-            // largest reply it carried (a listing of thousands of rows is
-            // hundreds of KiB) and stays allocated while the connection
-            // idles in the pool. Listings are periodic, so a fresh
-            // connection to the local daemon each time costs next to nothing.
-            let req = self
-                .inner
-                .http
-                .get(format!("{}/v1/sandboxes", self.inner.base))
-                .header(reqwest::header::CONNECTION, "close");
-            let reply = self.send(Op::List, req, self.inner.token.as_ref()).await?;
-            decode_list(&reply)
-        }
-        .await;
-        self.finish(Op::List, started, &result);
-        result
+        // Not kept for reuse: a connection's read buffer grows to the
+        // largest reply it carried (a listing of thousands of rows is
+        // hundreds of KiB) and stays allocated while the connection idles
+        // in the pool. Listings are periodic, so a fresh connection to the
+        // local daemon each time costs next to nothing.
+        let req = self
+            .inner
+            .http
+            .get(format!("{}/v1/sandboxes", self.inner.base))
+            .header(reqwest::header::CONNECTION, "close");
+        self.call(Op::List, "", req, Credential::NodeIfAny, decode_list)
+            .await
     }
 
     /// `GET /v1/info` (root token only).
     pub async fn info(&self) -> Result<NodeInfo, SandboxdError> {
+        let req = self.inner.http.get(format!("{}/v1/info", self.inner.base));
+        self.call(Op::Info, "", req, Credential::NodeIfAny, decode_info)
+            .await
+    }
+
+    /// A POST of `body` as JSON.
+    pub(super) fn post_json(
+        &self,
+        op: Op,
+        url: String,
+        body: &impl serde::Serialize,
+    ) -> Result<reqwest::RequestBuilder, SandboxdError> {
+        let body = serde_json::to_vec(body).map_err(|e| SandboxdError::InvalidRequest {
+            op,
+            message: format!("encode request: {e}"),
+        })?;
+        Ok(self
+            .inner
+            .http
+            .post(url)
+            .header(CONTENT_TYPE, "application/json")
+            .body(body))
+    }
+
+    /// The one request path: the credential's header, the send, the
+    /// reply read within its limit and decoded, the call observed.
+    pub(super) async fn call<T>(
+        &self,
+        op: Op,
+        id: &str,
+        req: reqwest::RequestBuilder,
+        credential: Credential<'_>,
+        decode: impl FnOnce(&RawReply) -> Result<T, SandboxdError>,
+    ) -> Result<T, SandboxdError> {
+        let auth = self.authorization(op, id, credential)?;
+        self.observed(op, async {
+            let reply = self.send(op, req, auth.as_ref()).await?;
+            decode(&reply)
+        })
+        .await
+    }
+
+    /// Runs a call, logs and tells the observer how it went and how long
+    /// it took (the upgrades come through here too).
+    pub(super) async fn observed<T>(
+        &self,
+        op: Op,
+        call: impl Future<Output = Result<T, SandboxdError>>,
+    ) -> Result<T, SandboxdError> {
         let started = Instant::now();
-        let result = async {
-            let req = self.inner.http.get(format!("{}/v1/info", self.inner.base));
-            let reply = self.send(Op::Info, req, self.inner.token.as_ref()).await?;
-            decode_info(&reply)
-        }
-        .await;
-        self.finish(Op::Info, started, &result);
+        let result = call.await;
+        self.finish(op, started, &result);
         result
     }
 
-    pub(super) async fn send(
+    async fn send(
         &self,
         op: Op,
         req: reqwest::RequestBuilder,
@@ -352,7 +338,7 @@ impl SandboxdClient {
         read_reply(op, response).await
     }
 
-    pub(super) fn finish<T>(&self, op: Op, started: Instant, result: &Result<T, SandboxdError>) {
+    fn finish<T>(&self, op: Op, started: Instant, result: &Result<T, SandboxdError>) {
         let elapsed = started.elapsed();
         match result {
             Ok(_) => debug!(op = op.as_str(), ?elapsed, "sandboxd call succeeded"),
@@ -409,6 +395,7 @@ pub(super) async fn read_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use percent_encoding::utf8_percent_encode;
 
     /// Listings ask for their connection to be closed (its buffer, sized
     /// to the listing, is not kept in the pool); claims keep theirs.

@@ -1,6 +1,8 @@
 //! sandboxd HTTP client and wire types (docs/architecture.md#sandboxd-api).
 //!
-//! - [`client`]: the pooled reqwest client (claim, release, list, info);
+//! - [`client`]: the pooled reqwest client (claim, release, list, info)
+//!   and the one request path every call takes; `auth` makes every
+//!   `Authorization` header;
 //! - [`decode`]: reply mapping as pure functions of status and body;
 //! - [`types`]: request and reply types;
 //! - [`lease_deadline`] and [`owner_addr`]: parsing of the two fields whose
@@ -13,6 +15,7 @@
 //!   [`RelayStream`];
 //! - [`error`] and [`refusal`]: the error taxonomy.
 
+mod auth;
 pub mod client;
 pub mod decode;
 pub mod error;

@@ -9,16 +9,17 @@ use std::fmt;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
-use reqwest::header::{CONNECTION, HeaderValue, UPGRADE};
+use reqwest::header::{CONNECTION, UPGRADE};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::auth::Credential;
 use super::client::{SandboxdClient, read_reply, transport};
 use super::decode::RawReply;
 use super::error::{Op, SandboxdError};
 use super::types::Secret;
 use super::verbs_decode::{decode_upgrade, refused};
+use super::verbs_types::SandboxAuth;
 
 /// The `Upgrade` protocol of the agent relay.
 pub const AGENT_PROTOCOL: &str = "silkd";
@@ -95,8 +96,8 @@ impl SandboxdClient {
     pub async fn agent(&self, id: &str, token: &Secret) -> Result<RelayStream, SandboxdError> {
         let op = Op::Agent;
         let url = self.sandbox_url(op, id, "/agent")?;
-        let header = Self::token_header(op, token)?;
-        self.upgrade(op, url, header, AGENT_PROTOCOL).await
+        let credential = Credential::Sandbox(SandboxAuth::Token(token));
+        self.upgrade(op, id, url, credential, AGENT_PROTOCOL).await
     }
 
     /// Open a port relay to `127.0.0.1:port` inside the guest with the
@@ -111,8 +112,8 @@ impl SandboxdClient {
     ) -> Result<RelayStream, SandboxdError> {
         let op = Op::Port;
         let url = self.sandbox_url(op, id, &format!("/ports/{port}"))?;
-        let header = Self::token_header(op, token)?;
-        self.upgrade(op, url, header, PORT_PROTOCOL).await
+        let credential = Credential::Sandbox(SandboxAuth::Token(token));
+        self.upgrade(op, id, url, credential, PORT_PROTOCOL).await
     }
 
     /// A passive port relay with the node (root) token (late builds): it
@@ -122,26 +123,20 @@ impl SandboxdClient {
     pub async fn port_as_node(&self, id: &str, port: u16) -> Result<RelayStream, SandboxdError> {
         let op = Op::Port;
         let url = self.sandbox_url(op, id, &format!("/ports/{port}"))?;
-        let Some(header) = self.inner.token.clone() else {
-            return Err(SandboxdError::InvalidRequest {
-                op,
-                message: format!(
-                    "cannot open a passive relay to {id:?}: no node token is configured"
-                ),
-            });
-        };
-        self.upgrade(op, url, Some(header), PORT_PROTOCOL).await
+        let credential = Credential::Sandbox(SandboxAuth::Node);
+        self.upgrade(op, id, url, credential, PORT_PROTOCOL).await
     }
 
     async fn upgrade(
         &self,
         op: Op,
+        id: &str,
         url: String,
-        auth: Option<HeaderValue>,
+        credential: Credential<'_>,
         protocol: &'static str,
     ) -> Result<RelayStream, SandboxdError> {
-        let started = Instant::now();
-        let result = async {
+        let auth = self.authorization(op, id, credential)?;
+        self.observed(op, async {
             let mut req = self
                 .inner
                 .relay_http
@@ -170,9 +165,7 @@ impl SandboxdClient {
             )?;
             let inner = response.upgrade().await.map_err(|e| transport(op, e))?;
             Ok(RelayStream { inner })
-        }
-        .await;
-        self.finish(op, started, &result);
-        result
+        })
+        .await
     }
 }

@@ -4,13 +4,12 @@
 //! [`super::relay`].
 
 use std::num::NonZeroU64;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use percent_encoding::utf8_percent_encode;
-use reqwest::header::{CONTENT_TYPE, HeaderValue};
 
-use super::client::{PATH_SEGMENT, SandboxdClient, bearer};
-use super::decode::RawReply;
+use super::auth::Credential;
+use super::client::{PATH_SEGMENT, SandboxdClient};
 use super::error::{Op, SandboxdError};
 use super::lease_deadline::Deadline;
 use super::types::Secret;
@@ -48,60 +47,6 @@ impl SandboxdClient {
         ))
     }
 
-    /// The Authorization header for the claim's own token (none when it is
-    /// empty: sandboxd then answers `401`).
-    pub(super) fn token_header(
-        op: Op,
-        token: &Secret,
-    ) -> Result<Option<HeaderValue>, SandboxdError> {
-        if token.is_empty() {
-            return Ok(None);
-        }
-        bearer(token.expose())
-            .map(Some)
-            .ok_or_else(|| SandboxdError::InvalidRequest {
-                op,
-                message: "the sandbox token contains characters not allowed in an HTTP header"
-                    .into(),
-            })
-    }
-
-    /// The Authorization header for a sandbox-scoped verb.
-    pub(super) fn verb_header(
-        &self,
-        op: Op,
-        id: &str,
-        auth: SandboxAuth<'_>,
-    ) -> Result<Option<HeaderValue>, SandboxdError> {
-        match auth {
-            SandboxAuth::Token(token) => Self::token_header(op, token),
-            SandboxAuth::Node => match &self.inner.token {
-                Some(t) => Ok(Some(t.clone())),
-                None => Err(SandboxdError::InvalidRequest {
-                    op,
-                    message: format!("cannot {op} {id:?} by id: no node token is configured"),
-                }),
-            },
-        }
-    }
-
-    /// Send, decode, and tell the observer.
-    async fn call<T>(
-        &self,
-        op: Op,
-        req: reqwest::RequestBuilder,
-        auth: Option<&HeaderValue>,
-        decode: impl FnOnce(&RawReply) -> Result<T, SandboxdError>,
-    ) -> Result<T, SandboxdError> {
-        let started = Instant::now();
-        let result = match self.send(op, req, auth).await {
-            Ok(reply) => decode(&reply),
-            Err(e) => Err(e),
-        };
-        self.finish(op, started, &result);
-        result
-    }
-
     /// `POST /v1/sandboxes/{id}/hibernate`: snapshot the memory and stop the
     /// VM (`204`, also when it already is). The lease keeps running. A
     /// `409` ([`super::Refusal::Conflict`]) is an egress-lane or volume
@@ -111,10 +56,11 @@ impl SandboxdClient {
     pub async fn hibernate(&self, id: &str, auth: SandboxAuth<'_>) -> Result<(), SandboxdError> {
         let op = Op::Hibernate;
         let url = self.sandbox_url(op, id, "/hibernate")?;
-        let header = self.verb_header(op, id, auth)?;
         let req = self.inner.http.post(url);
-        self.call(op, req, header.as_ref(), |r| decode_no_content(op, r))
-            .await
+        self.call(op, id, req, Credential::Sandbox(auth), |r| {
+            decode_no_content(op, r)
+        })
+        .await
     }
 
     /// `POST /v1/sandboxes/{id}/wake`: restore a hibernated sandbox (it
@@ -125,10 +71,11 @@ impl SandboxdClient {
     pub async fn wake(&self, id: &str, auth: SandboxAuth<'_>) -> Result<(), SandboxdError> {
         let op = Op::Wake;
         let url = self.sandbox_url(op, id, "/wake")?;
-        let header = self.verb_header(op, id, auth)?;
         let req = self.inner.http.post(url);
-        self.call(op, req, header.as_ref(), |r| decode_no_content(op, r))
-            .await
+        self.call(op, id, req, Credential::Sandbox(auth), |r| {
+            decode_no_content(op, r)
+        })
+        .await
     }
 
     /// `POST /v1/sandboxes/{id}/renew` `{"ttl_seconds": N}`: the deadline
@@ -145,20 +92,9 @@ impl SandboxdClient {
     ) -> Result<Deadline, SandboxdError> {
         let op = Op::Renew;
         let url = self.sandbox_url(op, id, "/renew")?;
-        let header = self.verb_header(op, id, auth)?;
-        let body = serde_json::to_vec(&RenewBody::new(ttl_seconds)).map_err(|e| {
-            SandboxdError::InvalidRequest {
-                op,
-                message: format!("encode request: {e}"),
-            }
-        })?;
-        let req = self
-            .inner
-            .http
-            .post(url)
-            .header(CONTENT_TYPE, "application/json")
-            .body(body);
-        self.call(op, req, header.as_ref(), decode_renew).await
+        let req = self.post_json(op, url, &RenewBody::new(ttl_seconds))?;
+        self.call(op, id, req, Credential::Sandbox(auth), decode_renew)
+            .await
     }
 
     /// `GET /v1/sandboxes/{id}` with the node (root) token: one row with its
@@ -168,7 +104,7 @@ impl SandboxdClient {
         let op = Op::Get;
         let url = self.sandbox_url(op, id, "")?;
         let req = self.inner.http.get(url);
-        self.call(op, req, self.inner.token.as_ref(), decode_get)
+        self.call(op, id, req, Credential::NodeIfAny, decode_get)
             .await
     }
 
@@ -179,7 +115,7 @@ impl SandboxdClient {
         let op = Op::Stats;
         let url = self.sandbox_url(op, id, "/stats")?;
         let req = self.inner.http.get(url);
-        self.call(op, req, self.inner.token.as_ref(), decode_stats)
+        self.call(op, id, req, Credential::NodeIfAny, decode_stats)
             .await
     }
 
@@ -188,9 +124,9 @@ impl SandboxdClient {
     pub async fn owner(&self, id: &str, token: &Secret) -> Result<OwnerProbe, SandboxdError> {
         let op = Op::Owner;
         let url = self.sandbox_url(op, id, "/owner")?;
-        let header = Self::token_header(op, token)?;
         let req = self.inner.http.get(url);
-        self.call(op, req, header.as_ref(), decode_owner).await
+        let credential = Credential::Sandbox(SandboxAuth::Token(token));
+        self.call(op, id, req, credential, decode_owner).await
     }
 
     /// `POST /v1/sandboxes/{id}/exec` with the claim's own token (the root
@@ -212,24 +148,13 @@ impl SandboxdClient {
             });
         }
         let url = self.sandbox_url(op, id, "/exec")?;
-        let header = Self::token_header(op, token)?;
-        let body = serde_json::to_vec(&ExecBody::from(request)).map_err(|e| {
-            SandboxdError::InvalidRequest {
-                op,
-                message: format!("encode request: {e}"),
-            }
-        })?;
-        let mut req = self
-            .inner
-            .http
-            .post(url)
-            .header(CONTENT_TYPE, "application/json")
-            .body(body);
+        let mut req = self.post_json(op, url, &ExecBody::from(request))?;
         if request.timeout_seconds > 0 {
             let extra =
                 Duration::from_secs(request.timeout_seconds).saturating_add(EXEC_TIMEOUT_MARGIN);
             req = req.timeout(self.inner.timeout.saturating_add(extra));
         }
-        self.call(op, req, header.as_ref(), decode_exec).await
+        let credential = Credential::Sandbox(SandboxAuth::Token(token));
+        self.call(op, id, req, credential, decode_exec).await
     }
 }
