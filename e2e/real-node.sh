@@ -302,7 +302,10 @@ unmount_all() {
     for m in "${mounts[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
   done
   if [[ -f "$journal/netns" ]]; then
-    for m in /run/netns/*; do
+    # Only the CNI's names (cni-<id>): other namespaces there belong to
+    # other tests running meanwhile (tests/support/netns.rs), not to the
+    # node.
+    for m in /run/netns/cni-*; do
       [[ -e "$m" ]] || continue
       grep -qxF "$m" "$journal/netns" && continue
       umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
