@@ -5,7 +5,6 @@
 
 use reqwest::header::HeaderValue;
 
-use super::client::SandboxdClient;
 use super::error::{Op, SandboxdError};
 use super::verbs_types::SandboxAuth;
 
@@ -28,34 +27,33 @@ pub(super) fn bearer(token: &str) -> Option<HeaderValue> {
     Some(value)
 }
 
-impl SandboxdClient {
-    /// The header `op` on sandbox `id` (empty for calls on none) carries.
-    pub(super) fn authorization(
-        &self,
-        op: Op,
-        id: &str,
-        credential: Credential<'_>,
-    ) -> Result<Option<HeaderValue>, SandboxdError> {
-        match credential {
-            Credential::NodeIfAny => Ok(self.inner.token.clone()),
-            Credential::Sandbox(SandboxAuth::Token(token)) if token.is_empty() => Ok(None),
-            Credential::Sandbox(SandboxAuth::Token(token)) => bearer(token.expose())
-                .map(Some)
-                .ok_or_else(|| SandboxdError::InvalidRequest {
-                    op,
-                    message: "the sandbox token contains characters not allowed in an HTTP header"
-                        .into(),
-                }),
-            Credential::Sandbox(SandboxAuth::Node) => match &self.inner.token {
-                Some(t) => Ok(Some(t.clone())),
-                None => Err(SandboxdError::InvalidRequest {
-                    op,
-                    message: format!(
-                        "cannot {op} {id:?} with the node token: no node token is configured"
-                    ),
-                }),
-            },
-        }
+/// The header `op` on sandbox `id` (empty for calls on none) carries,
+/// `node` being the configured node token.
+pub(super) fn authorization(
+    node: Option<&HeaderValue>,
+    op: Op,
+    id: &str,
+    credential: Credential<'_>,
+) -> Result<Option<HeaderValue>, SandboxdError> {
+    match credential {
+        Credential::NodeIfAny => Ok(node.cloned()),
+        Credential::Sandbox(SandboxAuth::Token(token)) if token.is_empty() => Ok(None),
+        Credential::Sandbox(SandboxAuth::Token(token)) => bearer(token.expose())
+            .map(Some)
+            .ok_or_else(|| SandboxdError::InvalidRequest {
+                op,
+                message: "the sandbox token contains characters not allowed in an HTTP header"
+                    .into(),
+            }),
+        Credential::Sandbox(SandboxAuth::Node) => match node {
+            Some(t) => Ok(Some(t.clone())),
+            None => Err(SandboxdError::InvalidRequest {
+                op,
+                message: format!(
+                    "cannot {op} {id:?} with the node token: no node token is configured"
+                ),
+            }),
+        },
     }
 }
 
@@ -64,42 +62,35 @@ mod tests {
     use super::*;
     use crate::sandboxd::Secret;
 
-    fn client(token: Option<&str>) -> SandboxdClient {
-        SandboxdClient::builder("http://127.0.0.1:1")
-            .token(token.map(str::to_string))
-            .build()
-            .expect("client")
-    }
-
     fn text(h: Option<HeaderValue>) -> Option<String> {
         h.map(|v| v.to_str().expect("ascii").to_string())
     }
 
     #[test]
     fn each_credential_makes_its_header() {
-        let with = client(Some("root"));
-        let without = client(None);
+        let root = bearer("root");
+        let (with, without) = (root.as_ref(), None);
         let own = Secret::new("tok".to_string());
         let empty = Secret::new(String::new());
-        let at = |c: &SandboxdClient, cred| c.authorization(Op::Hibernate, "sb_1", cred);
+        let at = |node, cred| authorization(node, Op::Hibernate, "sb_1", cred);
         assert_eq!(
-            text(at(&with, Credential::NodeIfAny).unwrap()).as_deref(),
+            text(at(with, Credential::NodeIfAny).unwrap()).as_deref(),
             Some("Bearer root")
         );
-        assert_eq!(text(at(&without, Credential::NodeIfAny).unwrap()), None);
+        assert_eq!(text(at(without, Credential::NodeIfAny).unwrap()), None);
         let token = Credential::Sandbox(SandboxAuth::Token(&own));
         assert_eq!(
-            text(at(&without, token).unwrap()).as_deref(),
+            text(at(without, token).unwrap()).as_deref(),
             Some("Bearer tok")
         );
         let none = Credential::Sandbox(SandboxAuth::Token(&empty));
-        assert_eq!(text(at(&with, none).unwrap()), None);
+        assert_eq!(text(at(with, none).unwrap()), None);
         let node = Credential::Sandbox(SandboxAuth::Node);
         assert_eq!(
-            text(at(&with, node).unwrap()).as_deref(),
+            text(at(with, node).unwrap()).as_deref(),
             Some("Bearer root")
         );
-        let e = at(&without, node).unwrap_err().to_string();
+        let e = at(without, node).unwrap_err().to_string();
         assert!(
             e.contains("cannot hibernate \"sb_1\" with the node token"),
             "{e}"
@@ -109,12 +100,8 @@ mod tests {
     #[test]
     fn a_token_that_is_no_header_value_is_refused_not_sent() {
         let bad = Secret::new("line\nbreak".to_string());
-        let e = client(None)
-            .authorization(
-                Op::Exec,
-                "sb_1",
-                Credential::Sandbox(SandboxAuth::Token(&bad)),
-            )
+        let credential = Credential::Sandbox(SandboxAuth::Token(&bad));
+        let e = authorization(None, Op::Exec, "sb_1", credential)
             .unwrap_err()
             .to_string();
         assert!(e.contains("not allowed in an HTTP header"), "{e}");

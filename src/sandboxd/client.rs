@@ -9,7 +9,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use tracing::debug;
 
-use super::auth::{Credential, bearer};
+use super::auth::{Credential, authorization, bearer};
 use super::decode::{RawReply, body_limit, decode_claim, decode_info, decode_list, decode_release};
 use super::error::{Op, SandboxdError};
 use super::types::{
@@ -303,7 +303,7 @@ impl SandboxdClient {
         credential: Credential<'_>,
         decode: impl FnOnce(&RawReply) -> Result<T, SandboxdError>,
     ) -> Result<T, SandboxdError> {
-        let auth = self.authorization(op, id, credential)?;
+        let auth = authorization(self.inner.token.as_ref(), op, id, credential)?;
         self.observed(op, async {
             let reply = self.send(op, req, auth.as_ref()).await?;
             decode(&reply)

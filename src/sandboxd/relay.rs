@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use reqwest::header::{CONNECTION, UPGRADE};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::auth::Credential;
+use super::auth::{Credential, authorization};
 use super::client::{SandboxdClient, read_reply, transport};
 use super::decode::RawReply;
 use super::error::{Op, SandboxdError};
@@ -135,7 +135,7 @@ impl SandboxdClient {
         credential: Credential<'_>,
         protocol: &'static str,
     ) -> Result<RelayStream, SandboxdError> {
-        let auth = self.authorization(op, id, credential)?;
+        let auth = authorization(self.inner.token.as_ref(), op, id, credential)?;
         self.observed(op, async {
             let mut req = self
                 .inner
