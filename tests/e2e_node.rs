@@ -896,3 +896,64 @@ fn leftover_test_nodes_are_told_apart() {
     let demo = node("demo-sandboxd", "Unknown", ago(600));
     assert!(!is_leftover(&demo, None, now, LEFTOVER_AFTER));
 }
+
+/// A process stopped past the node lifecycle controller's grace (SIGSTOP:
+/// a hung agent) finds its Node marked not Ready when it resumes; its
+/// first renewal sees the Lease lapsed and the Node is written Ready at
+/// once, not at the next heartbeat (60 s here), so the unreachable taints
+/// go and new Pods can bind again.
+#[tokio::test]
+async fn a_node_resumed_after_a_hang_is_ready_again_at_its_first_renewal() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    let client = cluster.client.clone();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let vk = VkUnderTest::start(&cluster, "vk-hang", &["--node-status-interval=60s"]).await;
+    vk.wait_ready(&client, Duration::from_secs(30)).await;
+    let ready = || async {
+        let n = nodes.get(&vk.node).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(node_condition(&n, "Ready").unwrap_or_default())
+    };
+    vk.process.signal(nix::sys::signal::Signal::SIGSTOP);
+    // The plane's grace is 20 s (e2e/cluster.sh), its monitor period 2 s.
+    wait_for(
+        "the node lifecycle controller marks the stopped Node not Ready",
+        Duration::from_secs(90),
+        || async {
+            match ready().await? {
+                s if s == "True" => Err("still Ready".to_string()),
+                other => Ok(other),
+            }
+        },
+    )
+    .await;
+    vk.process.signal(nix::sys::signal::Signal::SIGCONT);
+    let resumed = std::time::Instant::now();
+    wait_for(
+        "Ready again after the resume",
+        Duration::from_secs(90),
+        || async {
+            match ready().await? {
+                s if s == "True" => Ok(()),
+                other => Err(format!("Ready={other}")),
+            }
+        },
+    )
+    .await;
+    let took = resumed.elapsed();
+    println!("node hang: Ready again {took:?} after the resume");
+    let logs = vk.logs();
+    assert!(
+        logs.contains("the node Lease had lapsed"),
+        "the first renewal saw the lapse:\n{}",
+        tail(&logs, 20)
+    );
+    // The heartbeat (60 s after the start, a few seconds before the stop)
+    // was still more than 30 s away when the process resumed.
+    assert!(
+        took < Duration::from_secs(20),
+        "Ready again only after {took:?}: at the heartbeat, not at the first renewal"
+    );
+    vk.delete_node(&client).await;
+}

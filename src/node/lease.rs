@@ -2,7 +2,7 @@
 //! lifecycle controller reads (docs/architecture.md, "Node and Lease").
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -146,7 +146,11 @@ pub async fn renew_once(
 /// with its owner, the Node: the loop then wakes the Node status loop
 /// (`node_gone`), which registers the Node again at once instead of at its
 /// next heartbeat (60 s), before PodGC force-deletes the node's Pods (about
-/// 40 s after the Node went).
+/// 40 s after the Node went). A renewal that comes more than two intervals
+/// after the previous one (the process was stopped, the apiserver away)
+/// wakes it too: the node lifecycle controller has marked the Node
+/// not Ready meanwhile, and Ready is written at once, not at the next
+/// heartbeat.
 pub struct Renewal {
     leases: Api<Lease>,
     node: String,
@@ -159,6 +163,8 @@ pub struct Renewal {
     /// A renewal has succeeded in this process (the first one may create
     /// the Lease of a new Node; a later creation means it vanished).
     renewed_before: bool,
+    /// When the last renewal succeeded.
+    renewed_at: Option<Instant>,
 }
 
 impl Renewal {
@@ -180,6 +186,7 @@ impl Renewal {
             health,
             node_gone,
             renewed_before: false,
+            renewed_at: None,
         }
     }
 
@@ -202,14 +209,27 @@ impl Turn for Renewal {
         self.health.set_lease_ok(renewal.is_ok());
         match renewal {
             Ok(Renewed { lease, created }) => {
+                let now = Instant::now();
                 if vanished(self.renewed_before, created) {
                     warn!(
                         "the node Lease was gone (collected with a deleted Node?); asking the \
                          Node status loop to check the Node now"
                     );
                     self.node_gone.notify_one();
+                } else if let Some(gap) = lapsed(self.renewed_at, now) {
+                    // The node lifecycle controller has marked the Node
+                    // NotReady meanwhile (unreachable taints, evictions to
+                    // come): say Ready now, not at the next heartbeat (60 s).
+                    warn!(
+                        since_last = ?gap,
+                        "the node Lease had lapsed (renewals more than two intervals apart: \
+                         the process was stopped, or the apiserver away); asking the Node \
+                         status loop to write Ready now"
+                    );
+                    self.node_gone.notify_one();
                 }
                 self.renewed_before = true;
+                self.renewed_at = Some(now);
                 self.last = Some(lease);
                 self.backoff.reset();
                 Next::After(RENEW_INTERVAL)
@@ -223,6 +243,15 @@ impl Turn for Renewal {
     }
 }
 
+/// How long since the last successful renewal, when renewals were more
+/// than two intervals apart: the node lifecycle controller, whose grace
+/// this process cannot know (40 s by default, often 20 s), may have marked
+/// the Node not Ready in between. Pure.
+pub fn lapsed(renewed_at: Option<Instant>, now: Instant) -> Option<Duration> {
+    let gap = now.saturating_duration_since(renewed_at?);
+    (gap > 2 * RENEW_INTERVAL).then_some(gap)
+}
+
 /// Whether a renewal found the Lease gone after an earlier one had
 /// succeeded: its Node was probably deleted. Pure.
 pub fn vanished(renewed_before: bool, created: bool) -> bool {
@@ -232,6 +261,17 @@ pub fn vanished(renewed_before: bool, created: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renewals_lapse_when_more_than_two_intervals_apart() {
+        let t0 = Instant::now();
+        assert_eq!(lapsed(None, t0), None, "the first renewal");
+        assert_eq!(lapsed(Some(t0), t0 + RENEW_INTERVAL), None);
+        assert_eq!(lapsed(Some(t0), t0 + Duration::from_secs(20)), None);
+        let late = t0 + Duration::from_secs(21);
+        assert_eq!(lapsed(Some(t0), late), Some(Duration::from_secs(21)));
+        assert_eq!(lapsed(Some(late), t0), None, "a clock that went back");
+    }
 
     #[test]
     fn only_a_lease_that_existed_can_vanish() {
