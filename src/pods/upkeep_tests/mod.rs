@@ -20,6 +20,8 @@ use crate::claims::VmState;
 use crate::periodic::{Beat, Turn};
 
 mod drift;
+mod keys;
+mod owners;
 mod relays;
 
 const ALIVE: u8 = 0;
@@ -302,38 +304,6 @@ fn support_metric(text: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A claim with no owner recorded (made for a bare Pod, or before the
-/// lifecycle state existed) whose Pod here now has a controller owner (a
-/// controller adopted it): the owner is recorded at the claim's next turn,
-/// so the claim can be looked after once the Pod is gone.
-#[tokio::test(flavor = "multi_thread")]
-async fn an_owner_is_recorded_for_a_claim_made_without_one() {
-    let mut s = scene(ALIVE).await;
-    let mut bare = owned_pod("p1", "o1");
-    bare.metadata.owner_references = None;
-    let created = within(s.w.ctx.provider.create(&Arc::new(bare)))
-        .await
-        .expect("claim");
-    let super::provider::Created::Claimed { id, .. } = created else {
-        panic!("expected a fresh claim, got {created:?}");
-    };
-    let owner = |s: &Scene| {
-        s.w.ctx
-            .provider
-            .settled_claims_of(KEY)
-            .and_then(|c| c.lifecycle.owner)
-    };
-    assert_eq!(owner(&s), None);
-    s.lease_due().await;
-    s.cache(&running_pod(&id));
-    s.turn().await;
-    let recorded = owner(&s).expect("the owner recorded");
-    assert_eq!(
-        (recorded.kind.as_str(), recorded.uid.as_str()),
-        ("Sandbox", "o1")
-    );
-}
-
 /// A Pod of the key here that has ended (Failed) holds nothing: the
 /// stored owner decides, and once it is gone the VM is released.
 #[tokio::test(flavor = "multi_thread")]
@@ -400,39 +370,6 @@ async fn a_wake_whose_reply_was_lost_is_hibernated_again_on_suspend() {
     assert!(release_requests(&s.w.sim).is_empty());
 }
 
-/// A due renewal does not wait behind its key's lock for long: a resumed
-/// Pod's reconcile holds the key through a slow wake (up to its 10 s
-/// timeout), long enough, after a failed renewal or two, for sandboxd to
-/// reap a short lease under a living owner (full reliability run,
-/// scenario 10). The renewal goes on without the key; anything else
-/// still waits for it.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_due_renewal_does_not_wait_for_a_busy_key() {
-    let mut s = scene(ALIVE).await;
-    let id = claimed(&s.w).await;
-    s.cache(&running_pod(&id));
-    s.lease_due().await;
-    let before =
-        s.w.ctx
-            .provider
-            .settled_claims_of(KEY)
-            .and_then(|c| c.deadline);
-    let busy = s.w.ctx.provider.lock_key(KEY).await;
-    s.turn().await;
-    assert_eq!(
-        s.sandboxd(&id, "renew"),
-        1,
-        "the renewal waited for the key"
-    );
-    let after =
-        s.w.ctx
-            .provider
-            .settled_claims_of(KEY)
-            .and_then(|c| c.deadline);
-    assert!(after > before, "not recorded: {before:?} -> {after:?}");
-    drop(busy);
-}
-
 /// A hibernated claim (no Pod here) whose lease is due.
 async fn hibernated_and_due() -> (Scene, String) {
     let s = scene(SUSPENDED).await;
@@ -451,43 +388,6 @@ async fn gone_and_due() -> (Scene, String) {
         .arm_fault(Fault::status(Endpoint::Renew, 404).times(1))
         .expect("arm");
     (s, id)
-}
-
-/// Without the key, a renewal that finds the sandbox gone does nothing
-/// about it (a release may be under way): the claim is kept, and looked
-/// at with the key on a later turn.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_renewal_without_the_key_leaves_a_gone_sandbox_to_a_turn_with_it() {
-    let (mut s, id) = gone_and_due().await;
-    let busy = s.w.ctx.provider.lock_key(KEY).await;
-    s.turn().await;
-    assert_eq!(s.sandboxd(&id, "renew"), 1);
-    assert!(s.w.ctx.provider.holds(KEY), "dropped without the key");
-    assert!(release_requests(&s.w.sim).is_empty());
-    drop(busy);
-}
-
-/// With the key, a renewal that finds the sandbox gone from sandboxd (no
-/// Pod here) drops the claim and says so on the owner: nothing is left
-/// to renew or wake, and the owner's next Pod gets a fresh sandbox.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_renewal_with_the_key_drops_a_gone_sandbox_and_says_so() {
-    let (mut s, id) = gone_and_due().await;
-    s.turn().await;
-    assert_eq!(s.sandboxd(&id, "renew"), 1);
-    assert!(!s.w.ctx.provider.holds(KEY), "a gone sandbox still held");
-    within(async {
-        while !s
-            .w
-            .api
-            .seen()
-            .iter()
-            .any(|e| e.method == "POST" && e.body["reason"] == "SandboxLost")
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
 }
 
 /// [`hibernated_and_due`], and sandboxd has archived the sandbox: its
@@ -516,34 +416,6 @@ fn vm(s: &Scene) -> VmState {
         .vm
 }
 
-/// With the key, a renewal refused because sandboxd archived the sandbox
-/// (its single read says so) records it archived: not renewable until a
-/// wake gives it a fresh lease. Without the key the same refusal records
-/// nothing (the row may be changing under it).
-#[tokio::test(flavor = "multi_thread")]
-async fn only_a_renewal_with_the_key_records_an_archived_sandbox() {
-    let (mut s, id) = archived_and_due().await;
-    s.turn().await;
-    assert_eq!(s.sandboxd(&id, "renew"), 1);
-    assert!(
-        matches!(vm(&s), VmState::Archived { .. }),
-        "not recorded: {:?}",
-        vm(&s)
-    );
-    assert!(release_requests(&s.w.sim).is_empty());
-
-    let (mut s, id) = archived_and_due().await;
-    let busy = s.w.ctx.provider.lock_key(KEY).await;
-    s.turn().await;
-    assert_eq!(s.sandboxd(&id, "renew"), 1);
-    assert!(
-        !matches!(vm(&s), VmState::Archived { .. }),
-        "recorded without the key: {:?}",
-        vm(&s)
-    );
-    drop(busy);
-}
-
 /// How long the apiserver takes to list the key's Pods in the tests below.
 const SLOW_LIST: Duration = Duration::from_millis(1500);
 
@@ -555,221 +427,4 @@ async fn until_listed(listed: &AtomicBool) {
         }
     })
     .await;
-}
-
-/// The owner, and where its Pod runs, are asked with the key free: a
-/// resumed Pod's reconcile (which takes the key to wake its VM) does not
-/// wait behind those round trips.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_owner_is_asked_with_the_key_free() {
-    let mut s = scene_slow(ALIVE, SLOW_LIST).await;
-    let id = claimed(&s.w).await;
-    s.pod_deleted(&id).await;
-    let (ctx, listed) = (Arc::clone(&s.w.ctx), Arc::clone(&s.listed));
-    let ((), took) = tokio::join!(s.turn(), async {
-        until_listed(&listed).await;
-        let asked = tokio::time::Instant::now();
-        let key = ctx.provider.lock_key(KEY).await;
-        drop(key);
-        asked.elapsed()
-    });
-    assert!(
-        took < SLOW_LIST / 2,
-        "the key was held while the owner's Pod was listed: taken after {took:?}"
-    );
-    assert!(s.w.ctx.provider.holds(KEY));
-}
-
-/// A Pod of the key that arrives here while the owner is asked: nothing is
-/// decided from those answers (they said the Sandbox now runs on another
-/// node), the claim is kept; once that Pod is gone, the next turn asks
-/// again and the same answers release it.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_pod_arriving_while_the_owner_is_asked_is_not_decided_from_the_answers() {
-    let mut s = scene_slow(ALIVE, SLOW_LIST).await;
-    let id = claimed(&s.w).await;
-    s.pod_deleted(&id).await;
-    s.elsewhere.store(true, Ordering::SeqCst);
-    let pod = running_pod(&id);
-    let listed = Arc::clone(&s.listed);
-    let (upkeep, cache, beat) = (&mut s.upkeep, &mut s.cache, Beat::none());
-    tokio::join!(within(upkeep.turn(&beat)), async {
-        until_listed(&listed).await;
-        cache.apply_watcher_event(&watcher::Event::Apply(pod.clone()));
-    });
-    assert!(
-        release_requests(&s.w.sim).is_empty(),
-        "released under the Pod that arrived"
-    );
-    assert!(s.w.ctx.provider.holds(KEY));
-    s.cache
-        .apply_watcher_event(&watcher::Event::Delete(pod.clone()));
-    s.listed.store(false, Ordering::SeqCst);
-    s.turn().await;
-    assert!(s.listed.load(Ordering::SeqCst), "not asked again");
-    assert_eq!(release_requests(&s.w.sim).len(), 1, "moved, not released");
-    assert!(!s.w.ctx.provider.holds(KEY));
-}
-
-/// A due renewal made without the key is made only on the row its owner
-/// was asked for: when the key's holder changed the row meanwhile, this
-/// turn renews nothing, and the next one (with the key free) does.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_renewal_without_the_key_waits_for_a_turn_when_the_row_changed() {
-    let mut s = scene(ALIVE).await;
-    let id = claimed(&s.w).await;
-    s.cache(&running_pod(&id));
-    s.lease_due().await;
-    let busy = s.w.ctx.provider.lock_key(KEY).await;
-    let ctx = Arc::clone(&s.w.ctx);
-    let claim = ctx.provider.settled_claims_of(KEY).expect("the claim");
-    let ((), ()) = tokio::join!(s.turn(), async {
-        // The holder records something while the turn waits for the key
-        // (a deadline, kept to the second: a second later).
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        ctx.provider.lease_gone(KEY, &claim).await;
-    });
-    assert_eq!(s.sandboxd(&id, "renew"), 0, "renewed on a row that changed");
-    drop(busy);
-    s.turn().await;
-    assert_eq!(s.sandboxd(&id, "renew"), 1, "not renewed on the next turn");
-}
-
-/// Without the key, a turn renews and does nothing else: an owner found
-/// gone while the key is busy is acted on only once the turn holds it.
-#[tokio::test(flavor = "multi_thread")]
-async fn without_the_key_a_gone_owner_waits_for_the_key_to_be_released() {
-    let mut s = scene(ALIVE).await;
-    let id = claimed(&s.w).await;
-    s.pod_deleted(&id).await;
-    s.lease_due().await;
-    s.owner_is(GONE);
-    let ctx = Arc::clone(&s.w.ctx);
-    let busy = ctx.provider.lock_key(KEY).await;
-    let (upkeep, sim, beat) = (&mut s.upkeep, &s.w.sim, Beat::none());
-    let ((), ()) = tokio::join!(
-        async {
-            tokio::time::timeout(Duration::from_secs(10), upkeep.turn(&beat))
-                .await
-                .expect("the turn ended");
-        },
-        async {
-            // Past the 2 s a due renewal waits for the key.
-            tokio::time::sleep(Duration::from_millis(2600)).await;
-            assert!(release_requests(sim).is_empty(), "released without the key");
-            drop(busy);
-        }
-    );
-    assert_eq!(release_requests(sim).len(), 1, "not released with the key");
-    assert!(!ctx.provider.holds(KEY));
-    assert_eq!(s.sandboxd(&id, "release"), 1);
-}
-
-/// A suspended owner's VM whose hibernate keeps failing still has its lease
-/// renewed once due (renewing does not wake): sandboxd must not reap the
-/// VM of a living owner while its hibernate is retried. (Defect review
-/// 2026-12-b, finding 3: every turn decided "hibernate" and none renewed.)
-#[tokio::test(flavor = "multi_thread")]
-async fn a_failing_hibernate_does_not_starve_the_lease_renewal() {
-    let mut s = scene(SUSPENDED).await;
-    let id = claimed(&s.w).await;
-    s.w.sim
-        .sim()
-        .arm_fault(Fault::status(Endpoint::Hibernate, 500).times(100))
-        .expect("arm");
-    s.pod_deleted(&id).await;
-    assert!(
-        matches!(vm(&s), VmState::Hibernating { .. }),
-        "{:?}",
-        vm(&s)
-    );
-    s.lease_due().await;
-    s.turn().await;
-    assert_eq!(s.sandboxd(&id, "renew"), 1, "the due lease not renewed");
-    assert!(s.w.ctx.provider.holds(KEY));
-    // Renewed, the pending hibernate is sent again in the same turn.
-    assert_eq!(s.sandboxd(&id, "hibernate"), 2, "the hibernate");
-}
-
-/// A due renewal that decides to wait (here: the lease already reaches the
-/// owner's shutdownTime) is not taken up again on every 2 s turn, each with
-/// an owner GET. (Defect review 2026-12-b, finding 4: three turns, three
-/// GETs.)
-#[tokio::test(flavor = "multi_thread")]
-async fn a_due_renewal_that_waits_is_not_asked_about_every_turn() {
-    let mut s = scene(ENDING).await;
-    let id = claimed(&s.w).await;
-    s.cache(&running_pod(&id));
-    let reaches = ends_at()
-        .checked_add(jiff::SignedDuration::from_secs(120))
-        .expect("a time");
-    s.w.ctx
-        .provider
-        .claims_store()
-        .update_lifecycle(KEY, &id, |l, d| {
-            *d = Some(reaches);
-            l.granted_seconds = Some(1000);
-        })
-        .await
-        .expect("set the lease");
-    for _ in 0..3 {
-        s.turn().await;
-    }
-    assert_eq!(s.owner_gets(), 1, "the owner asked on every turn");
-    assert_eq!(s.sandboxd(&id, "renew"), 0, "nothing to renew");
-}
-
-/// A suspended Sandbox deleted and re-created under the same name: the new
-/// Sandbox's Pod does not get (nor wake) the old one's hibernated VM; the
-/// old generation's VM is released and a fresh one claimed. (Defect review
-/// 2026-12-b, finding 6: it was woken and adopted.)
-#[tokio::test(flavor = "multi_thread")]
-async fn a_new_owner_generation_does_not_adopt_the_old_ones_vm() {
-    let s = scene(SUSPENDED).await;
-    let id = claimed(&s.w).await;
-    s.pod_deleted(&id).await;
-    assert!(matches!(vm(&s), VmState::Hibernated { .. }), "{:?}", vm(&s));
-    s.owner_is(REBORN);
-    let outcome = within(s.w.ctx.provider.create(&Arc::new(owned_pod("p2", "o2"))))
-        .await
-        .expect("a fresh claim");
-    assert_eq!(s.sandboxd(&id, "wake"), 0, "the old VM was woken");
-    assert!(
-        matches!(&outcome, super::provider::Created::Claimed { id: new, .. } if *new != id),
-        "{outcome:?}"
-    );
-    assert_eq!(
-        release_requests(&s.w.sim),
-        [format!("/v1/sandboxes/{id}/release")],
-        "the old generation's VM not released"
-    );
-    let row =
-        s.w.ctx
-            .provider
-            .settled_claims_of(KEY)
-            .expect("the new row");
-    assert_ne!(row.id, id);
-}
-
-/// While the recorded owner generation still exists, a Pod of another
-/// controller gets nothing: no wake, no release, the row kept; it waits.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_pod_of_another_controller_waits_while_the_recorded_owner_lives() {
-    let s = scene(SUSPENDED).await;
-    let id = claimed(&s.w).await;
-    s.pod_deleted(&id).await;
-    let failed = within(s.w.ctx.provider.create(&Arc::new(owned_pod("p2", "o2"))))
-        .await
-        .expect_err("it waits");
-    assert!(
-        failed.message.contains("still exists"),
-        "{}",
-        failed.message
-    );
-    assert_eq!(s.sandboxd(&id, "wake"), 0);
-    assert!(release_requests(&s.w.sim).is_empty());
-    assert_eq!(
-        s.w.ctx.provider.settled_claims_of(KEY).map(|c| c.id),
-        Some(id)
-    );
 }
