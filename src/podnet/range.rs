@@ -135,6 +135,13 @@ impl Picker {
             .retain(|_, since| now.saturating_duration_since(*since) < cooldown);
     }
 
+    /// The addresses cooling down now, in order.
+    pub fn cooling(&self) -> Vec<Ipv4Addr> {
+        let mut v: Vec<Ipv4Addr> = self.cooling.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
     /// The next free address, not held and not cooling down; `None` when
     /// the range is full. The address counts as in use from now on.
     pub fn pick(&mut self, in_use: &HashSet<Ipv4Addr>, now: Instant) -> Option<Ipv4Addr> {

@@ -56,6 +56,15 @@ impl Provider {
         picked
     }
 
+    /// The addresses cooling down after their release (for logs and
+    /// tests); empty in the owner_addr mode.
+    pub fn cooling_pod_ips(&self) -> Vec<Ipv4Addr> {
+        self.addresses
+            .as_ref()
+            .map(|a| lock(a).cooling())
+            .unwrap_or_default()
+    }
+
     /// Notes which addresses rows hold now, so a released one starts its
     /// cool-down when it is released rather than at the next claim.
     pub fn observe_pod_ips(&self) {

@@ -532,6 +532,7 @@ async fn an_older_version_cached_for_a_resync_period_replaces_the_tracked_copy()
     );
 }
 
+mod addresses;
 mod leaks;
 mod strays;
 mod upkeep;

@@ -1,0 +1,52 @@
+//! Pod addresses of their own (`--pod-cidr`, src/pods/provider/addresses.rs):
+//! each claim gets one of the range, kept in its row and in its Running
+//! status; a provider over rows that hold addresses (a restart) never
+//! gives them again; a released one cools down from its release.
+
+use super::*;
+use crate::podnet::range::PodRange;
+
+fn named(uid: &str, name: &str) -> Arc<Pod> {
+    let mut p = pod(uid);
+    p.metadata.name = Some(name.into());
+    Arc::new(p)
+}
+
+fn address_of(provider: &Provider, key: &str) -> Option<std::net::Ipv4Addr> {
+    provider
+        .claims
+        .get(key)
+        .and_then(|(c, _)| c.lifecycle.pod_ip)
+}
+
+#[tokio::test]
+async fn claims_get_addresses_of_their_own_and_a_restart_keeps_them_apart() {
+    let (_sim, provider, _dir) = provider_with_token().await;
+    assert_eq!(provider.pod_range(), None, "owner_addr mode");
+    assert_eq!(provider.next_pod_ip("ns/x"), None, "owner_addr mode");
+    let range = PodRange::parse("10.250.9.0/29").expect("range");
+    let (claims, sandboxd) = (Arc::clone(&provider.claims), provider.sandboxd.clone());
+    let provider = provider.with_pod_range(range);
+    assert_eq!(provider.pod_range(), Some(range));
+
+    let created = provider.create(&named("u1", "a")).await.expect("create a");
+    let a = address_of(&provider, "ns/a").expect("a's address");
+    assert!(range.contains(a), "{a}");
+    let Created::Claimed { status, .. } = created else {
+        panic!("expected a claim, got {created:?}");
+    };
+    assert_eq!(status["status"]["podIP"], a.to_string(), "{status}");
+
+    // The same rows under a new provider (a restart): a's address is held.
+    let restarted = Provider::new(silent_client(), sandboxd, claims).with_pod_range(range);
+    restarted.create(&named("u2", "b")).await.expect("create b");
+    let b = address_of(&restarted, "ns/b").expect("b's address");
+    assert_ne!(a, b, "a restart gave a held address again");
+    assert!(range.contains(b), "{b}");
+
+    // a's row goes (released): its address starts cooling at once.
+    let id = restarted.claims.get("ns/a").expect("a's row").0.id;
+    assert!(restarted.claims.remove("ns/a", &id).await.expect("remove"));
+    restarted.observe_pod_ips();
+    assert_eq!(restarted.cooling_pod_ips(), vec![a]);
+}
