@@ -50,3 +50,18 @@ async fn claims_get_addresses_of_their_own_and_a_restart_keeps_them_apart() {
     restarted.observe_pod_ips();
     assert_eq!(restarted.cooling_pod_ips(), vec![a]);
 }
+
+/// The listeners are woken before a Running status is built, so the
+/// address listens before a client can read it.
+#[tokio::test]
+async fn a_running_status_wakes_the_listeners_first() {
+    use crate::podnet::listeners::Endpoints;
+    let (_sim, provider, _dir) = provider_with_token().await;
+    let range = PodRange::parse("10.250.9.0/29").expect("range");
+    let provider = provider.with_pod_range(range);
+    let changed = provider.changed().expect("the listeners' wake-up");
+    provider.create(&named("u1", "a")).await.expect("create a");
+    tokio::time::timeout(std::time::Duration::from_secs(1), changed.notified())
+        .await
+        .expect("the listeners were not woken");
+}
