@@ -65,3 +65,40 @@ async fn a_running_status_wakes_the_listeners_first() {
         .await
         .expect("the listeners were not woken");
 }
+
+/// A tracked Pod on a settled claim wants a listener on its address for
+/// each declared TCP port; a Pod being deleted wants none.
+#[tokio::test]
+async fn each_declared_port_of_a_running_pod_wants_a_listener() {
+    use crate::podnet::listeners::Endpoints;
+    let (_sim, provider, _dir) = provider_with_token().await;
+    let range = PodRange::parse("10.250.9.0/29").expect("range");
+    let provider = provider.with_pod_range(range);
+    let mut p = (*named("u1", "a")).clone();
+    if let Some(c) = p.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.ports = serde_json::from_value(json!([{"containerPort": 8080}, {"containerPort": 9090}]))
+            .expect("ports");
+    }
+    let p = Arc::new(p);
+    provider.create(&p).await.expect("create a");
+    let a = address_of(&provider, "ns/a").expect("a's address");
+    let id = provider.claims.get("ns/a").expect("row").0.id;
+    let got: Vec<String> = provider
+        .wanted()
+        .iter()
+        .map(|w| format!("{} {} {}", w.addr, w.key, w.id))
+        .collect();
+    assert_eq!(
+        got,
+        [format!("{a}:8080 ns/a {id}"), format!("{a}:9090 ns/a {id}")]
+    );
+    let mut going = (*p).clone();
+    going.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        jiff::Timestamp::now(),
+    ));
+    provider.track(&Arc::new(going));
+    assert!(
+        provider.wanted().is_empty(),
+        "a Pod being deleted listens nowhere"
+    );
+}
