@@ -7,15 +7,15 @@
 //! hibernate, release. At most [`AT_ONCE`] claims at a time, each with its
 //! own back-off after a failure (2 s doubling to 5 min). Every 30 s (a
 //! quarter of the shortest lease, if shorter) a turn first lists sandboxd
-//! and corrects records that fell behind the VM (`observe`). This module holds the loop and a turn's questions and
-//! decision; `acts` what a decision does.
+//! and corrects records that fell behind the VM (`observe`). This module
+//! holds the loop and a turn's questions and decision; `acts` what a
+//! decision does; `slot` each claim's schedule and how a turn moves it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use tracing::{Instrument, debug, info_span, warn};
 
@@ -34,10 +34,12 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 mod acts;
 mod observe;
+mod slot;
 mod turn;
 
 pub use acts::report_hibernation;
-use acts::{hibernate, regarding, release, renew};
+use acts::{Released, hibernate, regarding, release, renew};
+use slot::{Looked, Slots};
 use turn::{Held, Went};
 
 /// The loop's period.
@@ -49,27 +51,13 @@ pub const AT_ONCE: usize = 8;
 const CLAIM_BOUND: Duration = Duration::from_secs(300);
 /// How often the loop beats while claims are being looked after.
 const BEAT_WHILE_WAITING: Duration = Duration::from_millis(100);
-const BACKOFF_START: Duration = Duration::from_secs(2);
-const BACKOFF_CAP: Duration = Duration::from_secs(300);
-
-/// A claim's own schedule: when its owner is asked again (its cadence),
-/// when it may be looked at again after a failure (its back-off), and how
-/// many turns in a row failed.
-#[derive(Debug, Default, Clone)]
-struct Slot {
-    recheck_at: Option<Timestamp>,
-    retry_at: Option<Timestamp>,
-    renewal_waits_until: Option<Timestamp>,
-    failures: u32,
-}
-
 /// The upkeep loop's state: the context and each claim's schedule, by
 /// (key, claim id).
 pub struct LifecycleUpkeep {
     ctx: Arc<Context>,
     /// The watch cache: which Pods are on this node.
     store: Store<Pod>,
-    slots: HashMap<(String, String), Slot>,
+    slots: Slots,
     /// When sandboxd's listing was last compared with the records (`None`:
     /// on the next turn). The first look comes a period after the start:
     /// the start-up's verification has just listed sandboxd.
@@ -81,7 +69,7 @@ impl LifecycleUpkeep {
         LifecycleUpkeep {
             ctx,
             store,
-            slots: HashMap::new(),
+            slots: Slots::new(),
             observed_at: Some(std::time::Instant::now()),
         }
     }
@@ -97,13 +85,11 @@ impl LifecycleUpkeep {
     /// so this turn decides on it.
     async fn observe_if_due(&mut self, beat: &Beat) {
         let rows = self.ctx.provider.settled_claims();
-        if self
-            .observed_at
-            .is_some_and(|at| at.elapsed() < observe::period(&rows))
-        {
+        let now = std::time::Instant::now();
+        if !slot::observe_due(self.observed_at, now, observe::period(&rows)) {
             return;
         }
-        self.observed_at = Some(std::time::Instant::now());
+        self.observed_at = Some(now);
         beat.beat();
         let _working = self
             .ctx
@@ -116,12 +102,6 @@ impl LifecycleUpkeep {
         }
         beat.beat();
     }
-}
-
-fn later(now: Timestamp, wait: Duration) -> Option<Timestamp> {
-    SignedDuration::try_from(wait)
-        .ok()
-        .and_then(|d| now.checked_add(d).ok())
 }
 
 /// The Pod of `key` on this node (the watch cache), and whether it is
@@ -157,8 +137,7 @@ impl Turn for LifecycleUpkeep {
         let now = Timestamp::now();
         let settings = self.ctx.provider.lifecycle();
         let rows = self.ctx.provider.settled_claims();
-        self.slots
-            .retain(|(k, id), _| rows.iter().any(|(rk, c)| rk == k && c.id == *id));
+        slot::keep_held(&mut self.slots, &rows);
         let mut nearest: Option<i64> = None;
         let mut due = Vec::new();
         for (key, claim) in rows {
@@ -223,28 +202,17 @@ impl Turn for LifecycleUpkeep {
         };
         let now = Timestamp::now();
         for (key, claim, here, unserved, why, went) in results {
-            let slot = self.slots.entry((key, claim.id.clone())).or_default();
-            match went {
-                Went::Through | Went::Waited => {
-                    slot.failures = 0;
-                    slot.retry_at = None;
-                    slot.recheck_at = schedule::cadence(&claim.lifecycle.vm, here, unserved)
-                        .and_then(|c| later(now, c));
-                    slot.renewal_waits_until = (went == Went::Waited && why == Due::Renewal)
-                        .then(|| later(now, schedule::renewal_wait(claim.deadline, now)))
-                        .flatten();
-                }
-                Went::Changed => {
-                    slot.retry_at = None;
-                    slot.recheck_at = None;
-                    slot.renewal_waits_until = None;
-                }
-                Went::Failed => {
-                    slot.failures = slot.failures.saturating_add(1);
-                    let wait = crate::backoff::nth(BACKOFF_START, BACKOFF_CAP, slot.failures);
-                    slot.retry_at = later(now, wait);
-                }
-            }
+            let looked = Looked {
+                why,
+                vm: &claim.lifecycle.vm,
+                here,
+                reference_unserved: unserved,
+                deadline: claim.deadline,
+            };
+            self.slots
+                .entry((key, claim.id.clone()))
+                .or_default()
+                .after(went, &looked, now);
         }
         Next::Period
     }
@@ -466,8 +434,24 @@ async fn act(
         _ if held == Held::No => return None,
         Upkeep::AskWhereabouts => Went::Through,
         Upkeep::Hibernate(why) => hibernate(ctx, key, claim, &why, regarding).await,
-        Upkeep::Release(why) => release(ctx, key, claim, &why, regarding, None).await,
-        Upkeep::ReleaseOwnerGone(why) => release(ctx, key, claim, &why, regarding, pod).await,
+        Upkeep::Release(why) => release(ctx, key, claim, &why, Released::Gone, regarding).await,
+        Upkeep::ReleaseMoved(why) => {
+            release(ctx, key, claim, &why, Released::Moved, regarding).await
+        }
+        Upkeep::ReleaseOwnerGone(why) => match pod {
+            Some(pod) => {
+                release(
+                    ctx,
+                    key,
+                    claim,
+                    &why,
+                    Released::PodLeftBehind(pod),
+                    regarding,
+                )
+                .await
+            }
+            None => release(ctx, key, claim, &why, Released::Gone, regarding).await,
+        },
     };
     Some(went)
 }

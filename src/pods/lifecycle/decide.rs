@@ -156,6 +156,9 @@ pub enum Upkeep {
     Hibernate(String),
     /// Release the VM and forget the claim.
     Release(String),
+    /// The owner's Pod runs on another node (the Sandbox moved): release
+    /// the VM here and forget the claim.
+    ReleaseMoved(String),
     /// The owner is gone but its Pod stays here (the garbage collector
     /// cannot delete it): release the VM and mark the Pod Failed.
     ReleaseOwnerGone(String),
@@ -223,7 +226,7 @@ pub fn upkeep(t: &Turn<'_>) -> Upkeep {
             }
             match &t.whereabouts {
                 Whereabouts::Unknown => Upkeep::AskWhereabouts,
-                Whereabouts::Elsewhere(node) => Upkeep::Release(format!(
+                Whereabouts::Elsewhere(node) => Upkeep::ReleaseMoved(format!(
                     "the owner's Pod now runs on node {node}: the Sandbox moved"
                 )),
                 Whereabouts::NotElsewhere => renew_if_due(t, intent.shutdown_time),

@@ -218,18 +218,28 @@ pub async fn report_hibernation(
     }
 }
 
+/// Why the upkeep releases a claim, as its Event tells it.
+pub(super) enum Released<'a> {
+    /// The owner is gone (or expired, or the Pod had none).
+    Gone,
+    /// The owner's Pod runs on another node: the Sandbox moved.
+    Moved,
+    /// The owner is gone but its Pod stays here: it is marked Failed.
+    PodLeftBehind(&'a Pod),
+}
+
 pub(super) async fn release(
     ctx: &Context,
     key: &str,
     claim: &Claim,
     why: &str,
+    released: Released<'_>,
     regarding: Option<ObjectReference>,
-    left_behind: Option<&Pod>,
 ) -> Went {
     match ctx.provider.release_held(key, claim).await {
         Ok(_) => {
             info!(%why, "released sandbox");
-            if let Some(pod) = left_behind {
+            if let Released::PodLeftBehind(pod) = released {
                 let patch = status::ended(
                     pod,
                     &view(claim),
@@ -259,10 +269,9 @@ pub(super) async fn release(
                 )
                 .await;
             } else {
-                let action = if why.contains("moved") {
-                    reason::MOVED
-                } else {
-                    crate::pods::context::reason::RELEASED
+                let action = match released {
+                    Released::Moved => reason::MOVED,
+                    _ => crate::pods::context::reason::RELEASED,
                 };
                 normal(
                     ctx,

@@ -155,6 +155,24 @@ async fn a_pod_arriving_while_the_owner_is_asked_is_not_decided_from_the_answers
     assert!(s.listed.load(Ordering::SeqCst), "not asked again");
     assert_eq!(release_requests(&s.w.sim).len(), 1, "moved, not released");
     assert!(!s.w.ctx.provider.holds(KEY));
+    s.w.ctx.announced().await;
+    let notes: Vec<String> =
+        s.w.api
+            .seen()
+            .into_iter()
+            .filter(|r| r.method == "POST" && r.path().ends_with("/events"))
+            .filter(|r| r.body["reason"] == "SandboxReleased")
+            .filter_map(|r| {
+                r.body["note"]
+                    .as_str()
+                    .or(r.body["message"].as_str())
+                    .map(String::from)
+            })
+            .collect();
+    assert!(
+        matches!(notes.as_slice(), [n] if n.starts_with("SandboxMoved: ")),
+        "the release is announced as a move: {notes:?}"
+    );
 }
 
 /// A due renewal made without the key is made only on the row its owner

@@ -287,6 +287,7 @@ fn kind(u: &Upkeep) -> &'static str {
         Upkeep::Renew(_) => "renew",
         Upkeep::Hibernate(_) => "hibernate",
         Upkeep::Release(_) => "release",
+        Upkeep::ReleaseMoved(_) => "release-moved",
         Upkeep::ReleaseOwnerGone(_) => "release+fail",
         Upkeep::AskWhereabouts => "ask",
         Upkeep::Wait(_) => "wait",
@@ -520,7 +521,14 @@ fn upkeep_table() {
         },
         Case {
             whereabouts: Whereabouts::Elsewhere("node-b".into()),
-            ..case("moved", false, alive(), VmState::Running, FRESH, "release")
+            ..case(
+                "moved",
+                false,
+                alive(),
+                VmState::Running,
+                FRESH,
+                "release-moved",
+            )
         },
         Case {
             whereabouts: Whereabouts::Elsewhere("node-b".into()),
@@ -530,7 +538,7 @@ fn upkeep_table() {
                 alive(),
                 hibernated(),
                 FRESH,
-                "release",
+                "release-moved",
             )
         },
         Case {
