@@ -10,6 +10,7 @@ pub mod claims_cli;
 pub mod config;
 pub mod crypto;
 pub mod error;
+pub mod fleet;
 pub mod health;
 pub mod identity;
 pub mod inventory;

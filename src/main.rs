@@ -16,6 +16,9 @@ use vk_sandbox::admin;
 use vk_sandbox::claims::state_lock::StateLock;
 use vk_sandbox::claims::{self, ClaimsStore};
 use vk_sandbox::config::{self, Config};
+use vk_sandbox::fleet::decide::FleetSettings;
+use vk_sandbox::fleet::feed::InfoFeed;
+use vk_sandbox::fleet::reading::Reading;
 use vk_sandbox::health::Health;
 use vk_sandbox::inventory::Publisher;
 use vk_sandbox::kube_client::progress::{self, WatchProgress};
@@ -308,7 +311,13 @@ struct Shared {
 
 /// The loops that report rather than act: the NodeInventory publisher
 /// (seeded with the start-up listing) and the orphan audit.
-fn spawn_reports(tasks: &mut Tasks, cfg: &Config, s: Shared, listing: Option<Vec<SandboxRow>>) {
+fn spawn_reports(
+    tasks: &mut Tasks,
+    cfg: &Config,
+    s: Shared,
+    listing: Option<Vec<SandboxRow>>,
+    info_feed: Option<watch::Receiver<Reading>>,
+) {
     if cfg.inventory.publish {
         let publisher = Publisher::new(
             s.client,
@@ -320,6 +329,10 @@ fn spawn_reports(tasks: &mut Tasks, cfg: &Config, s: Shared, listing: Option<Vec
             Arc::clone(&s.metrics),
         );
         let publisher = publisher.seeded(listing);
+        let publisher = match info_feed {
+            Some(rx) => publisher.with_info_feed(rx),
+            None => publisher,
+        };
         let every = cfg.inventory.interval;
         tasks.spawn_loop(publisher.run(every, Arc::clone(&s.health), tasks.stop()));
     }
@@ -444,6 +457,19 @@ async fn run(cfg: Config) -> Result<()> {
         node_gone.clone(),
     );
     tasks.spawn_loop(lease.run(tasks.stop()));
+    // The one reader of sandboxd's /v1/info when the Node follows it; the
+    // NodeInventory publisher takes its readings too.
+    let fleet_settings = FleetSettings {
+        capacity: cfg.fleet.capacity,
+        conditions: cfg.fleet.conditions,
+        taints: cfg.fleet.taints,
+        max_claims: cfg.fleet.max_claims,
+    };
+    let info_feed = fleet_settings.any().then(|| {
+        let (feed, rx) = InfoFeed::new(sandboxd.clone());
+        tasks.spawn_loop(feed.run(cfg.fleet.info_interval, Arc::clone(&health), tasks.stop()));
+        rx
+    });
     let status = StatusLoop {
         client: client.clone(),
         settings,
@@ -453,6 +479,7 @@ async fn run(cfg: Config) -> Result<()> {
         node_uid: uid_tx,
         metrics: Arc::clone(&metrics),
         node_gone,
+        fleet: info_feed.clone().map(|rx| (rx, fleet_settings)),
     };
     tasks.spawn_loop(status.run(Arc::clone(&health), tasks.stop()));
     let shared = Shared {
@@ -462,7 +489,7 @@ async fn run(cfg: Config) -> Result<()> {
         metrics,
         health,
     };
-    spawn_reports(&mut tasks, &cfg, shared, start_listing);
+    spawn_reports(&mut tasks, &cfg, shared, start_listing, info_feed);
     info!(node = %cfg.node_name, "virtual node ready");
 
     tasks.supervise(&mut signal).await?;

@@ -406,11 +406,12 @@ async fn registers_node_lease_and_heartbeats() {
     assert_eq!(cap["memory"].0, "8Ti");
     assert_eq!(cap["pods"].0, "2k");
     assert_eq!(status.capacity, status.allocatable);
-    // Only Ready is True.
+    // Of the kubelet's conditions only Ready is True (sandboxd's own,
+    // `Sandboxd*`, say how sandboxd is: docs/operations.md).
     for c in status.conditions.clone().unwrap_or_default() {
         if c.type_ == "Ready" {
             assert_eq!(c.reason.as_deref(), Some("KubeletReady"));
-        } else {
+        } else if !c.type_.starts_with("Sandboxd") {
             assert_ne!(c.status, "True", "{} is True", c.type_);
         }
     }

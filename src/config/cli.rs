@@ -145,6 +145,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub inventory: InventoryArgs,
     #[command(flatten)]
+    pub fleet: FleetArgs,
+    #[command(flatten)]
     pub admin: AdminArgs,
 }
 
@@ -163,15 +165,28 @@ pub struct NodeArgs {
     pub node_ip: String,
 
     /// Node CPU capacity (a Kubernetes quantity; scheduling budget only).
-    #[arg(long, env = "VK_NODE_CPU", default_value = defaults::NODE_CPU, value_name = "QUANTITY")]
+    /// Unset: sized by --sandboxd-max-claims when given, else 4000.
+    #[arg(long, env = "VK_NODE_CPU", default_value = "", value_name = "QUANTITY")]
     pub node_cpu: String,
 
-    /// Node memory capacity (a Kubernetes quantity).
-    #[arg(long, env = "VK_NODE_MEMORY", default_value = defaults::NODE_MEMORY, value_name = "QUANTITY")]
+    /// Node memory capacity (a Kubernetes quantity). Unset: sized by
+    /// --sandboxd-max-claims when given, else 8Ti.
+    #[arg(
+        long,
+        env = "VK_NODE_MEMORY",
+        default_value = "",
+        value_name = "QUANTITY"
+    )]
     pub node_memory: String,
 
-    /// Node Pod capacity (a Kubernetes quantity).
-    #[arg(long, env = "VK_NODE_PODS", default_value = defaults::NODE_PODS, value_name = "QUANTITY")]
+    /// Node Pod capacity (a Kubernetes quantity). Unset:
+    /// --sandboxd-max-claims when given, else 2000.
+    #[arg(
+        long,
+        env = "VK_NODE_PODS",
+        default_value = "",
+        value_name = "QUANTITY"
+    )]
     pub node_pods: String,
 
     /// Extra Node labels "k=v,k2=v2" (items without "=" or with an empty
@@ -454,6 +469,70 @@ pub struct InventoryArgs {
         value_name = "HOST:PORT"
     )]
     pub sandboxd_advertise_addr: String,
+}
+
+/// sandboxd's capacity and health on the Node (docs/operations.md).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "sandboxd on the Node")]
+pub struct FleetArgs {
+    /// Size the Node's allocatable by sandboxd's claim cap (--sandboxd-max-claims)
+    /// and its pools' VM size; --node-cpu/--node-memory/--node-pods override.
+    #[arg(
+        long,
+        env = "VK_NODE_CAPACITY_FROM_SANDBOXD",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = BoolishValueParser::new(),
+        value_name = "BOOL"
+    )]
+    pub node_capacity_from_sandboxd: bool,
+
+    /// Node conditions for sandboxd's state (SandboxdReachable, SandboxdDraining,
+    /// SandboxdAtCapacity, SandboxdPoolsWarm).
+    #[arg(
+        long,
+        env = "VK_NODE_CONDITIONS_FROM_SANDBOXD",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = BoolishValueParser::new(),
+        value_name = "BOOL"
+    )]
+    pub node_conditions_from_sandboxd: bool,
+
+    /// Taint the Node (NoSchedule, sandbox.cocoonstack.io/...) while sandboxd
+    /// cannot take new sandboxes; PreferNoSchedule while every pool is empty.
+    #[arg(
+        long,
+        env = "VK_NODE_TAINTS_FROM_SANDBOXD",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = BoolishValueParser::new(),
+        value_name = "BOOL"
+    )]
+    pub node_taints_from_sandboxd: bool,
+
+    /// sandboxd's max_claims (its /v1/info does not say it); 0: not known.
+    #[arg(
+        long,
+        env = "VK_SANDBOXD_MAX_CLAIMS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub sandboxd_max_claims: u64,
+
+    /// How often sandboxd's /v1/info is read (the one reader: the Node and
+    /// the NodeInventory share it). A Go duration > 0.
+    #[arg(long, env = "VK_SANDBOXD_INFO_INTERVAL", default_value = defaults::SANDBOXD_INFO_INTERVAL, value_name = "DURATION", allow_hyphen_values = true)]
+    pub sandboxd_info_interval: String,
 }
 
 /// The admin port and logs.

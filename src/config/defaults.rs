@@ -20,6 +20,7 @@ pub const SANDBOXD_URL: &str = "http://127.0.0.1:7777";
 pub const STATE_PATH: &str = "/var/lib/vk-sandbox/claims.json";
 pub const ORPHAN_SCAN_INTERVAL: &str = "60s";
 pub const PUBLISH_INTERVAL: &str = "30s";
+pub const SANDBOXD_INFO_INTERVAL: &str = "2s";
 pub const NODE_LABELS: &str = "sandbox.cocoonstack.io/runtime=sandboxd";
 pub const LEASE_RENEW_MARGIN: &str = "12h";
 /// The kubelet's `--streaming-connection-idle-timeout` default.

@@ -43,13 +43,13 @@ pub mod values;
 mod tests;
 
 pub use cli::{
-    AdminArgs, AuditArgs, ClaimsArgs, ClaimsCommand, Cli, Command, InventoryArgs, KubeArgs,
-    KubeletArgs, LifecycleArgs, LogFormat, NodeArgs, Output, RunArgs, SandboxdArgs, StateArg,
-    StreamingArgs, ViewArgs, command, parse_from, parse_process_args,
+    AdminArgs, AuditArgs, ClaimsArgs, ClaimsCommand, Cli, Command, FleetArgs, InventoryArgs,
+    KubeArgs, KubeletArgs, LifecycleArgs, LogFormat, NodeArgs, Output, RunArgs, SandboxdArgs,
+    StateArg, StreamingArgs, ViewArgs, command, parse_from, parse_process_args,
 };
 pub use settings::{
-    Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, KubeletSettings,
-    LifecycleConfig, SandboxdConfig, StreamingConfig, TlsFiles,
+    Capacity, Config, FleetConfig, InventoryConfig, KubeClientConfig, KubeletAuthConfig,
+    KubeletSettings, LifecycleConfig, SandboxdConfig, StreamingConfig, TlsFiles,
 };
 pub use values::{
     ListenAddr, advertise_default, parse_go_duration, parse_node_labels, validate_quantity,

@@ -31,12 +31,28 @@ pub struct KubeletAuthConfig {
     pub client_ca_file: Option<PathBuf>,
 }
 
-/// Node capacity (= allocatable).
+/// Node capacity (= allocatable): the flag's value, or its default when
+/// unset (`*_fixed` false: sandboxd's claim cap sizes it when known).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Capacity {
     pub cpu: Quantity,
     pub memory: Quantity,
     pub pods: Quantity,
+    pub cpu_fixed: bool,
+    pub memory_fixed: bool,
+    pub pods_fixed: bool,
+}
+
+/// sandboxd's capacity and health on the Node (`--node-*-from-sandboxd`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetConfig {
+    pub capacity: bool,
+    pub conditions: bool,
+    pub taints: bool,
+    /// `--sandboxd-max-claims`; `None` when 0.
+    pub max_claims: Option<u64>,
+    /// `--sandboxd-info-interval` (> 0).
+    pub info_interval: Duration,
 }
 
 /// Kubernetes client settings.
@@ -141,6 +157,7 @@ pub struct Config {
     pub streaming: StreamingConfig,
     /// Node status heartbeat period (> 0).
     pub node_status_interval: Duration,
+    pub fleet: FleetConfig,
 }
 
 /// What the kubelet API is built from (a projection of [`Config`], as

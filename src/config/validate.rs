@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::cli::RunArgs;
 use super::settings::{
-    Capacity, Config, InventoryConfig, KubeClientConfig, KubeletAuthConfig, LifecycleConfig,
-    PodNetworkConfig, SandboxdConfig, StreamingConfig, TlsFiles,
+    Capacity, Config, FleetConfig, InventoryConfig, KubeClientConfig, KubeletAuthConfig,
+    LifecycleConfig, PodNetworkConfig, SandboxdConfig, StreamingConfig, TlsFiles,
 };
 use super::values::{
     ListenAddr, advertise_default, check_label_key, check_label_value, nanos_to_duration,
@@ -119,9 +119,28 @@ impl Config {
                 })
                 .ok()
         };
-        let cpu = quantity("node-cpu", "VK_NODE_CPU", &args.node.node_cpu);
-        let memory = quantity("node-memory", "VK_NODE_MEMORY", &args.node.node_memory);
-        let pods = quantity("node-pods", "VK_NODE_PODS", &args.node.node_pods);
+        let or_default = |v: &str, d: &'static str| {
+            if v.is_empty() {
+                d.to_string()
+            } else {
+                v.to_string()
+            }
+        };
+        let cpu = quantity(
+            "node-cpu",
+            "VK_NODE_CPU",
+            &or_default(&args.node.node_cpu, super::defaults::NODE_CPU),
+        );
+        let memory = quantity(
+            "node-memory",
+            "VK_NODE_MEMORY",
+            &or_default(&args.node.node_memory, super::defaults::NODE_MEMORY),
+        );
+        let pods = quantity(
+            "node-pods",
+            "VK_NODE_PODS",
+            &or_default(&args.node.node_pods, super::defaults::NODE_PODS),
+        );
 
         let min_qps = super::defaults::MIN_QPS;
         for (flag, qps, example) in [
@@ -235,6 +254,19 @@ impl Config {
                     "give e.g. 60s",
                 );
                 Duration::from_secs(60)
+            }
+        };
+        let info_interval = match parse_go_duration(&args.fleet.sandboxd_info_interval) {
+            Ok(n) if n > 0 => nanos_to_duration(n),
+            Ok(_) | Err(_) => {
+                p.push(
+                    "sandboxd-info-interval",
+                    Some("VK_SANDBOXD_INFO_INTERVAL"),
+                    &args.fleet.sandboxd_info_interval,
+                    "must be a Go duration greater than zero",
+                    "give e.g. 2s",
+                );
+                Duration::from_secs(2)
             }
         };
         let publish_interval = match parse_go_duration(&args.inventory.publish_interval) {
@@ -382,6 +414,9 @@ impl Config {
                 cpu: cpu.ok_or_else(missing)?,
                 memory: memory.ok_or_else(missing)?,
                 pods: pods.ok_or_else(missing)?,
+                cpu_fixed: !args.node.node_cpu.is_empty(),
+                memory_fixed: !args.node.node_memory.is_empty(),
+                pods_fixed: !args.node.node_pods.is_empty(),
             },
             kube: KubeClientConfig {
                 kubeconfig: args.kube.kubeconfig.clone(),
@@ -419,6 +454,14 @@ impl Config {
             },
             streaming,
             node_status_interval,
+            fleet: FleetConfig {
+                capacity: args.fleet.node_capacity_from_sandboxd,
+                conditions: args.fleet.node_conditions_from_sandboxd,
+                taints: args.fleet.node_taints_from_sandboxd,
+                max_claims: (args.fleet.sandboxd_max_claims > 0)
+                    .then_some(args.fleet.sandboxd_max_claims),
+                info_interval,
+            },
         })
     }
 }

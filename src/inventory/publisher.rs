@@ -10,16 +10,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::claims::ClaimsStore;
 use crate::error::{Error, Result};
+use crate::fleet::reading::Reading;
 use crate::health::Health;
 use crate::metrics::{Controller, Metrics};
 use crate::node::desired::FIELD_MANAGER;
 use crate::periodic::{Beat, Next, Periodic, Turn};
-use crate::sandboxd::{SandboxRow, SandboxdClient};
+use crate::sandboxd::{NodeInfo, SandboxRow, SandboxdClient};
 
 use super::desired::{Applied, ApplyDecision, decide, desired};
 use super::groups::{self, Choice, KNOWN};
@@ -28,6 +30,9 @@ use super::types::{KIND, NodeInventory, PLURAL, VERSION, api_version, crd_name};
 /// Unchanged inventories are re-applied this often (only changes are applied
 /// in between), so an object edited or deleted by hand comes back.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(600);
+
+/// How long a tick waits for the feed's first reading of `/v1/info`.
+const FIRST_READING_WAIT: Duration = Duration::from_secs(15);
 
 /// What one tick did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +60,9 @@ pub struct Publisher {
     /// A listing taken moments ago (the start-up one), used by the first
     /// tick instead of listing sandboxd again.
     seed: Option<Vec<SandboxRow>>,
+    /// The readings of `/v1/info` the Node status shares (src/fleet); the
+    /// publisher reads `/v1/info` itself only without them.
+    info_feed: Option<watch::Receiver<Reading>>,
 }
 
 impl Publisher {
@@ -81,6 +89,29 @@ impl Publisher {
             metrics,
             last: None,
             seed: None,
+            info_feed: None,
+        }
+    }
+
+    /// Take `/v1/info` from the feed's readings instead of reading it.
+    pub fn with_info_feed(mut self, feed: watch::Receiver<Reading>) -> Publisher {
+        self.info_feed = Some(feed);
+        self
+    }
+
+    /// The latest `/v1/info`: the feed's reading (waiting a little for the
+    /// first), or a read of its own when there is no feed.
+    async fn info(&mut self) -> std::result::Result<NodeInfo, String> {
+        let Some(rx) = &mut self.info_feed else {
+            return self.sandboxd.info().await.map_err(|e| e.to_string());
+        };
+        if matches!(*rx.borrow_and_update(), Reading::NotYet) {
+            let _ = tokio::time::timeout(FIRST_READING_WAIT, rx.changed()).await;
+        }
+        match &*rx.borrow() {
+            Reading::Read(info) => Ok(info.clone()),
+            Reading::Failed { message, .. } => Err(message.clone()),
+            Reading::NotYet => Err("sandboxd info not read yet".into()),
         }
     }
 
@@ -111,7 +142,7 @@ impl Publisher {
                 return Ok(TickOutcome::Skipped);
             }
         };
-        let info = match self.sandboxd.info().await {
+        let info = match self.info().await {
             Ok(i) => i,
             Err(e) => {
                 warn!(error = %e, "skipping NodeInventory publish this tick: sandboxd info failed (no half-empty inventory is published)");

@@ -9,6 +9,8 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
+use crate::fleet::decide::Verdict;
+
 /// Label that marks a Node as a virtual kubelet; vk-sandbox never adopts a
 /// Node without it (that is a real kubelet's Node, which it must not take
 /// over) unless vk-sandbox itself manages it.
@@ -31,6 +33,18 @@ pub struct NodeSettings {
     /// Parsed `--node-labels` (applied after the fixed labels, so they may
     /// override them).
     pub extra_labels: BTreeMap<String, String>,
+    /// Which of `cpu`, `memory` and `pods` were given as flags: those stay
+    /// as given; the others follow sandboxd when it is known.
+    pub fixed: Fixed,
+}
+
+/// Which capacity flags were given (`--node-cpu`, `--node-memory`,
+/// `--node-pods`): each overrides what sandboxd says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fixed {
+    pub cpu: bool,
+    pub memory: bool,
+    pub pods: bool,
 }
 
 pub fn labels(s: &NodeSettings) -> BTreeMap<String, String> {
@@ -156,12 +170,15 @@ fn conditions(ready: bool) -> [(&'static str, &'static str, &'static str, &'stat
 
 /// The desired Node status. `observed` is the status as the apiserver last
 /// returned it: a condition keeps its `lastTransitionTime` unless its status
-/// changes.
+/// changes. `fleet` is what sandboxd's last reading says (src/fleet): its
+/// conditions beside ours, and allocatable it derives for each resource
+/// not given as a flag.
 pub fn status(
     s: &NodeSettings,
     ready: bool,
     now: Timestamp,
     observed: Option<&NodeStatus>,
+    fleet: &Verdict,
 ) -> NodeStatus {
     let previous = |type_: &str| -> Option<&NodeCondition> {
         observed?
@@ -170,8 +187,15 @@ pub fn status(
             .iter()
             .find(|c| c.type_ == type_)
     };
-    let conditions = conditions(ready)
+    let ours = conditions(ready)
         .into_iter()
+        .map(|(t, st, r, m)| (t, st, r, m.to_string()));
+    let sandboxd = fleet
+        .conditions
+        .iter()
+        .map(|c| (c.type_, c.status, c.reason, c.message.clone()));
+    let conditions = ours
+        .chain(sandboxd)
         .map(|(type_, status, reason, message)| {
             let transition = match previous(type_) {
                 Some(p) if p.status == status => p.last_transition_time.clone(),
@@ -182,7 +206,7 @@ pub fn status(
                 type_: type_.into(),
                 status: status.into(),
                 reason: Some(reason.into()),
-                message: Some(message.into()),
+                message: Some(message),
                 last_heartbeat_time: Some(Time(now)),
                 last_transition_time: Some(transition),
             }
@@ -193,16 +217,22 @@ pub fn status(
         addresses.push(address("InternalIP", ip));
     }
     addresses.push(address("Hostname", &s.name));
-    let resources: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> =
-        [("cpu", &s.cpu), ("memory", &s.memory), ("pods", &s.pods)]
-            .into_iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
-                )
-            })
-            .collect();
+    let resources: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> = [
+        ("cpu", pick(s.fixed.cpu, &s.cpu, &fleet.capacity.cpu)),
+        (
+            "memory",
+            pick(s.fixed.memory, &s.memory, &fleet.capacity.memory),
+        ),
+        ("pods", pick(s.fixed.pods, &s.pods, &fleet.capacity.pods)),
+    ]
+    .into_iter()
+    .map(|(k, v)| {
+        (
+            k.to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
+        )
+    })
+    .collect();
     NodeStatus {
         addresses: Some(addresses),
         allocatable: Some(resources.clone()),
@@ -216,6 +246,14 @@ pub fn status(
         node_info: Some(node_info()),
         phase: Some(if ready { "Running" } else { "Pending" }.into()),
         ..Default::default()
+    }
+}
+
+/// A flag given stays; else what sandboxd says, else the flag's default.
+fn pick<'a>(fixed: bool, flag: &'a String, derived: &'a Option<String>) -> &'a String {
+    match derived {
+        Some(d) if !fixed => d,
+        _ => flag,
     }
 }
 

@@ -18,6 +18,11 @@ impl NodeSettings {
             memory: cfg.capacity.memory.0.clone(),
             pods: cfg.capacity.pods.0.clone(),
             extra_labels: cfg.node_labels.clone(),
+            fixed: desired::Fixed {
+                cpu: cfg.capacity.cpu_fixed,
+                memory: cfg.capacity.memory_fixed,
+                pods: cfg.capacity.pods_fixed,
+            },
         }
     }
 }

@@ -9,10 +9,13 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, info_span, instrument, warn};
+use tracing::{Instrument, debug, info, info_span, instrument, warn};
 
 use super::desired::{self, FIELD_MANAGER, NodeSettings};
 use crate::backoff::Backoff;
+use crate::fleet::decide::{FleetSettings, FleetTaint, Verdict, decide};
+use crate::fleet::reading::Reading;
+use crate::fleet::taints;
 use crate::health::Health;
 use crate::metrics::{Controller, Metrics};
 use crate::periodic::{Beat, Next, Periodic, Turn};
@@ -89,7 +92,9 @@ pub async fn register(
     let Some(node) = existing else {
         // Created with a plain POST: the taint is then owned by an Update
         // manager, so later applies of labels alone never remove it.
-        let status = desired::status(s, ready, Timestamp::now(), None);
+        // sandboxd's conditions and taints follow once the status loop
+        // has a reading.
+        let status = desired::status(s, ready, Timestamp::now(), None, &Verdict::default());
         let new: Node = serde_json::from_value(desired::new_node(s, &status))
             .map_err(|e| Error::Internal(format!("building Node {}: {e}", s.name)))?;
         let pp = PostParams {
@@ -202,12 +207,14 @@ pub async fn apply_status(
     s: &NodeSettings,
     ready: bool,
     observed: Option<&Node>,
+    fleet: &Verdict,
 ) -> Result<Node> {
     let status = desired::status(
         s,
         ready,
         Timestamp::now(),
         observed.and_then(|n| n.status.as_ref()),
+        fleet,
     );
     nodes
         .patch_status(
@@ -239,6 +246,9 @@ pub struct StatusLoop {
     /// probably deleted): the status is applied at once, which registers
     /// the Node again if it is gone.
     pub node_gone: Arc<Notify>,
+    /// sandboxd's readings (src/fleet) and what the Node takes from them;
+    /// `None` when every part is off (our taints, if any, are removed).
+    pub fleet: Option<(watch::Receiver<Reading>, FleetSettings)>,
 }
 
 impl StatusLoop {
@@ -262,6 +272,9 @@ impl StatusLoop {
             metrics: self.metrics,
             node_gone: self.node_gone,
             check_now: false,
+            // A Node created just now carries no sandboxd verdict yet.
+            applied_verdict: self.registered.status_fresh.then(Verdict::default),
+            fleet: self.fleet,
         };
         Periodic::new("Node status", turns.interval)
             .run(Some(&health), &stop, turns)
@@ -286,19 +299,78 @@ struct StatusTurns {
     node_gone: Arc<Notify>,
     /// The Lease loop asked for the Node to be checked now.
     check_now: bool,
+    /// sandboxd's verdict as last applied (status and taints).
+    applied_verdict: Option<Verdict>,
+    fleet: Option<(watch::Receiver<Reading>, FleetSettings)>,
 }
 
 impl StatusTurns {
+    /// What sandboxd's latest reading says (nothing when every part is off).
+    fn verdict(&mut self) -> Verdict {
+        match &mut self.fleet {
+            Some((rx, settings)) => decide(&rx.borrow_and_update(), settings),
+            None => Verdict::default(),
+        }
+    }
+
+    /// Our taints as `want` says, every other taint left as it is: a JSON
+    /// patch guarded by the resourceVersion it was computed from, computed
+    /// again from a fresh read when the Node changed meanwhile.
+    async fn sync_taints(&mut self, want: &[FleetTaint]) -> Result<()> {
+        let name = self.settings.name.clone();
+        for attempt in 0..3 {
+            let spec = self.observed.spec.as_ref();
+            let current = spec.and_then(|sp| sp.taints.clone());
+            let Some(new) = taints::merged(current.as_deref().unwrap_or_default(), want) else {
+                return Ok(());
+            };
+            let rv = self
+                .observed
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default();
+            let op = if current.is_some() { "replace" } else { "add" };
+            let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                {"op": op, "path": "/spec/taints", "value": new},
+            ]))
+            .map_err(|e| Error::Internal(format!("building taint patch: {e}")))?;
+            match self
+                .nodes
+                .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await
+            {
+                Ok(n) => {
+                    let keys: Vec<&str> = want.iter().map(|t| t.key).collect();
+                    info!(taints = ?keys, "sandboxd taints on the Node updated");
+                    self.observed = n;
+                    return Ok(());
+                }
+                Err(e) if attempt < 2 => {
+                    debug!(error = %e, "taint patch refused; reading the Node again");
+                    self.observed = self
+                        .nodes
+                        .get(&name)
+                        .await
+                        .map_err(|e| Error::kube(format!("read Node {name}"), e))?;
+                }
+                Err(e) => return Err(Error::kube(format!("update taints of Node {name}"), e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Applies the status; registers the Node again when it is gone.
-    async fn apply(&self, ready: bool) -> Result<Node> {
+    async fn apply(&self, ready: bool, fleet: &Verdict) -> Result<Node> {
         let s = &self.settings;
-        match apply_status(&self.nodes, s, ready, Some(&self.observed)).await {
+        match apply_status(&self.nodes, s, ready, Some(&self.observed), fleet).await {
             Err(Error::Kube { source, .. }) if is_not_found(&source) => {
                 warn!("the Node was deleted; registering it again");
                 let r = register(&self.client, s, Seen::ReadNow, ready).await?;
                 let uid = r.node.metadata.uid.clone().unwrap_or_default();
                 self.node_uid.send_replace(uid);
-                apply_status(&self.nodes, s, ready, Some(&r.node)).await
+                apply_status(&self.nodes, s, ready, Some(&r.node), fleet).await
             }
             other => other,
         }
@@ -308,20 +380,31 @@ impl StatusTurns {
 impl Turn for StatusTurns {
     async fn turn(&mut self, _: &Beat) -> Next {
         let ready = *self.ready.borrow_and_update();
+        let verdict = self.verdict();
         if std::mem::take(&mut self.check_now) {
             self.applied = None;
         }
-        if let Some(wait) = heartbeat_due(self.applied, ready, self.interval, Instant::now()) {
+        let changed = self.applied_verdict.as_ref() != Some(&verdict);
+        if !changed
+            && let Some(wait) = heartbeat_due(self.applied, ready, self.interval, Instant::now())
+        {
             return Next::After(wait);
         }
         let started = Instant::now();
-        let result = self.apply(ready).await;
+        let mut result = self.apply(ready, &verdict).await;
+        if let Ok(n) = result {
+            self.observed = n;
+            result = self
+                .sync_taints(&verdict.taints)
+                .await
+                .map(|()| self.observed.clone());
+        }
         self.metrics
             .reconciled(Controller::Node, started.elapsed(), &result);
         match result {
-            Ok(n) => {
-                self.observed = n;
+            Ok(_) => {
                 self.applied = Some((ready, started));
+                self.applied_verdict = Some(verdict);
                 self.backoff.reset();
                 Next::After(self.interval)
             }
@@ -329,6 +412,7 @@ impl Turn for StatusTurns {
                 warn!(error = %e, "node status update failed; retrying");
                 // Applied again after the back-off, whatever is due.
                 self.applied = None;
+                self.applied_verdict = None;
                 Next::After(self.backoff.failed())
             }
         }
@@ -336,12 +420,22 @@ impl Turn for StatusTurns {
 
     async fn woken(&mut self) {
         let gone = Arc::clone(&self.node_gone);
+        let sandboxd = async {
+            let alive = match &mut self.fleet {
+                Some((rx, _)) => rx.changed().await.is_ok(),
+                None => false,
+            };
+            if !alive {
+                std::future::pending::<()>().await
+            }
+        };
         tokio::select! {
             changed = self.ready.changed() => {
                 if changed.is_err() {
                     std::future::pending::<()>().await
                 }
             }
+            () = sandboxd => {}
             _ = gone.notified() => self.check_now = true,
         }
     }

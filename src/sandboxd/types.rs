@@ -279,6 +279,13 @@ pub struct NodeInfo {
     pub draining: bool,
     #[serde(default)]
     pub peers: Vec<String>,
+    /// Newer builds, only while refills are parked for lack of room on the
+    /// host (`max_running`): warm VMs still serve claims, but a warm miss
+    /// cannot be provisioned.
+    #[serde(default)]
+    pub at_capacity: bool,
+    #[serde(default)]
+    pub at_capacity_reason: Option<String>,
 }
 
 #[cfg(test)]

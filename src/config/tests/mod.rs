@@ -42,9 +42,15 @@ fn defaults_match_the_documented_defaults() {
     assert_eq!(r.node.node_name, "vk-sandboxd");
     assert_eq!(r.node.node_ip, "");
     assert_eq!(r.kubelet.listen_addr, ":10260");
-    assert_eq!(r.node.node_cpu, "4000");
-    assert_eq!(r.node.node_memory, "8Ti");
-    assert_eq!(r.node.node_pods, "2000");
+    // Unset: sized by sandboxd's claim cap when known, else the defaults.
+    assert_eq!(r.node.node_cpu, "");
+    assert_eq!(r.node.node_memory, "");
+    assert_eq!(r.node.node_pods, "");
+    assert!(r.fleet.node_capacity_from_sandboxd);
+    assert!(r.fleet.node_conditions_from_sandboxd);
+    assert!(r.fleet.node_taints_from_sandboxd);
+    assert_eq!(r.fleet.sandboxd_max_claims, 0);
+    assert_eq!(r.fleet.sandboxd_info_interval, "2s");
     assert_eq!(r.kube.kube_api_qps, 200.0);
     assert_eq!(r.kube.kube_api_burst, 400);
     assert_eq!((r.kube.event_qps, r.kube.event_burst), (200.0, 400));
@@ -263,6 +269,12 @@ fn valid_defaults_build_a_config() {
     assert_eq!(cfg.capacity.cpu, Quantity("4000".into()));
     assert_eq!(cfg.capacity.memory, Quantity("8Ti".into()));
     assert_eq!(cfg.capacity.pods, Quantity("2000".into()));
+    assert!(!(cfg.capacity.cpu_fixed || cfg.capacity.memory_fixed || cfg.capacity.pods_fixed));
+    assert_eq!(
+        (cfg.fleet.max_claims, cfg.fleet.info_interval),
+        (None, Duration::from_secs(2))
+    );
+    assert!(cfg.fleet.capacity && cfg.fleet.conditions && cfg.fleet.taints);
     assert_eq!(cfg.sandboxd.url, "http://127.0.0.1:7777");
     assert_eq!(cfg.sandboxd.advertise_addr, "127.0.0.1:7777");
     assert!(cfg.sandboxd.token.is_none());
@@ -525,4 +537,28 @@ async fn listen_addr_binds() {
     );
     let any = ListenAddr::parse(":10260").unwrap();
     assert_eq!(any.socket_addrs().await.unwrap().len(), 2);
+}
+
+#[test]
+fn a_capacity_flag_given_is_fixed_and_the_fleet_flags_parse() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = Config::from_args(&valid(
+        dir.path(),
+        &[
+            "--node-pods=50",
+            "--sandboxd-max-claims=40",
+            "--sandboxd-info-interval=500ms",
+            "--node-taints-from-sandboxd=false",
+        ],
+    ))
+    .expect("valid");
+    assert!(cfg.capacity.pods_fixed && !cfg.capacity.cpu_fixed);
+    assert_eq!(cfg.capacity.pods, Quantity("50".into()));
+    assert_eq!(cfg.fleet.max_claims, Some(40));
+    assert_eq!(cfg.fleet.info_interval, Duration::from_millis(500));
+    assert!(!cfg.fleet.taints && cfg.fleet.conditions);
+    let err = Config::from_args(&valid(dir.path(), &["--sandboxd-info-interval=0s"]))
+        .expect_err("zero interval")
+        .to_string();
+    assert!(err.contains("--sandboxd-info-interval"), "{err}");
 }

@@ -46,6 +46,7 @@ fn settings() -> NodeSettings {
             "sandboxd".to_string(),
         )]
         .into(),
+        fixed: Fixed::default(),
     }
 }
 
@@ -66,7 +67,7 @@ fn labels_fixed_then_extra_with_override() {
 #[test]
 fn new_node_has_exactly_one_taint_and_its_status() {
     let now: Timestamp = "2026-12-01T10:00:00Z".parse().expect("ts");
-    let st = status(&settings(), true, now, None);
+    let st = status(&settings(), true, now, None, &Verdict::default());
     let n = new_node(&settings(), &st);
     let taints = n["spec"]["taints"].as_array().expect("taints");
     assert_eq!(taints.len(), 1);
@@ -145,7 +146,7 @@ fn labels_are_current_only_when_ours_are_applied_exactly() {
 #[test]
 fn addresses_internal_ip_first_then_hostname() {
     let now = Timestamp::now();
-    let st = status(&settings(), true, now, None);
+    let st = status(&settings(), true, now, None, &Verdict::default());
     let a = st.addresses.expect("addresses");
     assert_eq!(
         a.iter()
@@ -155,14 +156,22 @@ fn addresses_internal_ip_first_then_hostname() {
     );
     let mut s = settings();
     s.ip = None;
-    let a = status(&s, true, now, None).addresses.expect("addresses");
+    let a = status(&s, true, now, None, &Verdict::default())
+        .addresses
+        .expect("addresses");
     assert_eq!(a.len(), 1);
     assert_eq!(a[0].type_, "Hostname");
 }
 
 #[test]
 fn capacity_equals_allocatable_and_port_advertised() {
-    let st = status(&settings(), true, Timestamp::now(), None);
+    let st = status(
+        &settings(),
+        true,
+        Timestamp::now(),
+        None,
+        &Verdict::default(),
+    );
     assert_eq!(st.capacity, st.allocatable);
     let cap = st.capacity.expect("capacity");
     assert_eq!(cap["cpu"].0, "4000");
@@ -184,7 +193,13 @@ fn capacity_equals_allocatable_and_port_advertised() {
 
 #[test]
 fn ready_only_condition_true() {
-    let st = status(&settings(), true, Timestamp::now(), None);
+    let st = status(
+        &settings(),
+        true,
+        Timestamp::now(),
+        None,
+        &Verdict::default(),
+    );
     let conds = st.conditions.expect("conditions");
     assert_eq!(conds.len(), 5);
     for c in &conds {
@@ -195,7 +210,13 @@ fn ready_only_condition_true() {
             assert_eq!(c.status, "False", "{}", c.type_);
         }
     }
-    let not_ready = status(&settings(), false, Timestamp::now(), None);
+    let not_ready = status(
+        &settings(),
+        false,
+        Timestamp::now(),
+        None,
+        &Verdict::default(),
+    );
     assert!(
         not_ready
             .conditions
@@ -209,9 +230,9 @@ fn ready_only_condition_true() {
 fn transition_time_stable_unless_status_changes() {
     let t0: Timestamp = "2026-01-01T00:00:00Z".parse().expect("t0");
     let t1: Timestamp = "2026-01-01T00:01:00Z".parse().expect("t1");
-    let first = status(&settings(), false, t0, None);
-    let second = status(&settings(), false, t1, Some(&first));
-    let third = status(&settings(), true, t1, Some(&second));
+    let first = status(&settings(), false, t0, None, &Verdict::default());
+    let second = status(&settings(), false, t1, Some(&first), &Verdict::default());
+    let third = status(&settings(), true, t1, Some(&second), &Verdict::default());
     let get = |st: &NodeStatus, ty: &str| {
         st.conditions
             .as_ref()
@@ -234,11 +255,105 @@ fn transition_time_stable_unless_status_changes() {
 
 #[test]
 fn the_status_apply_declares_websockets_to_the_kubelet() {
-    let st = status(&settings(), true, Timestamp::now(), None);
+    let st = status(
+        &settings(),
+        true,
+        Timestamp::now(),
+        None,
+        &Verdict::default(),
+    );
     let body = status_apply("n", &st);
     assert_eq!(
         body["status"]["declaredFeatures"],
         json!(["ExtendWebSocketsToKubelet"])
     );
     assert_eq!(body["status"]["phase"], "Running");
+}
+
+fn quantity(st: &NodeStatus, k: &str) -> String {
+    st.allocatable
+        .as_ref()
+        .and_then(|a| a.get(k))
+        .map(|q| q.0.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn sandboxd_sizes_allocatable_unless_a_flag_was_given() {
+    use crate::fleet::decide::Derived;
+    let fleet = Verdict {
+        capacity: Derived {
+            cpu: Some("40".into()),
+            memory: Some("20480Mi".into()),
+            pods: Some("40".into()),
+        },
+        ..Verdict::default()
+    };
+    let st = status(&settings(), true, Timestamp::now(), None, &fleet);
+    assert_eq!(quantity(&st, "cpu"), "40");
+    assert_eq!(quantity(&st, "memory"), "20480Mi");
+    assert_eq!(quantity(&st, "pods"), "40");
+    assert_eq!(st.capacity, st.allocatable);
+    let mut s = settings();
+    s.fixed.pods = true;
+    let st = status(&s, true, Timestamp::now(), None, &fleet);
+    assert_eq!(quantity(&st, "pods"), "2000", "--node-pods overrides");
+    assert_eq!(quantity(&st, "cpu"), "40");
+    // Nothing derived: the flags' values (or their defaults).
+    let st = status(
+        &settings(),
+        true,
+        Timestamp::now(),
+        None,
+        &Verdict::default(),
+    );
+    assert_eq!(quantity(&st, "cpu"), "4000");
+}
+
+#[test]
+fn sandboxd_conditions_sit_beside_ours_and_keep_their_transition_time() {
+    use crate::fleet::decide::Cond;
+    let draining = |status: &'static str| Verdict {
+        conditions: vec![Cond {
+            type_: "SandboxdDraining",
+            status,
+            reason: "Draining",
+            message: "m".into(),
+        }],
+        ..Verdict::default()
+    };
+    let t0 = Timestamp::from_second(1_000).expect("t0");
+    let t1 = Timestamp::from_second(2_000).expect("t1");
+    let first = status(&settings(), true, t0, None, &draining("True"));
+    let types: Vec<&str> = first
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert_eq!(types[0], "Ready");
+    assert!(types.contains(&"SandboxdDraining"), "{types:?}");
+    let ready = |st: &NodeStatus| {
+        st.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status.clone())
+    };
+    assert_eq!(
+        ready(&first).as_deref(),
+        Some("True"),
+        "a sandboxd fault never touches Ready"
+    );
+    let when = |st: &NodeStatus| {
+        st.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "SandboxdDraining")
+            .and_then(|c| c.last_transition_time.clone())
+    };
+    let same = status(&settings(), true, t1, Some(&first), &draining("True"));
+    assert_eq!(when(&same), when(&first));
+    let flipped = status(&settings(), true, t1, Some(&same), &draining("False"));
+    assert_eq!(when(&flipped).map(|t| t.0), Some(t1));
 }

@@ -226,6 +226,8 @@ fn info(pools: Vec<PoolInfo>) -> NodeInfo {
         archived: 0,
         draining: false,
         peers: vec![],
+        at_capacity: false,
+        at_capacity_reason: None,
     }
 }
 
