@@ -2004,3 +2004,87 @@ fn client_survives_random_replies_over_http() {
         })
         .expect("the client returns what the decoders make of every reply");
 }
+
+/// What the Node's capacity and health are read from (docs/operations.md,
+/// "sandboxd on the Node"): sandboxd's operator drain (`POST`/`DELETE
+/// /v1/drain`, root only) shows as `draining` and refuses claims with 429;
+/// a claim cap refuses with "N live claims, cap N"; a host with no room
+/// and no warm VM reports `at_capacity`. Running sandboxes stay listed
+/// through all of it.
+#[tokio::test]
+async fn drain_cap_and_host_capacity_show_in_info() {
+    let mut cfg = self::cfg();
+    cfg.tenants = vec![TenantConfig {
+        name: "acme".into(),
+        token: "tenant-tok".into(),
+        max_claims: 0,
+    }];
+    cfg.pools = vec![pool(TEMPLATE, 2)];
+    cfg.refill_delay_ms = 60_000;
+    let h = sim(cfg).await;
+    let c = client(&h);
+    let first = c.claim(&req("ns/a")).await.expect("claim");
+    let http = reqwest::Client::new();
+    let drain = |method: reqwest::Method, token: &str| {
+        http.request(method, format!("{}/v1/drain", h.base_url()))
+            .bearer_auth(token)
+            .send()
+    };
+    let r = drain(reqwest::Method::POST, "tenant-tok").await.expect("send");
+    assert_eq!(r.status().as_u16(), 403, "a tenant cannot drain");
+    let r = drain(reqwest::Method::POST, ROOT).await.expect("send");
+    assert_eq!(r.status().as_u16(), 204);
+    assert!(c.info().await.expect("info").draining);
+    let err = c.claim(&req("ns/b")).await.expect_err("draining");
+    assert!(
+        matches!(&err, SandboxdError::CapacityMiss { message } if message.ends_with("node draining")),
+        "{err:?}"
+    );
+    let listed = c.list().await.expect("list");
+    assert!(listed.iter().any(|r| r.id == first.id), "running sandbox kept");
+    let r = drain(reqwest::Method::DELETE, ROOT).await.expect("send");
+    assert_eq!(r.status().as_u16(), 204);
+    assert!(!c.info().await.expect("info").draining);
+    let r = drain(reqwest::Method::GET, ROOT).await.expect("send");
+    assert_eq!(r.status().as_u16(), 405);
+
+    // The cap: info says how many are claimed (not the cap); the 429 does.
+    h.patch_config(ConfigPatch {
+        max_claims: Some(2),
+        ..ConfigPatch::default()
+    });
+    c.claim(&req("ns/b")).await.expect("claim under the cap");
+    let err = c.claim(&req("ns/c")).await.expect_err("at the cap");
+    assert!(
+        matches!(&err, SandboxdError::CapacityMiss { message } if message.ends_with("2 live claims, cap 2")),
+        "{err:?}"
+    );
+    assert_eq!(c.info().await.expect("info").claimed, 2);
+
+    // No room on the host and the pool empty: at_capacity with its reason.
+    let mut full = self::cfg();
+    full.pools = vec![pool(TEMPLATE, 2)];
+    full.max_running = 2;
+    let h = sim(full).await;
+    let c = client(&h);
+    // Take warm VMs until none is left and no refill can start.
+    let mut info = c.info().await.expect("info");
+    for i in 0..6 {
+        if info.pools[0].warm == 0 && info.pools[0].refilling == 0 {
+            break;
+        }
+        if info.pools[0].warm > 0 {
+            c.claim(&req(&format!("ns/x{i}"))).await.expect("claim");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        info = c.info().await.expect("info");
+    }
+    assert_eq!(info.pools[0].warm, 0, "{info:?}");
+    assert!(info.at_capacity, "{info:?}");
+    assert!(
+        info.at_capacity_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("max_running")),
+        "{info:?}"
+    );
+}

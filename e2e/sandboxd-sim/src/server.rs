@@ -62,6 +62,7 @@ pub fn router(sim: Arc<Sim>) -> Router {
         .route("/v1/sandboxes/{id}/agent", any(verbs::agent_relay))
         .route("/v1/sandboxes/{id}/ports/{port}", any(verbs::port_relay))
         .route("/v1/info", any(info))
+        .route("/v1/drain", any(drain))
         .route("/metrics", any(metrics))
         .route("/healthz", any(healthz))
         .fallback(not_found)
@@ -183,6 +184,25 @@ async fn info(
     seq: Option<Extension<LogSeq>>,
 ) -> Response {
     node_read(sim, method, headers, conn, seq, Sim::info).await
+}
+
+/// `POST /v1/drain` (drain: claims get 429, or a redirect with peers) and
+/// `DELETE /v1/drain` (take claims again); root only, as sandboxd's
+/// operator surface. Running sandboxes are untouched either way.
+async fn drain(
+    State(sim): State<Arc<Sim>>,
+    method: Method,
+    headers: HeaderMap,
+    conn: Option<Extension<ConnCtl>>,
+    seq: Option<Extension<LogSeq>>,
+) -> Response {
+    let draining = match method {
+        Method::POST => true,
+        Method::DELETE => false,
+        _ => return method_not_allowed("POST, DELETE"),
+    };
+    let outcome = sim.set_draining(auth(&headers).as_deref(), draining);
+    deliver(&sim, outcome, conn, seq).await
 }
 
 async fn metrics(

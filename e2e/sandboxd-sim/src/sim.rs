@@ -1063,6 +1063,16 @@ impl Sim {
         self.lock().faults.clear();
     }
 
+    /// `POST`/`DELETE /v1/drain`: root only; `204`.
+    pub fn set_draining(&self, auth: Option<&str>, draining: bool) -> Outcome {
+        let mut st = self.lock();
+        if let Err(reply) = Self::auth_root(&st, auth) {
+            return reply.into();
+        }
+        st.cfg.draining = draining;
+        Reply::empty(204).into()
+    }
+
     pub fn patch_config(&self, patch: ConfigPatch) -> SimConfig {
         let mut st = self.lock();
         patch.apply(&mut st.cfg);
