@@ -113,6 +113,15 @@ impl VkUnderTest {
 
     fn spawn(&self, extra: &[&str], ports: Option<(u16, u16)>) -> VkProcess {
         let mut args = node_args(&self.node, &self.state_path);
+        // Many tests run no sandboxd, or stop it on purpose, and still want
+        // their Pods bound here: sandboxd's taints only where a test asks
+        // for them (tests/e2e_fleet.rs). Conditions and capacity stay on.
+        if !extra
+            .iter()
+            .any(|a| a.starts_with("--node-taints-from-sandboxd"))
+        {
+            args.push("--node-taints-from-sandboxd=false".into());
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (k, a) = ports.unwrap_or_else(|| (free_port(), free_port()));
