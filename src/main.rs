@@ -18,7 +18,7 @@ use vk_sandbox::claims::{self, ClaimsStore};
 use vk_sandbox::config::{self, Config};
 use vk_sandbox::fleet::decide::FleetSettings;
 use vk_sandbox::fleet::feed::InfoFeed;
-use vk_sandbox::fleet::reading::Reading;
+use vk_sandbox::fleet::reading::Sample;
 use vk_sandbox::health::Health;
 use vk_sandbox::inventory::Publisher;
 use vk_sandbox::kube_client::progress::{self, WatchProgress};
@@ -316,7 +316,7 @@ fn spawn_reports(
     cfg: &Config,
     s: Shared,
     listing: Option<Vec<SandboxRow>>,
-    info_feed: Option<watch::Receiver<Reading>>,
+    info_feed: Option<watch::Receiver<Sample>>,
 ) {
     if cfg.inventory.publish {
         let publisher = Publisher::new(

@@ -446,8 +446,9 @@ fn fault(endpoint: &str, times: u32) -> Fault {
     .expect("fault json")
 }
 
-/// With --publish-inventory off, nothing is written and
-/// sandboxd's info is never read, while the other loops run.
+/// With --publish-inventory off (and the Node not following sandboxd,
+/// the other reader of info), nothing is written and sandboxd's info is
+/// never read, while the other loops run.
 #[tokio::test(flavor = "multi_thread")]
 async fn inventory_off_writes_nothing() {
     let Some(cluster) = support::cluster().await else {
@@ -460,7 +461,12 @@ async fn inventory_off_writes_nothing() {
         &sim,
         "noinv",
         None,
-        &["--orphan-scan-interval=1s"],
+        &[
+            "--orphan-scan-interval=1s",
+            "--node-capacity-from-sandboxd=false",
+            "--node-conditions-from-sandboxd=false",
+            "--node-taints-from-sandboxd=false",
+        ],
     )
     .await;
     // Two audit cycles prove the process has been running its loops.

@@ -2030,7 +2030,9 @@ async fn drain_cap_and_host_capacity_show_in_info() {
             .bearer_auth(token)
             .send()
     };
-    let r = drain(reqwest::Method::POST, "tenant-tok").await.expect("send");
+    let r = drain(reqwest::Method::POST, "tenant-tok")
+        .await
+        .expect("send");
     assert_eq!(r.status().as_u16(), 403, "a tenant cannot drain");
     let r = drain(reqwest::Method::POST, ROOT).await.expect("send");
     assert_eq!(r.status().as_u16(), 204);
@@ -2041,7 +2043,10 @@ async fn drain_cap_and_host_capacity_show_in_info() {
         "{err:?}"
     );
     let listed = c.list().await.expect("list");
-    assert!(listed.iter().any(|r| r.id == first.id), "running sandbox kept");
+    assert!(
+        listed.iter().any(|r| r.id == first.id),
+        "running sandbox kept"
+    );
     let r = drain(reqwest::Method::DELETE, ROOT).await.expect("send");
     assert_eq!(r.status().as_u16(), 204);
     assert!(!c.info().await.expect("info").draining);

@@ -14,36 +14,42 @@ use crate::health::Health;
 use crate::periodic::{Beat, Next, Periodic, Turn};
 use crate::sandboxd::SandboxdClient;
 
-use super::reading::{FailureKind, Reading};
+use super::reading::{FailureKind, Reading, Sample};
 
-/// Reads `/v1/info` and sends each reading (only a changed one wakes the
-/// receivers).
+/// Reads `/v1/info` and sends each reading (every read wakes the
+/// receivers; the Node writes only what changed).
 pub struct InfoFeed {
     sandboxd: SandboxdClient,
-    tx: watch::Sender<Reading>,
+    tx: watch::Sender<Sample>,
 }
 
 impl InfoFeed {
     /// The feed and a receiver of its readings ([`Reading::NotYet`] until
     /// the first read).
-    pub fn new(sandboxd: SandboxdClient) -> (InfoFeed, watch::Receiver<Reading>) {
-        let (tx, rx) = watch::channel(Reading::NotYet);
+    pub fn new(sandboxd: SandboxdClient) -> (InfoFeed, watch::Receiver<Sample>) {
+        let (tx, rx) = watch::channel(Sample {
+            seq: 0,
+            reading: Reading::NotYet,
+        });
         (InfoFeed { sandboxd, tx }, rx)
     }
 
     /// Another receiver of the same readings.
-    pub fn subscribe(&self) -> watch::Receiver<Reading> {
+    pub fn subscribe(&self) -> watch::Receiver<Sample> {
         self.tx.subscribe()
     }
 
-    /// One read, shared when the reading changed.
+    /// One read, shared.
     pub async fn read_once(&self) {
         let read = self
             .sandboxd
             .info()
             .await
             .map_err(|e| (FailureKind::of(&e), e.to_string()));
-        let was = self.tx.borrow().clone();
+        let (seq, was) = {
+            let s = self.tx.borrow();
+            (s.seq, s.reading.clone())
+        };
         let now = was.next(read);
         match (&was, &now) {
             (Reading::Read(_) | Reading::NotYet, Reading::Failed { message, .. }) => {
@@ -52,10 +58,9 @@ impl InfoFeed {
             (Reading::Failed { .. }, Reading::Read(_)) => info!("sandboxd info answers again"),
             _ => {}
         }
-        self.tx.send_if_modified(|r| {
-            let changed = *r != now;
-            *r = now;
-            changed
+        self.tx.send_replace(Sample {
+            seq: seq.wrapping_add(1),
+            reading: now,
         });
     }
 

@@ -82,3 +82,12 @@ impl Reading {
         }
     }
 }
+
+/// A reading as the feed shares it: `seq` counts the reads, so a reader
+/// can wait for one taken after a moment of its own (the NodeInventory
+/// publisher reads its listing first, then wants an info read after it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub seq: u64,
+    pub reading: Reading,
+}

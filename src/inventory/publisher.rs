@@ -16,7 +16,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::claims::ClaimsStore;
 use crate::error::{Error, Result};
-use crate::fleet::reading::Reading;
+use crate::fleet::reading::{Reading, Sample};
 use crate::health::Health;
 use crate::metrics::{Controller, Metrics};
 use crate::node::desired::FIELD_MANAGER;
@@ -31,8 +31,9 @@ use super::types::{KIND, NodeInventory, PLURAL, VERSION, api_version, crd_name};
 /// in between), so an object edited or deleted by hand comes back.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(600);
 
-/// How long a tick waits for the feed's first reading of `/v1/info`.
-const FIRST_READING_WAIT: Duration = Duration::from_secs(15);
+/// How long a tick waits for the feed's next reading of `/v1/info` (its
+/// interval, plus a read that times out after 10 s).
+const FRESH_READING_WAIT: Duration = Duration::from_secs(75);
 
 /// What one tick did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +63,7 @@ pub struct Publisher {
     seed: Option<Vec<SandboxRow>>,
     /// The readings of `/v1/info` the Node status shares (src/fleet); the
     /// publisher reads `/v1/info` itself only without them.
-    info_feed: Option<watch::Receiver<Reading>>,
+    info_feed: Option<watch::Receiver<Sample>>,
 }
 
 impl Publisher {
@@ -94,23 +95,27 @@ impl Publisher {
     }
 
     /// Take `/v1/info` from the feed's readings instead of reading it.
-    pub fn with_info_feed(mut self, feed: watch::Receiver<Reading>) -> Publisher {
+    pub fn with_info_feed(mut self, feed: watch::Receiver<Sample>) -> Publisher {
         self.info_feed = Some(feed);
         self
     }
 
-    /// The latest `/v1/info`: the feed's reading (waiting a little for the
-    /// first), or a read of its own when there is no feed.
-    async fn info(&mut self) -> std::result::Result<NodeInfo, String> {
+    /// `/v1/info` read after `after` (the feed's read count when the tick
+    /// started): the feed's next reading, or a read of its own when there
+    /// is no feed.
+    async fn info(&mut self, after: Option<u64>) -> std::result::Result<NodeInfo, String> {
         let Some(rx) = &mut self.info_feed else {
             return self.sandboxd.info().await.map_err(|e| e.to_string());
         };
-        if matches!(*rx.borrow_and_update(), Reading::NotYet) {
-            let _ = tokio::time::timeout(FIRST_READING_WAIT, rx.changed()).await;
-        }
-        match &*rx.borrow() {
-            Reading::Read(info) => Ok(info.clone()),
-            Reading::Failed { message, .. } => Err(message.clone()),
+        let after = after.unwrap_or_default();
+        let reading =
+            match tokio::time::timeout(FRESH_READING_WAIT, rx.wait_for(|s| s.seq > after)).await {
+                Ok(Ok(sample)) => sample.reading.clone(),
+                _ => return Err("no fresh reading of sandboxd info from the feed".into()),
+            };
+        match reading {
+            Reading::Read(info) => Ok(info),
+            Reading::Failed { message, .. } => Err(message),
             Reading::NotYet => Err("sandboxd info not read yet".into()),
         }
     }
@@ -130,6 +135,8 @@ impl Publisher {
     /// One reconcile. `Err` only when the apply itself failed (retried next
     /// tick); sandboxd failures are a skip, not an error.
     pub async fn tick(&mut self) -> Result<TickOutcome> {
+        // The info read comes after the listing, as without the feed.
+        let seen = self.info_feed.as_ref().map(|rx| rx.borrow().seq);
         let listed = match self.seed.take() {
             Some(l) => Ok(l),
             None => self.sandboxd.list().await,
@@ -142,7 +149,7 @@ impl Publisher {
                 return Ok(TickOutcome::Skipped);
             }
         };
-        let info = match self.info().await {
+        let info = match self.info(seen).await {
             Ok(i) => i,
             Err(e) => {
                 warn!(error = %e, "skipping NodeInventory publish this tick: sandboxd info failed (no half-empty inventory is published)");

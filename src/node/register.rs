@@ -14,7 +14,7 @@ use tracing::{Instrument, debug, info, info_span, instrument, warn};
 use super::desired::{self, FIELD_MANAGER, NodeSettings};
 use crate::backoff::Backoff;
 use crate::fleet::decide::{FleetSettings, FleetTaint, Verdict, decide};
-use crate::fleet::reading::Reading;
+use crate::fleet::reading::Sample;
 use crate::fleet::taints;
 use crate::health::Health;
 use crate::metrics::{Controller, Metrics};
@@ -248,7 +248,7 @@ pub struct StatusLoop {
     pub node_gone: Arc<Notify>,
     /// sandboxd's readings (src/fleet) and what the Node takes from them;
     /// `None` when every part is off (our taints, if any, are removed).
-    pub fleet: Option<(watch::Receiver<Reading>, FleetSettings)>,
+    pub fleet: Option<(watch::Receiver<Sample>, FleetSettings)>,
 }
 
 impl StatusLoop {
@@ -301,14 +301,14 @@ struct StatusTurns {
     check_now: bool,
     /// sandboxd's verdict as last applied (status and taints).
     applied_verdict: Option<Verdict>,
-    fleet: Option<(watch::Receiver<Reading>, FleetSettings)>,
+    fleet: Option<(watch::Receiver<Sample>, FleetSettings)>,
 }
 
 impl StatusTurns {
     /// What sandboxd's latest reading says (nothing when every part is off).
     fn verdict(&mut self) -> Verdict {
         match &mut self.fleet {
-            Some((rx, settings)) => decide(&rx.borrow_and_update(), settings),
+            Some((rx, settings)) => decide(&rx.borrow_and_update().reading, settings),
             None => Verdict::default(),
         }
     }
