@@ -205,13 +205,20 @@ pub fn node_args(node: &str, state_path: &Path) -> Vec<String> {
 }
 
 pub fn node_condition(n: &Node, type_: &str) -> Option<String> {
+    node_condition_of(n, type_).map(|c| c.status.clone())
+}
+
+/// The Node's condition of type `type_`, whole.
+pub fn node_condition_of<'a>(
+    n: &'a Node,
+    type_: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::NodeCondition> {
     n.status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
         .find(|c| c.type_ == type_)
-        .map(|c| c.status.clone())
 }
 
 pub fn tail(text: &str, lines: usize) -> String {
