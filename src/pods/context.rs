@@ -2,6 +2,7 @@
 //! Events, per-Pod back-off, and the gate that holds reconciles until the
 //! Node is registered.
 
+use super::owners::Owners;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,6 +55,8 @@ pub mod reason {
 
 pub struct Context {
     pub provider: Arc<Provider>,
+    /// Who owns a Pod or a claim, and whether it lives (the provider's).
+    pub owners: Arc<Owners>,
     pub client: Client,
     pub recorder: Recorder,
     pub node: String,
@@ -83,6 +86,7 @@ impl Context {
             },
         );
         Context {
+            owners: Arc::clone(provider.owners()),
             provider,
             client,
             recorder,

@@ -28,6 +28,7 @@ pub mod failure;
 pub mod gauges;
 pub mod lifecycle;
 pub mod owner;
+pub mod owners;
 pub mod plan;
 pub mod pod;
 pub mod provider;

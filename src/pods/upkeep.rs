@@ -16,18 +16,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::authority::owner_of;
-use super::authority::{self, OwnerLookup};
 use super::context::Context;
-use super::lifecycle::decide::{
-    OwnerState, Settings, Turn as Facts, Upkeep, Whereabouts, owner_state, upkeep,
-};
+use super::lifecycle::decide::{OwnerState, Settings, Turn as Facts, Upkeep, Whereabouts, upkeep};
 use super::lifecycle::schedule::{self, Due, Lease, PodHere};
+use super::owners::Owner;
 use super::pod::Pod;
-use super::provider::lifecycle::reference;
 use crate::claims::{Claim, VmState};
 use crate::periodic::{Beat, Next, Turn};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -145,7 +141,7 @@ impl Turn for LifecycleUpkeep {
             let unserved = pod
                 .as_deref()
                 .and_then(owner_of)
-                .and_then(|o| self.ctx.provider.owner_version_served(&o))
+                .and_then(|o| self.ctx.owners.version_served(&o))
                 == Some(false);
             let slot = self.slots.get(&(key.clone(), claim.id.clone()));
             let facts = schedule::Facts {
@@ -336,36 +332,27 @@ impl Local {
 
 /// What the apiserver answered for a turn.
 struct Asked {
-    reference: Option<OwnerReference>,
-    lookup: OwnerLookup,
+    owner: Owner,
     whereabouts: Whereabouts,
 }
 
 /// Asks the owner and, when the decision needs it, where the owner's Pod
 /// runs. `Err`: how the turn went without an answer.
 async fn ask(ctx: &Context, key: &str, local: &Local, settings: Settings) -> Result<Asked, Went> {
-    let provider = &ctx.provider;
-    let (reference, lookup) = match (&local.pod, &local.claim.lifecycle.owner) {
-        (Some(p), _) => (
-            authority::controller_ref(p).cloned(),
-            provider.owner_of_pod(p).await,
-        ),
-        (None, Some(owner)) => (
-            Some(reference(owner)),
-            provider.lookup_owner(key, owner).await,
-        ),
+    let owner = match (&local.pod, &local.claim.lifecycle.owner) {
+        (Some(p), _) => ctx.owners.of_pod(p).await,
+        (None, Some(owner)) => ctx.owners.of_stored(key, owner).await,
         (None, None) => return Err(Went::Through),
     };
+    let state = owner.state();
     let mut asked = Asked {
-        reference,
-        lookup,
+        owner,
         whereabouts: Whereabouts::Unknown,
     };
-    let owner = owner_state(asked.reference.as_ref(), &asked.lookup);
-    if upkeep(&facts(local, &owner, Whereabouts::Unknown, settings)) == Upkeep::AskWhereabouts
+    if upkeep(&facts(local, &state, Whereabouts::Unknown, settings)) == Upkeep::AskWhereabouts
         && let Some(owner) = &local.claim.lifecycle.owner
     {
-        match provider.whereabouts(key, owner, &ctx.node).await {
+        match ctx.owners.whereabouts(key, owner, &ctx.node).await {
             Ok(w) => asked.whereabouts = w,
             Err(e) => {
                 warn!(error = %e, "could not find where the owner's Pod runs; asked again later");
@@ -407,7 +394,7 @@ async fn act(
 ) -> Option<Went> {
     let claim = &local.claim;
     let pod = local.pod.as_deref();
-    let owner = owner_state(asked.reference.as_ref(), &asked.lookup);
+    let owner = asked.owner.state();
     if let (Some(p), None, Held::Yes) = (pod, &claim.lifecycle.owner, held) {
         remember_owner(ctx, key, claim, p).await;
     }

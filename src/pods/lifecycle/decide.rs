@@ -8,39 +8,10 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::schedule::{self, Lease};
 use crate::claims::lifecycle::{Lifecycle, VmState};
-use crate::pods::authority::{self, OwnerLookup, Verdict};
-use crate::pods::owner::Intent;
-
-/// The owner as the lifecycle decides from it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OwnerState {
-    /// No controller owner: a bare Pod, its own owner.
-    None,
-    /// Confirmed gone: deleted, being deleted, or replaced by a new object
-    /// of that name.
-    Gone(String),
-    /// The very object the Pod referenced, alive.
-    Alive(Intent),
-    /// Cannot be decided (403, 5xx, timeout, an unusable reference, a 404
-    /// that does not name it, a kind no served version has).
-    Doubt(String),
-}
-
-/// The owner's state from its lookup, through delete authorization's table.
-pub fn owner_state(reference: Option<&OwnerReference>, lookup: &OwnerLookup) -> OwnerState {
-    match (authority::decide(reference, lookup), lookup) {
-        (Verdict::Release(_), OwnerLookup::NoControllerRef) => OwnerState::None,
-        (Verdict::Release(why), _) => OwnerState::Gone(why),
-        (Verdict::Preserve(_), OwnerLookup::Found { intent, .. }) => {
-            OwnerState::Alive(intent.clone())
-        }
-        (Verdict::Preserve(why), _) => OwnerState::Doubt(why),
-    }
-}
+pub use crate::pods::authority::OwnerState;
 
 /// What a Pod's deletion does to its claim's VM.
 #[derive(Debug, Clone, PartialEq, Eq)]

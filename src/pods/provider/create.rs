@@ -8,12 +8,12 @@ use jiff::Timestamp;
 use tracing::{info, warn};
 
 use super::create_step::{CreateStep, adoption, claim_failed, next_step};
-use super::lifecycle::{WakeError, reference};
+use super::lifecycle::WakeError;
 use super::verification::Ask;
 use super::{CreateFailure, Created, Provider, lock, view};
 use crate::claims::{Claim, Lifecycle, OwnerRef, VmState};
+use crate::pods::authority::OwnerState;
 use crate::pods::failure::Cause;
-use crate::pods::lifecycle::decide::{OwnerState, owner_state};
 use crate::pods::lifecycle::reason;
 use crate::pods::pod::Pod;
 use crate::pods::{authority, claim_ref, status};
@@ -132,18 +132,18 @@ impl Provider {
         claim: &Claim,
         owner: &OwnerRef,
     ) -> Result<(), CreateFailure> {
-        let lookup = self.lookup_owner(k, owner).await;
         let held_for = format!(
             "sandbox {} under {k} was claimed for {} {} (uid {})",
             claim.id, owner.kind, owner.name, owner.uid
         );
-        match owner_state(Some(&reference(owner)), &lookup) {
+        match self.owners.of_stored(k, owner).await.state() {
             OwnerState::Gone(why) => {
                 info!(pod = %k, sandbox = %claim.id, %why,
                       "the claim's owner generation is gone: released, a fresh one is claimed");
                 self.release_held(k, claim).await.map_err(|e| {
                     CreateFailure::ours(format!(
-                        "{held_for}, which is gone ({why}); releasing it failed, retried                          before a fresh sandbox is claimed for Pod {}: {e}",
+                        "{held_for}, which is gone ({why}); releasing it failed, retried \
+                         before a fresh sandbox is claimed for Pod {}: {e}",
                         pod.uid()
                     ))
                 })?;
@@ -151,10 +151,13 @@ impl Provider {
                 Ok(())
             }
             OwnerState::Alive(_) | OwnerState::None => Err(CreateFailure::ours(format!(
-                "{held_for}, which still exists; this Pod's controller is another object, so                  that sandbox (its memory and files) is not handed over; the Pod waits until                  that owner is gone"
+                "{held_for}, which still exists; this Pod's controller is another object, so \
+                 that sandbox (its memory and files) is not handed over; the Pod waits until \
+                 that owner is gone"
             ))),
             OwnerState::Doubt(why) => Err(CreateFailure::ours(format!(
-                "{held_for}; whether that owner still exists cannot be told ({why}), so                  nothing is handed over or released yet; retried"
+                "{held_for}; whether that owner still exists cannot be told ({why}), so \
+                 nothing is handed over or released yet; retried"
             ))),
         }
     }

@@ -1,23 +1,17 @@
 //! The provider's side of the Sandbox lifecycle (docs/architecture.md,
 //! "Sandbox lifecycle"): hibernate, wake and renew a claim's VM against
-//! sandboxd, each outcome recorded in the claims store; reading a stored
-//! owner, and where the owner's Pod runs now. What to do is decided by
-//! [`crate::pods::lifecycle`].
+//! sandboxd, each outcome recorded in the claims store. What to do is
+//! decided by [`crate::pods::lifecycle`]; the owner is asked through
+//! [`crate::pods::owners`].
 
 use std::num::NonZeroU64;
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::Api;
-use kube::api::ListParams;
 use tracing::{info, warn};
 
 use super::{Hibernation, Provider};
 use crate::claims::{Claim, OwnerRef, VmState};
-use crate::pods::authority::{self, OwnerLookup};
-use crate::pods::lifecycle::decide::Whereabouts;
 use crate::pods::lifecycle::observe::Correction;
-use crate::pods::pod::Pod;
 use crate::sandboxd::{Refusal, SandboxAuth, SandboxdError};
 
 /// What a renewal did.
@@ -33,23 +27,6 @@ pub enum Renewal {
     /// Failed; retried.
     Failed(SandboxdError),
     NoCredential,
-}
-
-/// The reference a stored owner stands for (always the controller).
-pub fn reference(owner: &OwnerRef) -> OwnerReference {
-    OwnerReference {
-        api_version: owner.api_version.clone(),
-        kind: owner.kind.clone(),
-        name: owner.name.clone(),
-        uid: owner.uid.clone(),
-        controller: Some(true),
-        block_owner_deletion: None,
-    }
-}
-
-/// The namespace of a `<namespace>/<name>` key.
-fn namespace_of(key: &str) -> &str {
-    key.split_once('/').map_or("default", |(ns, _)| ns)
 }
 
 impl Provider {
@@ -295,43 +272,6 @@ impl Provider {
             }
         }
     }
-
-    /// Reads a stored owner (no Pod of the key here), at a served version.
-    pub async fn lookup_owner(&self, key: &str, owner: &OwnerRef) -> OwnerLookup {
-        self.owners
-            .lookup_ref(&self.client, namespace_of(key), &reference(owner))
-            .await
-    }
-
-    /// Whether the reference's own version is served, from discovery's
-    /// cache (`Some(false)`: the garbage collector cannot resolve it).
-    pub fn owner_version_served(&self, owner: &OwnerRef) -> Option<bool> {
-        self.owners.own_version_served(&reference(owner))
-    }
-
-    /// Where the Pod of `key` runs now, for a claim whose owner lives and
-    /// runs with no Pod of the key here: on another node, under the same
-    /// owner, means the Sandbox moved. A `list` by name (the grant the Pod
-    /// watch holds), not a `get`.
-    pub async fn whereabouts(
-        &self,
-        key: &str,
-        owner: &OwnerRef,
-        node: &str,
-    ) -> Result<Whereabouts, kube::Error> {
-        let (ns, name) = key.split_once('/').unwrap_or(("default", key));
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let pods = api
-            .list(&ListParams::default().fields(&format!("metadata.name={name}")))
-            .await?;
-        let elsewhere = pods.items.iter().find_map(|p| {
-            let bound = p.spec.as_ref()?.node_name.as_deref()?;
-            let same_owner = authority::controller_ref(p).is_some_and(|r| r.uid == owner.uid);
-            (same_owner && bound != node && p.metadata.deletion_timestamp.is_none())
-                .then(|| bound.to_string())
-        });
-        Ok(elsewhere.map_or(Whereabouts::NotElsewhere, Whereabouts::Elsewhere))
-    }
 }
 
 /// Why a wake did not happen.
@@ -390,11 +330,6 @@ impl Provider {
             Some((claim, crate::claims::ClaimState::Settled)) => Some(claim),
             _ => None,
         }
-    }
-
-    /// Reads the controller owner of a Pod here, at a served version.
-    pub async fn owner_of_pod(&self, pod: &Pod) -> OwnerLookup {
-        self.owners.lookup(&self.client, pod).await
     }
 
     /// Releases `claim` for the upkeep (its owner is gone, expired or moved)

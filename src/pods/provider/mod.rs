@@ -13,9 +13,9 @@ use kube::Client;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::authority::{self, OwnerResolver};
 use super::failure::Cause;
 use super::lifecycle::decide::{self, OnDelete, Settings};
+use super::owners::Owners;
 use super::status::{self, ClaimView};
 use crate::claims::{Claim, ClaimState, ClaimsStore};
 use crate::sandboxd::{
@@ -138,10 +138,10 @@ pub enum Deleted {
 }
 
 pub struct Provider {
-    client: Client,
     sandboxd: SandboxdClient,
     claims: Arc<ClaimsStore>,
-    owners: OwnerResolver,
+    /// Asks the apiserver about owners; shared with the upkeep ([`Provider::owners`]).
+    owners: Arc<Owners>,
     /// Pods this provider has claimed for or adopted, by key. Shared with
     /// the watch cache (the same `Arc`), not a second copy of each Pod.
     tracked: Mutex<HashMap<String, Arc<Pod>>>,
@@ -200,10 +200,9 @@ pub fn view(claim: &Claim) -> ClaimView<'_> {
 impl Provider {
     pub fn new(client: Client, sandboxd: SandboxdClient, claims: Arc<ClaimsStore>) -> Provider {
         Provider {
-            client,
+            owners: Arc::new(Owners::new(client)),
             sandboxd,
             claims,
-            owners: OwnerResolver::default(),
             tracked: Mutex::new(HashMap::new()),
             behind: Mutex::new(HashMap::new()),
             suspects: Mutex::new(Suspects::default()),
@@ -477,6 +476,11 @@ impl Provider {
 
     /// Whether `k` still holds claim `id` (the key may change hands while a
     /// listing is in flight).
+    /// The owners room this provider asks (the upkeep asks the same one).
+    pub fn owners(&self) -> &Arc<Owners> {
+        &self.owners
+    }
+
     pub fn holds_id(&self, k: &str, id: &str) -> bool {
         self.claims.get(k).is_some_and(|(c, _)| c.id == id)
     }
@@ -500,17 +504,15 @@ impl Provider {
             self.untrack(&k, pod.uid());
             return Ok(Deleted::NothingHeld);
         };
-        let owner = authority::controller_ref(pod);
-        let lookup = self.owners.lookup(&self.client, pod).await;
+        let owner = self.owners.of_pod(pod).await;
         // A newer Pod may have taken the key while the owner was asked.
         if let Some(t) = self.tracked(&k)
             && t.uid() != pod.uid()
         {
             return Ok(Deleted::Stale);
         }
-        let state = decide::owner_state(owner, &lookup);
         match decide::on_delete(
-            &state,
+            &owner.state(),
             &claim.lifecycle,
             Timestamp::now(),
             self.lifecycle.hibernate_on_suspend,
@@ -527,7 +529,7 @@ impl Provider {
                 // right after (or behind) the hibernate.
                 self.untrack(&k, pod.uid());
                 let outcome = self
-                    .hibernate_claim(&k, &claim, authority::owner_of(pod), "suspended")
+                    .hibernate_claim(&k, &claim, owner.recorded(), "suspended")
                     .await;
                 info!(pod = %k, sandbox = %claim.id, %why, ?outcome, "owner suspended");
                 self.return_others_of(pod, &claim.id).await;
@@ -540,7 +542,7 @@ impl Provider {
             OnDelete::Preserve(reason) => {
                 info!(pod = %k, sandbox = %claim.id, %reason,
                       "preserving sandbox: pod deletion is not VM authority");
-                if let Some(owner) = authority::owner_of(pod)
+                if let Some(owner) = owner.recorded()
                     && let Err(e) = self.record_owner(&k, &claim.id, owner).await
                 {
                     warn!(pod = %k, error = %e, "the preserved claim's owner was not recorded");

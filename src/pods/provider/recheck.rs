@@ -10,7 +10,7 @@ use tracing::{info, warn};
 
 use super::{Provider, lock};
 use crate::periodic::Beat;
-use crate::pods::authority::{self, Verdict};
+use crate::pods::authority::OwnerState;
 
 impl Provider {
     /// Asks the owner of every preserved claim due at `now` whose key has
@@ -53,13 +53,15 @@ impl Provider {
                 lock(&self.preserved).remove(&k);
                 continue;
             }
-            let lookup = self.owners.lookup(&self.client, &entry.pod).await;
-            let verdict = authority::decide(authority::controller_ref(&entry.pod), &lookup);
-            let Verdict::Release(reason) = verdict else {
-                if let Some(p) = lock(&self.preserved).get_mut(&k) {
-                    p.asked(Instant::now());
+            let reason = match self.owners.of_pod(&entry.pod).await.state() {
+                OwnerState::Gone(why) => why,
+                OwnerState::None => "the Pod has no controller owner".to_string(),
+                OwnerState::Alive(_) | OwnerState::Doubt(_) => {
+                    if let Some(p) = lock(&self.preserved).get_mut(&k) {
+                        p.asked(Instant::now());
+                    }
+                    continue;
                 }
-                continue;
             };
             info!(pod = %k, sandbox = %entry.id, %reason,
                   "the owner of a preserved sandbox went away with no Pod of its key on this node");

@@ -1,4 +1,7 @@
 use super::*;
+use crate::pods::authority::{OwnerLookup, decide as owner_state};
+use crate::pods::owner::Intent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 fn ts(s: &str) -> Timestamp {
     s.parse().expect("ts")
