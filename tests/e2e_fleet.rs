@@ -288,6 +288,26 @@ impl Fleet {
         since.elapsed()
     }
 
+    /// Waits until node `i`'s `vk_sandbox_node_sandboxd_taint{taint}` is
+    /// `want` (the alert reads it).
+    async fn wait_taint_metric(&self, i: usize, taint: &str, want: f64) {
+        let vk = &self.members[i].vk;
+        let series = format!("vk_sandbox_node_sandboxd_taint{{taint=\"{taint}\"}}");
+        wait_for(
+            &format!("{series} = {want}"),
+            Duration::from_secs(5),
+            || async {
+                let got = support::metric(&vk.metrics().await, &series);
+                if got == Some(want) {
+                    Ok(())
+                } else {
+                    Err(format!("{got:?}"))
+                }
+            },
+        )
+        .await;
+    }
+
     fn http(&self) -> reqwest::Client {
         reqwest::Client::new()
     }
@@ -474,6 +494,7 @@ async fn a_fleet_of_three_spreads_and_steers_around_a_node_that_cannot_serve() {
             took <= FOLLOW,
             "{trouble:?}: the Node followed after {took:?}"
         );
+        fleet.wait_taint_metric(0, tkey, 1.0).await;
 
         // The next 20 all go Running elsewhere.
         let next = fleet.create(&format!("r{round}"), 20).await;
@@ -516,6 +537,7 @@ async fn a_fleet_of_three_spreads_and_steers_around_a_node_that_cannot_serve() {
             took <= FOLLOW,
             "{trouble:?}: schedulable again only after {took:?}"
         );
+        fleet.wait_taint_metric(0, tkey, 0.0).await;
         fleet.delete(&next).await;
     }
     // Nobody else's taints were touched, and never NoExecute.

@@ -111,6 +111,10 @@ pub struct Metrics {
     /// after this node exists in a known group vk-sandbox does not publish
     /// in (nobody updates it), 0 once checked and absent.
     inventory_stale: IntGaugeVec,
+    /// `vk_sandbox_node_sandboxd_taint{taint}`: 1 while the Node carries
+    /// that sandboxd taint (`sandbox.cocoonstack.io/…`, src/fleet), 0 once
+    /// written without it.
+    node_sandboxd_taint: IntGaugeVec,
     /// `vk_sandbox_orphan_audit_sandboxes{verdict}`: sandboxes per verdict of
     /// the last successful orphan scan (`orphan`, `external`, `stray`,
     /// `stale`).
@@ -358,6 +362,18 @@ impl Metrics {
             )
             .map_err(metric_error)?,
         )?;
+        let node_sandboxd_taint = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "vk_sandbox_node_sandboxd_taint",
+                    "1 while the Node carries this sandboxd taint (sandbox.cocoonstack.io/unreachable, \
+                     draining, at-capacity: NoSchedule; no-warm-capacity: PreferNoSchedule), by taint.",
+                ),
+                &["taint"],
+            )
+            .map_err(metric_error)?,
+        )?;
         let orphan_audit = register(
             &registry,
             IntGaugeVec::new(
@@ -439,6 +455,7 @@ impl Metrics {
             inventory_applies,
             inventory_skips,
             inventory_stale,
+            node_sandboxd_taint,
             orphan_audit,
             orphan_scans,
             reconcile_runs,

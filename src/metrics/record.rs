@@ -125,6 +125,15 @@ impl Metrics {
             .set(i64::from(stale));
     }
 
+    /// The sandboxd taints as last written to the Node: `(key, present)`.
+    pub fn node_sandboxd_taints(&self, taints: &[(&str, bool)]) {
+        for (key, present) in taints {
+            self.node_sandboxd_taint
+                .with_label_values(&[*key])
+                .set(i64::from(*present));
+        }
+    }
+
     /// One claims-store batch written (write and fsync), by outcome.
     pub fn claims_store_wrote(&self, elapsed: Duration, ok: bool) {
         self.claims_store_write_duration

@@ -13,7 +13,7 @@ use tracing::{Instrument, debug, info, info_span, instrument, warn};
 
 use super::desired::{self, FIELD_MANAGER, NodeSettings};
 use crate::backoff::Backoff;
-use crate::fleet::decide::{FleetSettings, FleetTaint, Verdict, decide};
+use crate::fleet::decide::{FleetSettings, FleetTaint, OWNED_TAINTS, Verdict, decide};
 use crate::fleet::reading::Sample;
 use crate::fleet::taints;
 use crate::health::Health;
@@ -403,6 +403,11 @@ impl Turn for StatusTurns {
             .reconciled(Controller::Node, started.elapsed(), &result);
         match result {
             Ok(_) => {
+                let present: Vec<(&str, bool)> = OWNED_TAINTS
+                    .iter()
+                    .map(|k| (*k, verdict.taints.iter().any(|t| t.key == *k)))
+                    .collect();
+                self.metrics.node_sandboxd_taints(&present);
                 self.applied = Some((ready, started));
                 self.applied_verdict = Some(verdict);
                 self.backoff.reset();
