@@ -12,16 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use support::kubelet::{FixedSandboxes, LocalPorts, StaticPods};
+use support::kubelet::{Api, FixedSandboxes, LocalPorts, start_streaming};
 use support::spdy::{self, Event};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use vk_sandbox::config::StreamingConfig;
+use vk_sandbox::kubelet::Streaming;
 use vk_sandbox::kubelet::sandbox::{DataPlane, Relay, RelayError, SandboxRef, SandboxStats};
-use vk_sandbox::kubelet::tls::KubeletTls;
-use vk_sandbox::kubelet::{KubeletState, Streaming, router, serve};
-use vk_sandbox::metrics::Metrics;
 
 type Ports = LocalPorts;
 
@@ -31,49 +28,8 @@ fn sandboxes() -> FixedSandboxes {
         .without("ns/waiting", "pod ns/waiting has no sandbox")
 }
 
-struct Api {
-    port: u16,
-    stop: CancellationToken,
-    metrics: Arc<Metrics>,
-}
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
 async fn start(plane: Arc<Ports>) -> Api {
     start_streaming(|_| Streaming::new(Arc::new(sandboxes()), plane)).await
-}
-
-/// The kubelet API with the streaming `make` builds (given the metrics it
-/// may count into).
-async fn start_streaming(make: impl FnOnce(&Arc<Metrics>) -> Streaming) -> Api {
-    vk_sandbox::crypto::install_provider();
-    let metrics = Metrics::new().expect("metrics");
-    let tls = KubeletTls::init(&Default::default(), "node-a", Some("127.0.0.1")).expect("tls");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    let state = KubeletState {
-        node_name: "node-a".into(),
-        pods: Arc::new(StaticPods::default()),
-        auth: None,
-        metrics: Arc::clone(&metrics),
-        streaming: Some(make(&metrics)),
-    };
-    let stop = CancellationToken::new();
-    tokio::spawn(serve(
-        listener,
-        tls.server_config(None).expect("server config"),
-        router(state),
-        stop.clone(),
-    ));
-    Api {
-        port,
-        stop,
-        metrics,
-    }
 }
 
 /// A guest service: `behaviour` handles each accepted connection.

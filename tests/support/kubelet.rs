@@ -134,3 +134,54 @@ impl DataPlane for LocalPorts {
         Box::pin(async { Err(RelayError::Transport("no stats in this test".into())) })
     }
 }
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use vk_sandbox::kubelet::tls::KubeletTls;
+use vk_sandbox::kubelet::{KubeletState, Streaming, router, serve};
+use vk_sandbox::metrics::Metrics;
+
+/// The kubelet API served on a loopback port for a test; stopped when
+/// dropped.
+pub struct Api {
+    pub port: u16,
+    pub stop: CancellationToken,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The kubelet API over TLS on 127.0.0.1 with the streaming `make` builds
+/// (given the metrics it may count into).
+pub async fn start_streaming(make: impl FnOnce(&Arc<Metrics>) -> Streaming) -> Api {
+    vk_sandbox::crypto::install_provider();
+    let metrics = Metrics::new().expect("metrics");
+    let tls = KubeletTls::init(&Default::default(), "node-a", Some("127.0.0.1")).expect("tls");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let state = KubeletState {
+        node_name: "node-a".into(),
+        pods: Arc::new(StaticPods::default()),
+        auth: None,
+        metrics: Arc::clone(&metrics),
+        streaming: Some(make(&metrics)),
+    };
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(
+        listener,
+        tls.server_config(None).expect("server config"),
+        router(state),
+        stop.clone(),
+    ));
+    Api {
+        port,
+        stop,
+        metrics,
+    }
+}

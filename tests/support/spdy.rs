@@ -108,6 +108,23 @@ fn tls_config() -> Arc<rustls::ClientConfig> {
     Arc::new(cfg)
 }
 
+/// A TLS connection to the kubelet API on `127.0.0.1:{port}` (HTTP/1.1,
+/// any server certificate).
+pub async fn tls_to(port: u16) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    vk_sandbox::crypto::install_provider();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the kubelet API");
+    tcp.set_nodelay(true).expect("nodelay");
+    tokio_rustls::TlsConnector::from(tls_config())
+        .connect(
+            rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name"),
+            tcp,
+        )
+        .await
+        .expect("TLS handshake")
+}
+
 /// The status line and headers of an HTTP response, and what followed.
 pub struct Head {
     pub status: u16,
@@ -122,19 +139,7 @@ pub async fn connect(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Result<Client, Head> {
-    vk_sandbox::crypto::install_provider();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to the kubelet API");
-    tcp.set_nodelay(true).expect("nodelay");
-    let tls = tokio_rustls::TlsConnector::from(tls_config())
-        .connect(
-            rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name"),
-            tcp,
-        )
-        .await
-        .expect("TLS handshake");
-    let mut io: Box<dyn Io> = Box::new(tls);
+    let mut io: Box<dyn Io> = Box::new(tls_to(port).await);
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nContent-Length: 0\r\n"
     );
