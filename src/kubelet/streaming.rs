@@ -14,16 +14,17 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
-use crate::kubelet::exec::{self, ExecRequest, Outcome, status};
+use crate::kubelet::exec::{self, ExecRequest, Outcome};
 use crate::kubelet::limits::{SessionPass, refusal_message};
 use crate::kubelet::port_forward;
 use crate::kubelet::sandbox::{DataPlane, SandboxRef, Unavailable};
 use crate::kubelet::state::{KubeletState, Streaming};
 use crate::kubelet::stream::negotiate::STREAM_PROTOCOL_HEADER;
+use crate::kubelet::stream::version::Version;
 use crate::kubelet::stream::watch::{ConnectionFd, HangupFd, Upkeep, Watch};
 use crate::kubelet::stream::{
-    Negotiated, Purpose, Refusal, StreamOptions, negotiate, spdy_exec, stream_options, tunnel,
-    websocket,
+    Negotiated, Opened, PortForwardVersion, Refusal, RemoteCommandVersion, StreamOptions,
+    Transport, negotiate, spdy_exec, stream_options, tunnel, websocket,
 };
 use crate::spdy;
 
@@ -79,8 +80,8 @@ fn refusal(r: Refusal) -> Response {
 }
 
 /// The `101` for `n`, and the upgraded connection's future.
-fn switching(
-    n: &Negotiated,
+fn switching<V: Version>(
+    n: &Negotiated<V>,
     parts: &mut axum::http::request::Parts,
 ) -> Result<(Response, OnUpgrade), Refused> {
     let on_upgrade = parts.extensions.remove::<OnUpgrade>().ok_or_else(|| {
@@ -93,12 +94,13 @@ fn switching(
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    match n {
-        Negotiated::Spdy { protocol } => {
+    let protocol = n.version.name();
+    match &n.transport {
+        Transport::Spdy => {
             h.insert(header::UPGRADE, HeaderValue::from_static("SPDY/3.1"));
             h.insert(STREAM_PROTOCOL_HEADER, HeaderValue::from_static(protocol));
         }
-        Negotiated::WebSocket { protocol, key } => {
+        Transport::WebSocket { key } => {
             h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
             let accept = derive_accept_key(key.as_bytes());
             let accept = HeaderValue::from_str(&accept).map_err(|_| {
@@ -213,7 +215,7 @@ async fn remote_command(
             "no command given (the command query parameter)",
         );
     }
-    let negotiated = match negotiate(&parts.headers, Purpose::RemoteCommand) {
+    let negotiated = match negotiate::<RemoteCommandVersion>(&parts.headers) {
         Ok(n) => n,
         Err(r) => return refusal(r),
     };
@@ -257,8 +259,10 @@ async fn remote_command(
     resp
 }
 
+/// One remote-command session, after the `101`: the transport opens it,
+/// the command runs on its channels, and its status is sent once.
 async fn session(
-    negotiated: Negotiated,
+    negotiated: Negotiated<RemoteCommandVersion>,
     on_upgrade: OnUpgrade,
     opts: StreamOptions,
     plane: Arc<dyn DataPlane>,
@@ -284,28 +288,39 @@ async fn session(
             return;
         }
     };
-    let argv = opts.command.clone();
-    let req = ExecRequest {
-        argv: argv.clone(),
-        tty: opts.tty,
-    };
-    let command = move |channels| async move {
-        let outcome = match prepared {
-            Ok((sandbox, conn)) => exec::run_on(conn, plane, sandbox, req, channels).await,
-            Err(refused) => refused,
-        };
-        tracing::info!(?outcome, "exec ended");
-        let st = status::status(&outcome, &argv);
-        (outcome, st)
-    };
-    match negotiated {
-        Negotiated::Spdy { protocol } => {
-            spdy_exec::serve(io, protocol, opts, command, upkeep).await
+    let version = negotiated.version;
+    let opened = match negotiated.transport {
+        Transport::Spdy => spdy_exec::open(io, version, &opts, upkeep).await,
+        Transport::WebSocket { .. } => {
+            Some(websocket::open(io, version, &opts, upkeep.watch).await)
         }
-        Negotiated::WebSocket { protocol, .. } => {
-            websocket::serve(io, protocol, opts, command, upkeep.watch).await
+    };
+    let Some(Opened { channels, status }) = opened else {
+        return;
+    };
+    let hangup = channels.hangup.clone();
+    let outcome = match prepared {
+        Ok((sandbox, conn)) => {
+            let req = ExecRequest {
+                argv: opts.command.clone(),
+                tty: opts.tty,
+            };
+            exec::run_on(conn, plane, sandbox, req, channels).await
         }
+        Err(refused) => {
+            drop(channels);
+            refused
+        }
+    };
+    tracing::info!(?outcome, "exec ended");
+    if hangup.is_cancelled() {
+        // Dropped unsent: the session ends, and its tasks with it.
+        tracing::debug!("remote-command client gone: no status to send");
+        return;
     }
+    status
+        .send(exec::status::status(&outcome, &opts.command))
+        .await;
 }
 
 /// `GET|POST /exec/{ns}/{pod}[/{uid}]/{container}`.
@@ -333,7 +348,7 @@ pub async fn port_forward_route(
     req: Request,
 ) -> Response {
     let (mut parts, _) = req.into_parts();
-    let negotiated = match negotiate(&parts.headers, Purpose::PortForward) {
+    let negotiated = match negotiate::<PortForwardVersion>(&parts.headers) {
         Ok(n) => n,
         Err(r) => return refusal(r),
     };
@@ -381,9 +396,9 @@ pub async fn port_forward_route(
                 return;
             }
         };
-        match negotiated {
-            Negotiated::Spdy { .. } => port_forward::serve(io, forward).await,
-            Negotiated::WebSocket { .. } => {
+        match negotiated.transport {
+            Transport::Spdy => port_forward::serve(io, forward).await,
+            Transport::WebSocket { .. } => {
                 let io = tunnel::byte_stream(io).await;
                 port_forward::serve(io, forward).await
             }

@@ -6,7 +6,7 @@
 //! (`kubectl` prints "command terminated with exit code N" and exits with
 //! it), and any other `Failure` as an error with the status's message.
 
-use serde_json::{Value, json};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
 
 /// How an exec, attach or shell session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,33 +25,43 @@ pub enum Outcome {
     },
 }
 
-fn failure(code: u16, reason: &str, message: &str) -> Value {
-    json!({
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    })
+fn failure(code: i32, reason: &str, message: String) -> Status {
+    Status {
+        status: Some("Failure".into()),
+        code: Some(code),
+        reason: Some(reason.into()),
+        message: Some(message),
+        ..Status::default()
+    }
 }
 
 /// The status for `outcome`; `argv` names the command in messages.
-pub fn status(outcome: &Outcome, argv: &[String]) -> Value {
+pub fn status(outcome: &Outcome, argv: &[String]) -> Status {
     match outcome {
-        Outcome::Exited(0) => json!({"metadata": {}, "status": "Success"}),
-        Outcome::Exited(code @ 1..=255) => json!({
-            "metadata": {},
-            "status": "Failure",
-            "message": format!(
+        Outcome::Exited(0) => Status {
+            status: Some("Success".into()),
+            ..Status::default()
+        },
+        Outcome::Exited(code @ 1..=255) => Status {
+            status: Some("Failure".into()),
+            message: Some(format!(
                 "command terminated with non-zero exit code: command {argv:?} exited with {code}"
-            ),
-            "reason": "NonZeroExitCode",
-            "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]},
-        }),
+            )),
+            reason: Some("NonZeroExitCode".into()),
+            details: Some(StatusDetails {
+                causes: Some(vec![StatusCause {
+                    reason: Some("ExitCode".into()),
+                    message: Some(code.to_string()),
+                    field: None,
+                }]),
+                ..StatusDetails::default()
+            }),
+            ..Status::default()
+        },
         Outcome::Exited(-1) => failure(
             500,
             "InternalError",
-            &format!(
+            format!(
                 "command {argv:?} ended without an exit status: it was killed, or the \
                  sandbox's guest agent lost its status"
             ),
@@ -59,22 +69,22 @@ pub fn status(outcome: &Outcome, argv: &[String]) -> Value {
         Outcome::Exited(code) => failure(
             500,
             "InternalError",
-            &format!("command {argv:?} ended with status {code}, outside the 0-255 exit codes"),
+            format!("command {argv:?} ended with status {code}, outside the 0-255 exit codes"),
         ),
         Outcome::AgentError { kind, message } if kind == "bad_request" => failure(
             400,
             "BadRequest",
-            &format!("cannot run {argv:?} in the sandbox: {message}"),
+            format!("cannot run {argv:?} in the sandbox: {message}"),
         ),
         Outcome::AgentError { kind, message } => failure(
             500,
             "InternalError",
-            &format!("the sandbox's guest agent failed {argv:?} ({kind}): {message}"),
+            format!("the sandbox's guest agent failed {argv:?} ({kind}): {message}"),
         ),
         Outcome::Unreachable(why) => failure(
             503,
             "ServiceUnavailable",
-            &format!("cannot reach the sandbox's guest agent: {why}"),
+            format!("cannot reach the sandbox's guest agent: {why}"),
         ),
         Outcome::Refused { reason, message } => {
             let code = match *reason {
@@ -82,7 +92,7 @@ pub fn status(outcome: &Outcome, argv: &[String]) -> Value {
                 "BadRequest" => 400,
                 _ => 500,
             };
-            failure(code, reason, message)
+            failure(code, reason, message.clone())
         }
     }
 }
@@ -90,36 +100,60 @@ pub fn status(outcome: &Outcome, argv: &[String]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn argv() -> Vec<String> {
         vec!["sh".into(), "-c".into(), "exit 3".into()]
     }
 
+    /// The status as the client reads it (the JSON of v4 and v5).
+    fn wire(outcome: &Outcome) -> serde_json::Value {
+        serde_json::to_value(status(outcome, &argv())).expect("JSON")
+    }
+
+    fn message(s: &Status) -> &str {
+        s.message.as_deref().unwrap_or_default()
+    }
+
     #[test]
     fn success_and_exit_codes() {
         assert_eq!(
-            status(&Outcome::Exited(0), &argv()),
-            json!({"metadata": {}, "status": "Success"})
+            wire(&Outcome::Exited(0)),
+            json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success"})
+        );
+        assert_eq!(
+            wire(&Outcome::Exited(3)),
+            json!({
+                "apiVersion": "v1",
+                "kind": "Status",
+                "metadata": {},
+                "status": "Failure",
+                "message": "command terminated with non-zero exit code: command [\"sh\", \"-c\", \"exit 3\"] exited with 3",
+                "reason": "NonZeroExitCode",
+                "details": {"causes": [{"reason": "ExitCode", "message": "3"}]},
+            })
         );
         for code in [1, 3, 255] {
-            let s = status(&Outcome::Exited(code), &argv());
+            let s = wire(&Outcome::Exited(code));
             assert_eq!(s["status"], "Failure");
             assert_eq!(s["reason"], "NonZeroExitCode");
             assert_eq!(s["details"]["causes"][0]["reason"], "ExitCode");
             assert_eq!(s["details"]["causes"][0]["message"], code.to_string());
+            assert!(s.get("code").is_none(), "{s}");
         }
     }
 
     #[test]
     fn codes_a_client_cannot_carry_are_errors_with_a_message() {
         for code in [-1, -2, 256, 1000] {
-            let s = status(&Outcome::Exited(code), &argv());
+            let s = wire(&Outcome::Exited(code));
             assert_eq!(s["status"], "Failure");
             assert_eq!(s["reason"], "InternalError", "{code}");
+            assert_eq!(s["code"], 500, "{code}");
             assert!(s.get("details").is_none());
         }
         let s = status(&Outcome::Exited(-1), &argv());
-        assert!(s["message"].as_str().unwrap().contains("killed"));
+        assert!(message(&s).contains("killed"));
     }
 
     #[test]
@@ -131,9 +165,9 @@ mod tests {
             },
             &["nope".into()],
         );
-        assert_eq!(s["reason"], "BadRequest");
-        assert_eq!(s["code"], 400);
-        assert!(s["message"].as_str().unwrap().contains("not found"));
+        assert_eq!(s.reason.as_deref(), Some("BadRequest"));
+        assert_eq!(s.code, Some(400));
+        assert!(message(&s).contains("not found"));
         let s = status(
             &Outcome::AgentError {
                 kind: "internal".into(),
@@ -141,27 +175,29 @@ mod tests {
             },
             &argv(),
         );
-        assert_eq!(s["code"], 500);
+        assert_eq!(s.code, Some(500));
         let s = status(
             &Outcome::Unreachable("502 guest agent unreachable".into()),
             &argv(),
         );
-        assert_eq!(s["code"], 503);
-        assert!(
-            s["message"]
-                .as_str()
-                .unwrap()
-                .contains("guest agent unreachable")
+        assert_eq!(s.code, Some(503));
+        assert!(message(&s).contains("guest agent unreachable"));
+        let s = wire(&Outcome::Refused {
+            reason: "NotFound",
+            message: "no sandbox".into(),
+        });
+        assert_eq!(
+            s,
+            json!({
+                "apiVersion": "v1",
+                "kind": "Status",
+                "metadata": {},
+                "status": "Failure",
+                "message": "no sandbox",
+                "reason": "NotFound",
+                "code": 404,
+            })
         );
-        let s = status(
-            &Outcome::Refused {
-                reason: "NotFound",
-                message: "no sandbox".into(),
-            },
-            &argv(),
-        );
-        assert_eq!(s["code"], 404);
-        assert_eq!(s["message"], "no sandbox");
         let s = status(
             &Outcome::Refused {
                 reason: "BadRequest",
@@ -169,7 +205,7 @@ mod tests {
             },
             &argv(),
         );
-        assert_eq!(s["code"], 400);
+        assert_eq!(s.code, Some(400));
         let s = status(
             &Outcome::Refused {
                 reason: "Conflict",
@@ -177,6 +213,6 @@ mod tests {
             },
             &argv(),
         );
-        assert_eq!(s["code"], 500);
+        assert_eq!(s.code, Some(500));
     }
 }

@@ -1,7 +1,10 @@
 //! The streaming protocols of the kubelet API (docs/streaming.md): how an
 //! exec, attach or port-forward request is upgraded and framed.
 //!
+//! - [`version`]: the protocol versions and what each means (pure);
 //! - [`negotiate`]: SPDY/3.1 or WebSocket, and which version (pure);
+//! - [`session`]: a remote-command session as a transport opens it (its
+//!   channels, its status writer);
 //! - [`spdy_exec`]: remote command over SPDY streams;
 //! - [`websocket`]: remote command over WebSocket channels (v5 … v1);
 //! - [`tunnel`]: a WebSocket carrying a SPDY byte stream (port-forward);
@@ -11,32 +14,19 @@
 
 pub mod negotiate;
 pub mod options;
+pub mod session;
 pub mod spdy_exec;
 pub mod tunnel;
+pub mod version;
 pub mod watch;
 pub mod websocket;
 
-pub use negotiate::{Negotiated, Purpose, Refusal, negotiate};
+pub use negotiate::{Negotiated, Refusal, Transport, negotiate};
 pub use options::{StreamOptions, stream_options};
+pub use session::{Opened, StatusSink};
+pub use version::{PortForwardVersion, RemoteCommandVersion};
 
 use crate::kubelet::exec::TermSize;
-
-/// The status channel's text: the `v1.Status` JSON where the version
-/// carries one (v4 and v5), else the failure's message and nothing on
-/// success (the older versions carry no exit codes).
-pub fn status_text(status_json: bool, status: &serde_json::Value) -> Vec<u8> {
-    if status_json {
-        return status.to_string().into_bytes();
-    }
-    if status["status"] == "Success" {
-        return Vec::new();
-    }
-    status["message"]
-        .as_str()
-        .unwrap_or("command failed")
-        .as_bytes()
-        .to_vec()
-}
 
 /// Most bytes of an unfinished resize message kept (they are ~30 bytes).
 const MAX_RESIZE_PENDING: usize = 4096;

@@ -10,34 +10,24 @@
 use axum::http::HeaderMap;
 use axum::http::header::{CONNECTION, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_PROTOCOL, UPGRADE};
 
-/// The remote-command versions served over SPDY (v5 over SPDY is v4: the
-/// apiserver's translator offers it first).
-pub const SPDY_REMOTE_COMMAND: [&str; 4] = [
-    "v5.channel.k8s.io",
-    "v4.channel.k8s.io",
-    "v3.channel.k8s.io",
-    "v2.channel.k8s.io",
-];
-/// The port-forward version served over SPDY.
-pub const SPDY_PORT_FORWARD: &str = "portforward.k8s.io";
-/// The remote-command versions served over WebSocket, preferred first.
-pub const WS_REMOTE_COMMAND: [&str; 5] = [
-    "v5.channel.k8s.io",
-    "v4.channel.k8s.io",
-    "v4.base64.channel.k8s.io",
-    "channel.k8s.io",
-    "base64.channel.k8s.io",
-];
-/// SPDY port-forward tunnelled through a WebSocket (kubectl ≥ 1.30).
-pub const WS_PORT_FORWARD_TUNNEL: &str = "SPDY/3.1+portforward.k8s.io";
+use super::version::Version;
+
 /// The header carrying SPDY stream protocol versions.
 pub const STREAM_PROTOCOL_HEADER: &str = "x-stream-protocol-version";
 
-/// What a request will be served with.
+/// How a request is carried.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Negotiated {
-    Spdy { protocol: &'static str },
-    WebSocket { protocol: &'static str, key: String },
+pub enum Transport {
+    Spdy,
+    WebSocket { key: String },
+}
+
+/// What a request will be served with: its transport, and which version
+/// of the route's protocol (a [`Version`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Negotiated<V> {
+    pub transport: Transport,
+    pub version: V,
 }
 
 /// Why a request cannot be upgraded; the kubelet's statuses.
@@ -49,11 +39,13 @@ pub enum Refusal {
     Forbidden(String),
 }
 
-/// Which kind of request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Purpose {
-    RemoteCommand,
-    PortForward,
+/// A 403 naming what each side speaks.
+fn no_common<V: Version>(offered: &[&str], served: &[V]) -> Refusal {
+    let served: Vec<&str> = served.iter().map(|v| v.name()).collect();
+    Refusal::Forbidden(format!(
+        "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server \
+         supports {served:?}"
+    ))
 }
 
 fn values(headers: &HeaderMap, name: impl axum::http::header::AsHeaderName) -> Vec<&str> {
@@ -73,8 +65,9 @@ fn connection_upgrade(headers: &HeaderMap) -> bool {
         .any(|v| v.eq_ignore_ascii_case("upgrade"))
 }
 
-/// Decide the protocol of an exec, attach or port-forward request.
-pub fn negotiate(headers: &HeaderMap, purpose: Purpose) -> Result<Negotiated, Refusal> {
+/// Decide the transport and the version `V` of an exec, attach or
+/// port-forward request.
+pub fn negotiate<V: Version>(headers: &HeaderMap) -> Result<Negotiated<V>, Refusal> {
     let upgrade = values(headers, UPGRADE);
     let wants = |p: &str| upgrade.iter().any(|u| u.eq_ignore_ascii_case(p));
     if !connection_upgrade(headers) || upgrade.is_empty() {
@@ -91,37 +84,27 @@ pub fn negotiate(headers: &HeaderMap, purpose: Purpose) -> Result<Negotiated, Re
             .filter(|k| !k.is_empty())
             .ok_or_else(|| Refusal::BadRequest("unable to upgrade: no Sec-WebSocket-Key".into()))?;
         let offered = values(headers, SEC_WEBSOCKET_PROTOCOL);
-        let served: &[&'static str] = match purpose {
-            Purpose::RemoteCommand => &WS_REMOTE_COMMAND,
-            Purpose::PortForward => &[WS_PORT_FORWARD_TUNNEL],
-        };
-        let chosen = served.iter().find(|s| offered.contains(s)).ok_or_else(|| {
-            Refusal::Forbidden(format!(
-                "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, \
-                 server supports {served:?}"
-            ))
-        })?;
-        return Ok(Negotiated::WebSocket {
-            protocol: chosen,
-            key: key.to_string(),
+        let version = V::WEBSOCKET
+            .iter()
+            .find(|v| offered.contains(&v.name()))
+            .ok_or_else(|| no_common(&offered, V::WEBSOCKET))?;
+        return Ok(Negotiated {
+            transport: Transport::WebSocket {
+                key: key.to_string(),
+            },
+            version: *version,
         });
     }
     if wants("SPDY/3.1") {
         let offered = values(headers, STREAM_PROTOCOL_HEADER);
-        let served: &[&'static str] = match purpose {
-            Purpose::RemoteCommand => &SPDY_REMOTE_COMMAND,
-            Purpose::PortForward => &[SPDY_PORT_FORWARD],
-        };
-        let chosen = offered
+        let version = offered
             .iter()
-            .find_map(|o| served.iter().find(|s| *s == o))
-            .ok_or_else(|| {
-                Refusal::Forbidden(format!(
-                    "unable to upgrade: unable to negotiate protocol: client supports \
-                     {offered:?}, server supports {served:?}"
-                ))
-            })?;
-        return Ok(Negotiated::Spdy { protocol: chosen });
+            .find_map(|o| V::SPDY.iter().find(|v| v.name() == *o))
+            .ok_or_else(|| no_common(&offered, V::SPDY))?;
+        return Ok(Negotiated {
+            transport: Transport::Spdy,
+            version: *version,
+        });
     }
     Err(Refusal::BadRequest(format!(
         "unable to upgrade: unsupported upgrade {upgrade:?} (this endpoint speaks SPDY/3.1 and \
@@ -132,6 +115,15 @@ pub fn negotiate(headers: &HeaderMap, purpose: Purpose) -> Result<Negotiated, Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kubelet::stream::version::{PortForwardVersion, RemoteCommandVersion};
+
+    fn remote_command(h: &HeaderMap) -> Result<Negotiated<RemoteCommandVersion>, Refusal> {
+        negotiate(h)
+    }
+
+    fn port_forward(h: &HeaderMap) -> Result<Negotiated<PortForwardVersion>, Refusal> {
+        negotiate(h)
+    }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -154,9 +146,10 @@ mod tests {
             ("X-Stream-Protocol-Version", "v4.channel.k8s.io"),
         ]);
         assert_eq!(
-            negotiate(&h, Purpose::RemoteCommand),
-            Ok(Negotiated::Spdy {
-                protocol: "v3.channel.k8s.io"
+            remote_command(&h),
+            Ok(Negotiated {
+                transport: Transport::Spdy,
+                version: RemoteCommandVersion::V3
             })
         );
         let h = headers(&[
@@ -165,15 +158,13 @@ mod tests {
             ("X-Stream-Protocol-Version", "portforward.k8s.io"),
         ]);
         assert_eq!(
-            negotiate(&h, Purpose::PortForward),
-            Ok(Negotiated::Spdy {
-                protocol: "portforward.k8s.io"
+            port_forward(&h),
+            Ok(Negotiated {
+                transport: Transport::Spdy,
+                version: PortForwardVersion::Spdy
             })
         );
-        assert!(matches!(
-            negotiate(&h, Purpose::RemoteCommand),
-            Err(Refusal::Forbidden(_))
-        ));
+        assert!(matches!(remote_command(&h), Err(Refusal::Forbidden(_))));
     }
 
     #[test]
@@ -188,10 +179,12 @@ mod tests {
             ),
         ]);
         assert_eq!(
-            negotiate(&h, Purpose::RemoteCommand),
-            Ok(Negotiated::WebSocket {
-                protocol: "v5.channel.k8s.io",
-                key: "dGhlIHNhbXBsZSBub25jZQ==".into()
+            remote_command(&h),
+            Ok(Negotiated {
+                transport: Transport::WebSocket {
+                    key: "dGhlIHNhbXBsZSBub25jZQ==".into()
+                },
+                version: RemoteCommandVersion::V5
             })
         );
         let h = headers(&[
@@ -201,10 +194,10 @@ mod tests {
             ("Sec-WebSocket-Protocol", "SPDY/3.1+portforward.k8s.io"),
         ]);
         assert_eq!(
-            negotiate(&h, Purpose::PortForward),
-            Ok(Negotiated::WebSocket {
-                protocol: WS_PORT_FORWARD_TUNNEL,
-                key: "k".into()
+            port_forward(&h),
+            Ok(Negotiated {
+                transport: Transport::WebSocket { key: "k".into() },
+                version: PortForwardVersion::WebSocketTunnel
             })
         );
     }
@@ -213,22 +206,19 @@ mod tests {
     fn refusals() {
         let no_upgrade = headers(&[("X-Stream-Protocol-Version", "v4.channel.k8s.io")]);
         assert!(matches!(
-            negotiate(&no_upgrade, Purpose::RemoteCommand),
+            remote_command(&no_upgrade),
             Err(Refusal::BadRequest(_))
         ));
         let no_connection = headers(&[("Upgrade", "SPDY/3.1")]);
         assert!(matches!(
-            negotiate(&no_connection, Purpose::RemoteCommand),
+            remote_command(&no_connection),
             Err(Refusal::BadRequest(_))
         ));
         let h2c = headers(&[("Connection", "Upgrade"), ("Upgrade", "h2c")]);
-        assert!(matches!(
-            negotiate(&h2c, Purpose::RemoteCommand),
-            Err(Refusal::BadRequest(_))
-        ));
+        assert!(matches!(remote_command(&h2c), Err(Refusal::BadRequest(_))));
         let no_version = headers(&[("Connection", "Upgrade"), ("Upgrade", "SPDY/3.1")]);
         assert!(matches!(
-            negotiate(&no_version, Purpose::RemoteCommand),
+            remote_command(&no_version),
             Err(Refusal::Forbidden(_))
         ));
         let no_key = headers(&[
@@ -237,7 +227,7 @@ mod tests {
             ("Sec-WebSocket-Protocol", "v5.channel.k8s.io"),
         ]);
         assert!(matches!(
-            negotiate(&no_key, Purpose::RemoteCommand),
+            remote_command(&no_key),
             Err(Refusal::BadRequest(_))
         ));
         let old = headers(&[
@@ -246,8 +236,12 @@ mod tests {
             ("Sec-WebSocket-Key", "k"),
             ("Sec-WebSocket-Protocol", "v9.channel.k8s.io"),
         ]);
-        match negotiate(&old, Purpose::RemoteCommand) {
-            Err(Refusal::Forbidden(m)) => assert!(m.contains("v9.channel.k8s.io"), "{m}"),
+        match remote_command(&old) {
+            Err(Refusal::Forbidden(m)) => assert!(
+                m.contains("v9.channel.k8s.io")
+                    && m.contains(r#"["v5.channel.k8s.io", "v4.channel.k8s.io", "#),
+                "{m}"
+            ),
             other => panic!("{other:?}"),
         }
     }

@@ -1,21 +1,24 @@
 //! Remote command (exec, attach) over SPDY/3.1: the client opens one stream
 //! per channel, named by its `streamType` header (`error`, `stdin`,
-//! `stdout`, `stderr`, `resize`); once the expected set is open the command
-//! runs, and its status goes on the error stream (a `v1.Status` for v4;
-//! plain text for v2 and v3), after which the session is closed.
+//! `stdout`, `stderr`, `resize`); once the expected set is open the session
+//! is [`Opened`]. Its status goes on the error stream (a `v1.Status` from
+//! v4; plain text for v2 and v3), after which the session is closed.
 
-use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
-use super::watch::Upkeep;
-use super::{ResizeDecoder, StreamOptions, status_text};
-use crate::kubelet::exec::{Channels, Input, Outcome, Output, TermSize};
+use super::session::{Opened, StatusSink, status_body};
+use super::version::RemoteCommandVersion;
+use super::watch::{Upkeep, Watching};
+use super::{ResizeDecoder, StreamOptions};
+use crate::kubelet::exec::{Channels, Input, Output, TermSize};
 use crate::spdy::{self, StreamReader, StreamWriter};
 
 /// How long the client gets to open its streams (the kubelet's default).
@@ -39,8 +42,8 @@ impl Output for StreamWriter {
     }
 }
 
-/// The streams a client opens for `opts` under `protocol`.
-pub fn expected(opts: &StreamOptions, protocol: &str) -> Vec<&'static str> {
+/// The streams a client opens for `opts` under `version`.
+pub fn expected(opts: &StreamOptions, version: RemoteCommandVersion) -> Vec<&'static str> {
     let mut want = vec!["error"];
     if opts.stdin {
         want.push("stdin");
@@ -51,38 +54,28 @@ pub fn expected(opts: &StreamOptions, protocol: &str) -> Vec<&'static str> {
     if opts.stderr && !opts.tty {
         want.push("stderr");
     }
-    if opts.tty && protocol != "v2.channel.k8s.io" {
+    if opts.tty && version.resize() {
         want.push("resize");
     }
     want
 }
 
-/// The error stream's text for `status` under `protocol`.
-pub fn error_stream_body(protocol: &str, status: &serde_json::Value) -> Vec<u8> {
-    status_text(
-        protocol == "v4.channel.k8s.io" || protocol == "v5.channel.k8s.io",
-        status,
-    )
-}
-
-/// Serve one remote-command session on an upgraded connection: wait for
-/// the client's streams, run `command` with them, report its outcome. The
-/// session is held to `upkeep`: its client's hang-up or its idle timeout
-/// ends it (and with it the command, as any hang-up).
-pub async fn serve<IO, F, Fut>(
+/// Open one remote-command session on an upgraded connection: wait for the
+/// client's streams (`None` if it leaves or does not open them in time).
+/// The session is held to `upkeep`: its client's hang-up or its idle
+/// timeout ends it (and with it the command, as any hang-up).
+pub async fn open<IO>(
     io: IO,
-    protocol: &'static str,
-    opts: StreamOptions,
-    command: F,
+    version: RemoteCommandVersion,
+    opts: &StreamOptions,
     upkeep: Upkeep,
-) where
+) -> Option<Opened>
+where
     IO: AsyncRead + AsyncWrite + Send + 'static,
-    F: FnOnce(Channels) -> Fut,
-    Fut: Future<Output = (Outcome, serde_json::Value)>,
 {
     let (session, mut incoming) = spdy::start_with(io, upkeep.spdy);
-    let _watching = upkeep.watch.spdy(&session);
-    let want = expected(&opts, protocol);
+    let watching = upkeep.watch.spdy(&session);
+    let want = expected(opts, version);
     let mut streams: Vec<(&'static str, spdy::Stream)> = Vec::new();
     let collect = async {
         while streams.len() < want.len() {
@@ -102,14 +95,14 @@ pub async fn serve<IO, F, Fut>(
     };
     match tokio::time::timeout(STREAM_CREATION_TIMEOUT, collect).await {
         Ok(true) => {}
-        Ok(false) => return,
+        Ok(false) => return None,
         Err(_) => {
             tracing::info!(
                 want = ?want,
                 "the client did not open its remote-command streams in time"
             );
             session.close().await;
-            return;
+            return None;
         }
     }
     let mut take = |kind: &str| {
@@ -118,7 +111,7 @@ pub async fn serve<IO, F, Fut>(
             .position(|(k, _)| *k == kind)
             .map(|i| streams.swap_remove(i).1)
     };
-    let Some(error) = take("error") else { return };
+    let error = take("error")?;
     let stdin = take("stdin");
     let stdout = take("stdout");
     let stderr = take("stderr");
@@ -130,33 +123,56 @@ pub async fn serve<IO, F, Fut>(
     let ended = {
         let hangup = hangup.clone();
         let session = session.clone();
-        tokio::spawn(async move {
+        AbortOnDropHandle::new(tokio::spawn(async move {
             session.ended().await;
             hangup.cancel();
-        })
+        }))
     };
     let channels = Channels {
         stdin: stdin.map(|s| Box::new(s.reader) as Box<dyn Input>),
         stdout: stdout.map(|s| Box::new(s.writer) as Box<dyn Output>),
         stderr: stderr.map(|s| Box::new(s.writer) as Box<dyn Output>),
         resize: resize.map(|s| resizes(s.reader)),
-        hangup: hangup.clone(),
+        hangup,
     };
-    let (outcome, status) = command(channels).await;
-    ended.abort();
-    if hangup.is_cancelled() {
-        tracing::debug!(?outcome, "remote-command client gone");
-        return;
+    let status = SpdyStatus {
+        version,
+        session,
+        error: error.writer,
+        stdin: stdin_writer,
+        _ended: ended,
+        _watching: watching,
+    };
+    Some(Opened {
+        channels,
+        status: Box::new(status),
+    })
+}
+
+/// The error stream of a SPDY session, and what ends the session.
+struct SpdyStatus {
+    version: RemoteCommandVersion,
+    session: spdy::Session,
+    error: StreamWriter,
+    stdin: Option<StreamWriter>,
+    _ended: AbortOnDropHandle<()>,
+    _watching: Watching,
+}
+
+impl StatusSink for SpdyStatus {
+    fn send(self: Box<Self>, status: Status) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let body = status_body(self.version, &status);
+            if !body.is_empty() {
+                let _ = self.error.write(Bytes::from(body)).await;
+            }
+            let _ = self.error.finish().await;
+            if let Some(w) = &self.stdin {
+                let _ = w.finish().await;
+            }
+            self.session.close().await;
+        })
     }
-    let body = error_stream_body(protocol, &status);
-    if !body.is_empty() {
-        let _ = error.writer.write(Bytes::from(body)).await;
-    }
-    let _ = error.writer.finish().await;
-    if let Some(w) = stdin_writer {
-        let _ = w.finish().await;
-    }
-    session.close().await;
 }
 
 /// Terminal sizes from a resize stream (a sequence of JSON objects).
@@ -178,7 +194,7 @@ fn resizes(mut reader: StreamReader) -> mpsc::Receiver<TermSize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use RemoteCommandVersion::*;
 
     fn opts(stdin: bool, stdout: bool, stderr: bool, tty: bool) -> StreamOptions {
         StreamOptions {
@@ -193,38 +209,22 @@ mod tests {
     #[test]
     fn the_streams_each_version_opens() {
         assert_eq!(
-            expected(&opts(true, true, true, false), "v4.channel.k8s.io"),
+            expected(&opts(true, true, true, false), V4),
             ["error", "stdin", "stdout", "stderr"]
         );
         assert_eq!(
-            expected(&opts(true, true, false, true), "v4.channel.k8s.io"),
+            expected(&opts(true, true, false, true), V4),
             ["error", "stdin", "stdout", "resize"]
         );
         assert_eq!(
-            expected(&opts(false, true, true, true), "v3.channel.k8s.io"),
+            expected(&opts(false, true, true, true), V3),
             ["error", "stdout", "resize"],
             "no stderr under a terminal"
         );
         assert_eq!(
-            expected(&opts(true, true, false, true), "v2.channel.k8s.io"),
+            expected(&opts(true, true, false, true), V2),
             ["error", "stdin", "stdout"],
             "v2 has no resize"
         );
-    }
-
-    #[test]
-    fn error_stream_bodies() {
-        let ok = json!({"status": "Success"});
-        let bad = json!({"status": "Failure", "message": "exit 3"});
-        assert_eq!(
-            error_stream_body("v4.channel.k8s.io", &ok),
-            ok.to_string().into_bytes()
-        );
-        assert_eq!(
-            error_stream_body("v5.channel.k8s.io", &bad),
-            bad.to_string().into_bytes()
-        );
-        assert_eq!(error_stream_body("v3.channel.k8s.io", &ok), b"");
-        assert_eq!(error_stream_body("v2.channel.k8s.io", &bad), b"exit 3");
     }
 }

@@ -1,19 +1,11 @@
 //! Remote command (exec, attach) over a WebSocket: every message is one
 //! channel's data, prefixed with its channel number (0 stdin, 1 stdout,
-//! 2 stderr, 3 error/status, 4 resize). The versions differ in small ways:
-//!
-//! | protocol | framing | status channel | stdin end |
-//! |---|---|---|---|
-//! | `v5.channel.k8s.io` | binary | `v1.Status` JSON | `[255, 0]` (close signal) |
-//! | `v4.channel.k8s.io` | binary | `v1.Status` JSON | connection close |
-//! | `v4.base64.channel.k8s.io` | text: digit + base64 | `v1.Status` JSON | connection close |
-//! | `channel.k8s.io` | binary | error text | connection close |
-//! | `base64.channel.k8s.io` | text: digit + base64 | error text | connection close |
+//! 2 stderr, 3 error/status, 4 resize). The versions differ in small ways
+//! (framing, status, stdin's end: the table of [`RemoteCommandVersion`]).
 //!
 //! The server first sends an empty message on its lowest output channel
 //! (clients take it as "connected"), and after the status a normal close.
 
-use std::future::Future;
 use std::time::Duration;
 
 use base64::Engine;
@@ -21,6 +13,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::{SinkExt, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
@@ -28,11 +21,14 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
+use super::session::{Opened, StatusSink, status_body};
+use super::version::RemoteCommandVersion;
 use super::watch::{Watch, Watching};
-use super::{ResizeDecoder, StreamOptions, status_text};
+use super::{ResizeDecoder, StreamOptions};
 use crate::activity::Activity;
-use crate::kubelet::exec::{Channels, Input, Outcome, Output};
+use crate::kubelet::exec::{Channels, Input, Output};
 
 pub const STDIN: u8 = 0;
 pub const STDOUT: u8 = 1;
@@ -54,15 +50,13 @@ const STDIN_QUEUE: usize = 1;
 pub struct Codec {
     pub base64: bool,
     pub close_signal: bool,
-    pub status_json: bool,
 }
 
-/// The codec of a negotiated protocol.
-pub fn codec(protocol: &str) -> Codec {
+/// The codec of a negotiated version.
+pub fn codec(version: RemoteCommandVersion) -> Codec {
     Codec {
-        base64: protocol.contains("base64"),
-        close_signal: protocol == "v5.channel.k8s.io",
-        status_json: protocol.starts_with("v4.") || protocol.starts_with("v5."),
+        base64: version.base64(),
+        close_signal: version.close_signal(),
     }
 }
 
@@ -118,11 +112,6 @@ impl Codec {
     }
 }
 
-/// The status channel's text under `codec`.
-pub fn status_body(codec: Codec, status: &serde_json::Value) -> Vec<u8> {
-    status_text(codec.status_json, status)
-}
-
 /// The server side of an upgraded WebSocket connection.
 pub async fn accept<IO>(io: IO) -> WebSocketStream<IO>
 where
@@ -163,26 +152,24 @@ impl Output for WsOutput {
     }
 }
 
-/// Serve one remote-command session on an upgraded connection, ended from
+/// Open one remote-command session on an upgraded connection, ended from
 /// this side by `watch` (the client's hang-up, the idle timeout) as by a
 /// client that leaves.
-pub async fn serve<IO, F, Fut>(
+pub async fn open<IO>(
     io: IO,
-    protocol: &'static str,
-    opts: StreamOptions,
-    command: F,
+    version: RemoteCommandVersion,
+    opts: &StreamOptions,
     watch: Watch,
-) where
+) -> Opened
+where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-    F: FnOnce(Channels) -> Fut,
-    Fut: Future<Output = (Outcome, serde_json::Value)>,
 {
-    let codec = codec(protocol);
+    let codec = codec(version);
     let activity = Activity::new();
     let (mut sink, mut stream) = accept(io).await.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Message>(32);
     let written = activity.clone();
-    let writer = tokio::spawn(async move {
+    let writer = AbortOnDropHandle::new(tokio::spawn(async move {
         while let Some(m) = out_rx.recv().await {
             if sink.feed(m).await.is_err() {
                 return;
@@ -193,7 +180,7 @@ pub async fn serve<IO, F, Fut>(
             written.note();
         }
         let _ = sink.close().await;
-    });
+    }));
     let first = if opts.stdout {
         STDOUT
     } else if opts.stderr {
@@ -206,7 +193,7 @@ pub async fn serve<IO, F, Fut>(
     let (stdin_tx, stdin_rx) = mpsc::channel::<Bytes>(STDIN_QUEUE);
     let (resize_tx, resize_rx) = mpsc::channel(8);
     let hangup = CancellationToken::new();
-    let _watching = {
+    let watching = {
         let hangup = hangup.clone();
         let activity = activity.clone();
         Watching::new(tokio::spawn(async move {
@@ -219,7 +206,7 @@ pub async fn serve<IO, F, Fut>(
         let hangup = hangup.clone();
         let want_stdin = opts.stdin;
         let read = activity.clone();
-        tokio::spawn(async move {
+        AbortOnDropHandle::new(tokio::spawn(async move {
             let mut stdin = want_stdin.then_some(stdin_tx);
             let mut sizes = ResizeDecoder::default();
             while let Some(Ok(msg)) = stream.next().await {
@@ -243,7 +230,7 @@ pub async fn serve<IO, F, Fut>(
                 }
             }
             hangup.cancel();
-        })
+        }))
     };
     let output = |channel: u8, wanted: bool| {
         wanted.then(|| {
@@ -260,58 +247,83 @@ pub async fn serve<IO, F, Fut>(
             .then(|| Box::new(WsInput(stdin_rx)) as Box<dyn Input>),
         stdout: output(STDOUT, opts.stdout),
         stderr: output(STDERR, opts.stderr && !opts.tty),
-        resize: opts.tty.then_some(resize_rx),
-        hangup: hangup.clone(),
+        resize: (opts.tty && version.resize()).then_some(resize_rx),
+        hangup,
     };
-    let (outcome, status) = command(channels).await;
-    if hangup.is_cancelled() {
-        tracing::debug!(?outcome, "remote-command client gone");
-        reader.abort();
-        writer.abort();
-        return;
+    let status = WsStatus {
+        version,
+        out: out_tx,
+        writer,
+        _reader: reader,
+        _watching: watching,
+    };
+    Opened {
+        channels,
+        status: Box::new(status),
     }
-    let body = status_body(codec, &status);
-    if !body.is_empty() {
-        let _ = out_tx.send(codec.encode(STATUS, &body)).await;
+}
+
+/// The status channel of a WebSocket session, and its tasks.
+struct WsStatus {
+    version: RemoteCommandVersion,
+    out: mpsc::Sender<Message>,
+    writer: AbortOnDropHandle<()>,
+    _reader: AbortOnDropHandle<()>,
+    _watching: Watching,
+}
+
+impl StatusSink for WsStatus {
+    fn send(self: Box<Self>, status: Status) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let WsStatus {
+                version,
+                out,
+                writer,
+                _reader,
+                _watching,
+            } = *self;
+            let body = status_body(version, &status);
+            if !body.is_empty() {
+                let _ = out.send(codec(version).encode(STATUS, &body)).await;
+            }
+            let _ = out
+                .send(Message::Close(Some(CloseFrame {
+                    code: CloseCode::Normal,
+                    reason: "".into(),
+                })))
+                .await;
+            drop(out);
+            // Give the client a moment to read and answer the close; it may
+            // as well just hang up.
+            let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+        })
     }
-    let _ = out_tx
-        .send(Message::Close(Some(CloseFrame {
-            code: CloseCode::Normal,
-            reason: "".into(),
-        })))
-        .await;
-    drop(out_tx);
-    // Give the client a moment to read and answer the close; it may as well
-    // just hang up.
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
-    reader.abort();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use RemoteCommandVersion::*;
 
     #[test]
     fn codecs_of_each_version() {
-        let v5 = codec("v5.channel.k8s.io");
+        let v5 = codec(V5);
         assert_eq!(
             v5,
             Codec {
                 base64: false,
                 close_signal: true,
-                status_json: true
             }
         );
-        assert!(!codec("v4.channel.k8s.io").close_signal);
-        assert!(codec("v4.base64.channel.k8s.io").base64);
-        assert!(!codec("channel.k8s.io").status_json);
-        assert!(codec("base64.channel.k8s.io").base64);
+        assert!(!codec(V4).close_signal);
+        assert!(codec(V4Base64).base64);
+        assert!(!codec(V1).base64);
+        assert!(codec(V1Base64).base64);
     }
 
     #[test]
     fn binary_framing() {
-        let v5 = codec("v5.channel.k8s.io");
+        let v5 = codec(V5);
         assert_eq!(
             v5.encode(1, b"hi"),
             Message::Binary(Bytes::from_static(b"\x01hi"))
@@ -334,7 +346,7 @@ mod tests {
         );
         assert_eq!(v5.decode(&Message::Binary(Bytes::new())), Incoming::Other);
         assert_eq!(v5.decode(&Message::text("0YWJj")), Incoming::Other);
-        let v4 = codec("v4.channel.k8s.io");
+        let v4 = codec(V4);
         assert_eq!(
             v4.decode(&Message::Binary(Bytes::from_static(&[255, 0]))),
             Incoming::Data(255, Bytes::from_static(&[0])),
@@ -344,7 +356,7 @@ mod tests {
 
     #[test]
     fn base64_framing() {
-        let b = codec("v4.base64.channel.k8s.io");
+        let b = codec(V4Base64);
         assert_eq!(b.encode(1, b"hi\n"), Message::text("1aGkK"));
         assert_eq!(
             b.decode(&Message::text("0Zm9vCg==")),
@@ -357,17 +369,5 @@ mod tests {
             b.decode(&Message::Binary(Bytes::from_static(b"\x00a"))),
             Incoming::Other
         );
-    }
-
-    #[test]
-    fn status_bodies() {
-        let ok = json!({"status": "Success"});
-        let bad = json!({"status": "Failure", "message": "nope"});
-        assert_eq!(
-            status_body(codec("v5.channel.k8s.io"), &bad),
-            bad.to_string().into_bytes()
-        );
-        assert!(status_body(codec("channel.k8s.io"), &ok).is_empty());
-        assert_eq!(status_body(codec("base64.channel.k8s.io"), &bad), b"nope");
     }
 }
