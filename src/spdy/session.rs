@@ -12,6 +12,12 @@
 //! writer task owns the header compressor, so a stream's SYN_REPLY always
 //! precedes its data.
 //!
+//! A session ends through one [`CancellationToken`], cancelled by whichever
+//! stops first: the reader (the peer closed, or broke the protocol), the
+//! writer (the connection cannot be written to) or [`Session::abort`]. Each
+//! stream's `gone` is a child of it, so the session's end reaches every
+//! stream at once; a reset cancels only its stream's.
+//!
 //! What a peer can make a session hold is bounded in bytes
 //! (docs/streaming.md, "Limits"): frames of at most [`MAX_INBOUND_FRAME`];
 //! data queued per stream and per session up to [`Limits`]' budgets, after
@@ -26,7 +32,7 @@ use std::sync::{Arc, Weak};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::frame::{self, Frame, FrameError, goaway, rst};
@@ -138,10 +144,11 @@ struct Tally {
     stats: Arc<StreamStats>,
 }
 
-/// What a stream's reader and writers share with the session: cancelled
-/// when the peer resets the stream or the session ends.
+/// What a stream's reader and writers share with the session.
 #[derive(Debug)]
 struct Shared {
+    /// Cancelled when the peer resets the stream, or (a child of the
+    /// session's `ended`) when the session ends.
     gone: CancellationToken,
     /// The peer reset the stream: the writer task drops whatever is still
     /// queued for it (no per-id record is kept).
@@ -150,11 +157,11 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(tally: &Arc<Tally>) -> Shared {
+    fn new(tally: &Arc<Tally>, ended: &CancellationToken) -> Shared {
         tally.streams.fetch_add(1, Ordering::Relaxed);
         tally.stats.stream_opened();
         Shared {
-            gone: CancellationToken::new(),
+            gone: ended.child_token(),
             reset: AtomicBool::new(false),
             tally: Arc::clone(tally),
         }
@@ -372,8 +379,8 @@ impl StreamWriter {
 #[derive(Debug, Clone)]
 pub struct Session {
     out: mpsc::Sender<Outbound>,
-    ended: watch::Receiver<bool>,
-    stop: CancellationToken,
+    /// The session's end: every stream's `gone` is a child of it.
+    ended: CancellationToken,
     activity: Activity,
     tally: Arc<Tally>,
 }
@@ -389,19 +396,18 @@ impl Session {
     /// reader and the writer stop and let go of the connection (a client
     /// that hung up, an idle timeout).
     pub fn abort(&self) {
-        self.stop.cancel();
+        self.ended.cancel();
     }
 
     /// Resolves when the session has ended (the transport closed or
     /// failed, [`Session::close`] completed and the peer closed, or
     /// [`Session::abort`]).
     pub async fn ended(&self) {
-        let mut rx = self.ended.clone();
-        let _ = rx.wait_for(|e| *e).await;
+        self.ended.cancelled().await
     }
 
     pub fn has_ended(&self) -> bool {
-        *self.ended.borrow()
+        self.ended.is_cancelled()
     }
 
     /// When the connection last carried anything (read or written).
@@ -433,22 +439,25 @@ where
     let (read, write) = tokio::io::split(io);
     let (out_tx, out_rx) = mpsc::channel(WRITE_QUEUE);
     let (streams_tx, streams_rx) = mpsc::channel(8);
-    let (ended_tx, ended_rx) = watch::channel(false);
-    let stop = CancellationToken::new();
+    let ended = CancellationToken::new();
     let activity = Activity::new();
-    let writer_stop = stop.clone();
+    let writer_ended = ended.clone();
     let writer_activity = activity.clone();
     tokio::spawn(async move {
+        // What is queued when the session ends is still written as far as
+        // the connection takes it without waiting (the GOAWAY of a peer
+        // that broke the protocol); then the writer lets go.
         let written = tokio::select! {
+            biased;
             r = write_loop(write, out_rx, &writer_activity) => r,
-            _ = writer_stop.cancelled() => Ok(()),
+            _ = writer_ended.cancelled() => Ok(()),
         };
         if let Err(e) = written {
             // A connection that cannot be written to is over: end the
             // session (its reader may be waiting on a stream's budget and
             // would not notice).
             tracing::debug!(error = %e, "SPDY session writer failed");
-            writer_stop.cancel();
+            writer_ended.cancel();
         }
     });
     // At least one largest frame per stream, and one stream per session.
@@ -472,19 +481,17 @@ where
         max_streams: limits.max_streams,
         tally: Arc::clone(&tally),
         activity: activity.clone(),
+        ended: ended.clone(),
     };
-    let reader_stop = stop.clone();
     tokio::spawn(async move {
-        if let Err(e) = reader.run(read, reader_stop).await {
+        if let Err(e) = reader.run(read).await {
             tracing::debug!(error = %e, "SPDY session reader ended");
         }
-        let _ = ended_tx.send(true);
     });
     (
         Session {
             out: out_tx,
-            ended: ended_rx,
-            stop,
+            ended,
             activity,
             tally,
         },
@@ -556,19 +563,18 @@ struct Reader {
     max_streams: usize,
     tally: Arc<Tally>,
     activity: Activity,
+    /// The session's end (see the module doc).
+    ended: CancellationToken,
 }
 
 impl Reader {
-    async fn run<R: AsyncRead + Unpin>(
-        mut self,
-        read: R,
-        stop: CancellationToken,
-    ) -> Result<(), SessionError> {
+    async fn run<R: AsyncRead + Unpin>(mut self, read: R) -> Result<(), SessionError> {
+        let ended = self.ended.clone();
         let result = {
             let frames = self.read_frames(read);
             tokio::select! {
                 r = frames => r,
-                _ = stop.cancelled() => Ok(()),
+                _ = ended.cancelled() => Ok(()),
             }
         };
         if let Err(SessionError::Frame(_)) = &result {
@@ -580,13 +586,11 @@ impl Reader {
             }));
             let _ = self.out.try_send(Outbound::Close);
         }
-        // Whatever is still open ends here.
+        // Every stream is gone with the session (their tokens are its
+        // children); then whatever input is still open reads as reset.
+        ended.cancel();
         self.open.clear();
-        for (_, shared) in self.live.drain() {
-            if let Some(s) = shared.upgrade() {
-                s.gone.cancel();
-            }
-        }
+        self.live.clear();
         result
     }
 
@@ -724,7 +728,7 @@ impl Reader {
                 },
             );
         }
-        let shared = Arc::new(Shared::new(&self.tally));
+        let shared = Arc::new(Shared::new(&self.tally, &self.ended));
         if self.live.len() >= self.prune_at {
             // A stream whose handler let go of it: gone from both (its
             // input may still be open to a peer that never ends it).

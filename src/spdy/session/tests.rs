@@ -437,6 +437,7 @@ fn bare_reader_with(limits: Limits) -> Reader {
             stats: limits.stats,
         }),
         activity: Activity::new(),
+        ended: CancellationToken::new(),
     }
 }
 
@@ -881,6 +882,107 @@ async fn a_failed_write_ends_the_session() {
     tokio::time::timeout(Duration::from_secs(5), session.ended())
         .await
         .expect("ended after the failed write");
+}
+
+/// A connection whose writes fail once `broken` is set; reads pass.
+struct BreakingWrites {
+    io: tokio::io::DuplexStream,
+    broken: Arc<AtomicBool>,
+}
+
+impl AsyncRead for BreakingWrites {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for BreakingWrites {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.broken.load(Ordering::Relaxed) {
+            return std::task::Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+        }
+        std::pin::Pin::new(&mut self.io).poll_write(cx, data)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The writer's comment in `start_with`, as it says: a connection that
+/// cannot be written to ends the session even while the reader waits on a
+/// stream's budget (and so reads nothing that would tell it).
+#[tokio::test]
+async fn a_failed_write_ends_a_session_whose_reader_waits_on_a_budget() {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let broken = Arc::new(AtomicBool::new(false));
+    let limits = Limits::default();
+    let stats = Arc::clone(&limits.stats);
+    let io = BreakingWrites {
+        io: b,
+        broken: Arc::clone(&broken),
+    };
+    let (session, mut streams) = start_with(io, limits);
+    let mut peer = Peer::new(a);
+    peer.open(1, &[], false).await;
+    let mut s = next_stream(&mut streams).await;
+    assert!(matches!(peer.recv().await, Some(Frame::SynReply { .. })));
+    for _ in 0..8 {
+        peer.data(1, &vec![0u8; 64 * 1024], false).await;
+    }
+    wait_for(|| stats.queued_bytes() >= Limits::DEFAULT_STREAM_BYTES as i64 - 64 * 1024).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!session.has_ended(), "the reader waits on the budget");
+    broken.store(true, Ordering::Relaxed);
+    s.writer.write(Bytes::from_static(b"x")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), session.ended())
+        .await
+        .expect("ended by the failed write");
+    assert!(s.writer.is_gone());
+    assert_eq!(s.writer.write(Bytes::from_static(b"y")).await, Err(Closed));
+    let end = loop {
+        match s.reader.next().await {
+            Ok(_) => {}
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(end, End::Reset);
+    assert_eq!(peer.recv().await, None, "the connection is let go");
+}
+
+/// One cancellation: the moment a session ends, every stream it holds is
+/// gone (no task has to run in between).
+#[tokio::test]
+async fn every_stream_is_gone_the_moment_the_session_ends() {
+    let (mut peer, session, mut streams) = pair();
+    peer.open(1, &[], false).await;
+    peer.open(3, &[], true).await;
+    let s1 = next_stream(&mut streams).await;
+    let s3 = next_stream(&mut streams).await;
+    assert!(!s1.writer.is_gone() && !s3.writer.is_gone());
+    session.abort();
+    assert!(session.has_ended());
+    assert!(s1.writer.is_gone() && s3.writer.is_gone());
+    assert_eq!(
+        s3.writer.write(Bytes::from_static(b"late")).await,
+        Err(Closed)
+    );
 }
 
 #[tokio::test]
