@@ -73,9 +73,39 @@ impl InfoFeed {
     }
 }
 
+/// A first failed read is confirmed this soon (the Node is tainted
+/// unreachable only after two in a row), not a whole interval later.
+pub const CONFIRM_AFTER: Duration = Duration::from_millis(500);
+
 impl Turn for InfoFeed {
     async fn turn(&mut self, _: &Beat) -> Next {
         self.read_once().await;
-        Next::Period
+        confirm_soon(&self.tx.borrow().reading)
+    }
+}
+
+/// When the next read is due after `reading`.
+fn confirm_soon(reading: &Reading) -> Next {
+    match reading {
+        Reading::Failed { consecutive: 1, .. } => Next::After(CONFIRM_AFTER),
+        _ => Next::Period,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_failure_is_read_again_soon_then_the_period_resumes() {
+        let failed = |consecutive| Reading::Failed {
+            kind: FailureKind::Unreachable,
+            message: "refused".into(),
+            consecutive,
+            last: None,
+        };
+        assert!(matches!(confirm_soon(&failed(1)), Next::After(d) if d == CONFIRM_AFTER));
+        assert!(matches!(confirm_soon(&failed(2)), Next::Period));
+        assert!(matches!(confirm_soon(&Reading::NotYet), Next::Period));
     }
 }
