@@ -509,6 +509,20 @@ async fn a_fleet_of_three_spreads_and_steers_around_a_node_that_cannot_serve() {
             "{trouble:?}: placed on the troubled node: {on_it:?}"
         );
 
+        // The Node stays Ready (a sandboxd fault is no node fault) and
+        // carries no NoExecute taint.
+        let node0 = api.get(&nodes[0]).await.expect("node 0");
+        assert_eq!(
+            condition(&node0, "Ready").map(|(s, _)| s).as_deref(),
+            Some("True"),
+            "{trouble:?}: the Node went not Ready"
+        );
+        let taints = node0.spec.and_then(|s| s.taints).unwrap_or_default();
+        assert!(
+            taints.iter().all(|t| t.effect != "NoExecute"),
+            "{trouble:?}: {taints:?}"
+        );
+
         // Its Running sandboxes: still Running and Ready, not written to.
         let after = fleet.pods_on(0).await;
         assert_eq!(
