@@ -236,9 +236,11 @@ fn read(info: &NodeInfo, max_claims: Option<u64>) -> (Vec<Cond>, Vec<FleetTaint>
         .filter(|p| p.warm == 0)
         .map(pool_name)
         .collect();
-    let claims = match max_claims {
-        Some(cap) if cap > 0 => format!("{} live claims, cap {cap}", info.claimed),
-        _ => format!("{} live claims, no cap known", info.claimed),
+    // Messages of the healthy states carry no counts that move with every
+    // claim: a verdict that changes is a Node write.
+    let room = match max_claims {
+        Some(cap) if cap > 0 => format!("below the claim cap ({cap})"),
+        _ => "no claim cap known (--sandboxd-max-claims)".to_string(),
     };
     let parked = info.at_capacity.then(|| {
         info.at_capacity_reason
@@ -251,21 +253,25 @@ fn read(info: &NodeInfo, max_claims: Option<u64>) -> (Vec<Cond>, Vec<FleetTaint>
             COND_AT_CAPACITY,
             "True",
             "ClaimCapReached",
-            format!("{claims}: new claims get 429"),
+            format!(
+                "{} live claims, cap {}: new claims get 429",
+                info.claimed,
+                max_claims.unwrap_or_default()
+            ),
         ),
         (_, Some(why)) if warm == 0 => cond(
             COND_AT_CAPACITY,
             "True",
             "HostAtCapacity",
-            format!("no warm VM and refills parked ({why}); {claims}"),
+            format!("no warm VM and refills parked ({why})"),
         ),
         (_, Some(why)) => cond(
             COND_AT_CAPACITY,
             "False",
             "WarmVMsLeft",
-            format!("{warm} warm VM(s) left, refills parked ({why}); {claims}"),
+            format!("warm VMs left, refills parked ({why})"),
         ),
-        _ => cond(COND_AT_CAPACITY, "False", "HasRoom", claims),
+        _ => cond(COND_AT_CAPACITY, "False", "HasRoom", room),
     };
     if at_capacity.status == "True" {
         taints.push(taint(TAINT_AT_CAPACITY));
@@ -282,7 +288,7 @@ fn read(info: &NodeInfo, max_claims: Option<u64>) -> (Vec<Cond>, Vec<FleetTaint>
             COND_POOLS_WARM,
             "True",
             "PoolsWarm",
-            format!("{} pool(s), {warm} warm VM(s)", info.pools.len()),
+            format!("every pool ({}) has warm VMs", info.pools.len()),
         )
     } else if empty.len() == info.pools.len() {
         taints.push(FleetTaint {

@@ -391,3 +391,23 @@ fn messages_say_what_an_operator_needs() {
     );
     assert!(v.conditions[0].message.contains("root token"), "{v:?}");
 }
+
+#[test]
+fn counts_that_move_with_every_claim_change_nothing_while_the_state_holds() {
+    let a = info(vec![pool("base", "small", 3)], 5);
+    let b = info(vec![pool("base", "small", 1)], 9);
+    assert_eq!(
+        decide(&Reading::Read(a), &on(Some(40))),
+        decide(&Reading::Read(b), &on(Some(40))),
+        "a Node write per claim"
+    );
+    let parked = |warm| NodeInfo {
+        at_capacity: true,
+        at_capacity_reason: Some("node at max_running".into()),
+        ..info(vec![pool("base", "small", warm)], 3)
+    };
+    assert_eq!(
+        decide(&Reading::Read(parked(2)), &on(None)),
+        decide(&Reading::Read(parked(1)), &on(None))
+    );
+}
