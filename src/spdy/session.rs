@@ -16,7 +16,8 @@
 //! stops first: the reader (the peer closed, or broke the protocol), the
 //! writer (the connection cannot be written to) or [`Session::abort`]. Each
 //! stream's `gone` is a child of it, so the session's end reaches every
-//! stream at once; a reset cancels only its stream's.
+//! stream at once; a reset cancels only its stream's. What is queued by
+//! then is still written, whole frames, for [`LINGER`] at most.
 //!
 //! What a peer can make a session hold is bounded in bytes
 //! (docs/streaming.md, "Limits"): frames of at most [`MAX_INBOUND_FRAME`];
@@ -29,6 +30,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -67,6 +69,9 @@ pub const COPY_BELOW: usize = READ_BLOCK / 4;
 pub const FRAME_COST: usize = 64;
 /// Frames queued for the writer task.
 const WRITE_QUEUE: usize = 64;
+/// How long what is already queued when the session ends may take to be
+/// written before the writer lets go of the connection.
+pub const LINGER: Duration = Duration::from_secs(1);
 
 /// How much of the peer's data a session holds (docs/streaming.md,
 /// "Limits"). Bytes are charged when a frame is queued and given back when
@@ -392,9 +397,10 @@ impl Session {
         let _ = self.out.send(Outbound::Close).await;
     }
 
-    /// End the session now, whatever is queued: every stream is gone, the
-    /// reader and the writer stop and let go of the connection (a client
-    /// that hung up, an idle timeout).
+    /// End the session now: every stream is gone, the reader stops, and the
+    /// writer lets go of the connection once what is already queued is
+    /// written, or after [`LINGER`] (a client that hung up, an idle
+    /// timeout).
     pub fn abort(&self) {
         self.ended.cancel();
     }
@@ -444,15 +450,7 @@ where
     let writer_ended = ended.clone();
     let writer_activity = activity.clone();
     tokio::spawn(async move {
-        // What is queued when the session ends is still written as far as
-        // the connection takes it without waiting (the GOAWAY of a peer
-        // that broke the protocol); then the writer lets go.
-        let written = tokio::select! {
-            biased;
-            r = write_loop(write, out_rx, &writer_activity) => r,
-            _ = writer_ended.cancelled() => Ok(()),
-        };
-        if let Err(e) = written {
+        if let Err(e) = write_loop(write, out_rx, &writer_activity, &writer_ended).await {
             // A connection that cannot be written to is over: end the
             // session (its reader may be waiting on a stream's budget and
             // would not notice).
@@ -761,16 +759,42 @@ impl Reader {
     }
 }
 
+/// Write what is queued, batched, until the queue closes, a write fails,
+/// or [`Outbound::Close`] is done. Once the session has ended, only what
+/// is already queued still goes out, whole frames, for [`LINGER`] at most
+/// (a protocol error's GOAWAY; a stream's last frames to a peer that
+/// closed only its side); a connection that takes nothing for that long
+/// is let go mid-frame, as it is going anyway.
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut write: W,
     mut rx: mpsc::Receiver<Outbound>,
     activity: &Activity,
+    ended: &CancellationToken,
 ) -> Result<(), SessionError> {
     let mut deflater = Deflater::new()?;
     let empty_block = encode_block(&[]);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut closing = false;
-    while let Some(first) = rx.recv().await {
+    let lingered = async {
+        ended.cancelled().await;
+        tokio::time::sleep(LINGER).await;
+    };
+    tokio::pin!(lingered);
+    loop {
+        let first = if ended.is_cancelled() {
+            match rx.try_recv() {
+                Ok(item) => item,
+                Err(_) => return Ok(()),
+            }
+        } else {
+            tokio::select! {
+                item = rx.recv() => match item {
+                    Some(item) => item,
+                    None => return Ok(()),
+                },
+                _ = ended.cancelled() => continue,
+            }
+        };
         let mut next = Some(first);
         // Batch whatever is queued into one write.
         while let Some(item) = next.take() {
@@ -808,18 +832,27 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 &mut buf,
             )?;
         }
-        if !buf.is_empty() {
-            write.write_all(&buf).await?;
-            buf.clear();
-            write.flush().await?;
-            activity.note();
+        let io = async {
+            if !buf.is_empty() {
+                write.write_all(&buf).await?;
+                write.flush().await?;
+                activity.note();
+            }
+            if closing {
+                write.shutdown().await?;
+            }
+            Ok::<(), std::io::Error>(())
+        };
+        tokio::select! {
+            biased;
+            r = io => r?,
+            _ = &mut lingered => return Ok(()),
         }
+        buf.clear();
         if closing {
-            write.shutdown().await?;
             return Ok(());
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

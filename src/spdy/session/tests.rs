@@ -985,6 +985,61 @@ async fn every_stream_is_gone_the_moment_the_session_ends() {
     );
 }
 
+/// A peer that closes only its side still reads, as whole frames, what
+/// was queued for it before (the session has ended: its streams are gone).
+#[tokio::test]
+async fn what_is_queued_when_the_peer_closes_its_side_still_goes_out_whole() {
+    let (a, b) = tokio::io::duplex(16 * 1024);
+    let (session, mut streams) = start(b);
+    let mut peer = Peer::new(a);
+    peer.open(1, &[], false).await;
+    let s = next_stream(&mut streams).await;
+    let payload = Bytes::from(vec![7u8; 200 * 1024]);
+    s.writer.write(payload.clone()).await.unwrap();
+    peer.io.shutdown().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), session.ended())
+        .await
+        .expect("ended at the peer's EOF");
+    let mut got = 0;
+    while let Some(f) = peer.recv().await {
+        if let Frame::Data {
+            stream_id: 1, data, ..
+        } = f
+        {
+            got += data.len();
+        }
+    }
+    assert_eq!(got, payload.len(), "every queued byte, in whole frames");
+}
+
+/// A peer that reads nothing does not hold an ended session's writer for
+/// longer than LINGER: then the connection is let go, mid-frame.
+#[tokio::test]
+async fn a_peer_that_reads_nothing_is_let_go_after_the_linger() {
+    let (a, b) = tokio::io::duplex(16 * 1024);
+    let (session, mut streams) = start(b);
+    let mut peer = Peer::new(a);
+    peer.open(1, &[], false).await;
+    let s = next_stream(&mut streams).await;
+    let payload = 200 * 1024;
+    s.writer
+        .write(Bytes::from(vec![7u8; payload]))
+        .await
+        .unwrap();
+    session.abort();
+    tokio::time::sleep(LINGER + Duration::from_millis(300)).await;
+    // What the connection held, then its end, at once.
+    let mut held = Vec::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::io::AsyncReadExt::read_to_end(&mut peer.io, &mut held),
+    )
+    .await
+    .expect("let go: EOF after what the connection held");
+    assert!(read.is_ok());
+    assert!(held.len() < payload, "cut: {} bytes", held.len());
+}
+
 #[tokio::test]
 async fn reads_and_writes_are_activity() {
     let (mut peer, session, mut streams) = pair();
