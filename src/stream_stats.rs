@@ -44,16 +44,20 @@ pub enum Close {
     /// The client's connection closed or failed while the session was
     /// still busy (seen on the socket, apart from the data path).
     HangUp,
+    /// The kubelet API is shutting down (an exec's process is killed, as
+    /// for a client that leaves).
+    Shutdown,
 }
 
 impl Close {
-    pub const ALL: [Close; 2] = [Close::IdleTimeout, Close::HangUp];
+    pub const ALL: [Close; 3] = [Close::IdleTimeout, Close::HangUp, Close::Shutdown];
 
     /// The metric's `reason` label.
     pub fn label(self) -> &'static str {
         match self {
             Close::IdleTimeout => "idle_timeout",
             Close::HangUp => "hang_up",
+            Close::Shutdown => "shutdown",
         }
     }
 }
@@ -65,7 +69,7 @@ pub struct StreamStats {
     streams: AtomicI64,
     queued_bytes: AtomicI64,
     refusals: [AtomicU64; 3],
-    closes: [AtomicU64; 2],
+    closes: [AtomicU64; 3],
 }
 
 impl StreamStats {
@@ -150,6 +154,6 @@ mod tests {
         let labels: Vec<_> = Refusal::ALL.iter().map(|r| r.label()).collect();
         assert_eq!(labels, ["node_sessions", "pod_sessions", "session_streams"]);
         let labels: Vec<_> = Close::ALL.iter().map(|r| r.label()).collect();
-        assert_eq!(labels, ["idle_timeout", "hang_up"]);
+        assert_eq!(labels, ["idle_timeout", "hang_up", "shutdown"]);
     }
 }

@@ -6,18 +6,20 @@
 mod support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use serde_json::json;
-use support::kubelet::{Api, FixedSandboxes, start_streaming};
+use support::kubelet::{Api, FixedSandboxes, StuckAgent, start_streaming};
 use support::spdy::{self, Event};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use vk_sandbox::kubelet::Streaming;
 use vk_sandbox::kubelet::sandbox::{DataPlane, Relay, RelayError, SandboxRef, SandboxStats};
+use vk_sandbox::kubelet::server::SHUTDOWN_GRACE;
 
 /// A guest agent whose `exec` prints `hi` and exits with `code`.
 struct ExitAgent {
@@ -74,9 +76,13 @@ async fn spdy_exec(api: &Api, path: &str, version: &str) -> (Vec<u8>, Vec<u8>) {
     (out, status)
 }
 
-/// Open the streams of `path` over SPDY under `version`: the stdout stream,
-/// and what the error stream carried before its FIN.
-async fn spdy_status(api: &Api, path: &str, version: &str) -> (spdy::ClientStream, Vec<u8>) {
+/// Exec `path` over SPDY under `version`: the client, its error and
+/// stdout streams (replied to).
+async fn spdy_open(
+    api: &Api,
+    path: &str,
+    version: &str,
+) -> (spdy::Client, spdy::ClientStream, spdy::ClientStream) {
     let c = spdy::connect(
         api.port,
         "POST",
@@ -89,6 +95,13 @@ async fn spdy_status(api: &Api, path: &str, version: &str) -> (spdy::ClientStrea
     assert_eq!(error.next().await, Some(Event::Reply));
     let mut stdout = c.open(&[("streamType", "stdout")]).await;
     assert_eq!(stdout.next().await, Some(Event::Reply));
+    (c, error, stdout)
+}
+
+/// Open the streams of `path` over SPDY under `version`: the stdout stream,
+/// and what the error stream carried before its FIN.
+async fn spdy_status(api: &Api, path: &str, version: &str) -> (spdy::ClientStream, Vec<u8>) {
+    let (_c, mut error, stdout) = spdy_open(api, path, version).await;
     let (status, end) = error.read_to_end().await;
     assert_eq!(end, Event::Fin, "the error stream ends with a FIN");
     (stdout, status)
@@ -179,7 +192,7 @@ async fn ws_exec(api: &Api, version: &str) -> Vec<Message> {
     );
     let mut got = Vec::new();
     loop {
-        let msg = tokio::time::timeout(std::time::Duration::from_secs(20), ws.next())
+        let msg = tokio::time::timeout(Duration::from_secs(20), ws.next())
             .await
             .expect("a message within 20 s");
         match msg {
@@ -240,4 +253,60 @@ async fn websocket_versions_frame_output_and_status() {
         .expect("base64");
     let (st, raw) = status(&body);
     assert_eq!(st.status.as_deref(), Some("Success"), "{raw}");
+}
+
+/// Shutdown during an open exec: the session is inside the server's grace.
+/// Its process is killed (as for a client that leaves), its connection
+/// closed, and `serve` returns Ok within SHUTDOWN_GRACE, with the session
+/// counted as closed by the shutdown.
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_during_an_exec_kills_it_and_ends_within_the_grace() {
+    let agent = Arc::new(StuckAgent::default());
+    let sandboxes = FixedSandboxes::default().with("ns/p", "sb_1");
+    let mut api = start_streaming(|m| {
+        Streaming::new(Arc::new(sandboxes), Arc::clone(&agent) as _)
+            .with_limits(Default::default(), m.streaming())
+    })
+    .await;
+    let path = "/exec/ns/p/c?command=sleep&command=3600&output=1";
+    let (c, _error, _stdout) = spdy_open(&api, path, "v4.channel.k8s.io").await;
+    for _ in 0..200 {
+        if !agent.held.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!agent.held.lock().unwrap().is_empty(), "the exec started");
+    let ended = c.ended.notified();
+    tokio::pin!(ended);
+    ended.as_mut().enable();
+    let stopped = tokio::time::Instant::now();
+    api.stop.cancel();
+    let served = api.served.take().expect("serving");
+    let ok = tokio::time::timeout(SHUTDOWN_GRACE, served)
+        .await
+        .expect("serve returned within the grace")
+        .expect("serve task");
+    assert!(ok, "serve returned Ok");
+    assert!(stopped.elapsed() < SHUTDOWN_GRACE);
+    let kills: Vec<_> = agent
+        .control
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|f| f["op"] == "kill")
+        .cloned()
+        .collect();
+    assert_eq!(kills.len(), 1, "one kill, before serve returned");
+    assert_eq!(kills[0]["pid"], 42);
+    tokio::time::timeout(Duration::from_secs(5), ended)
+        .await
+        .expect("the client's connection ends");
+    assert_eq!(
+        api.metrics.value(
+            "vk_sandbox_streaming_closes_total",
+            &[("reason", "shutdown")]
+        ),
+        Some(1.0)
+    );
 }

@@ -11,14 +11,12 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use support::kubelet::{Api, FixedSandboxes, LocalPorts, start_streaming};
+use support::kubelet::{Api, FixedSandboxes, LocalPorts, StuckAgent, start_streaming};
 use support::spdy::{self, Event};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use vk_sandbox::config::StreamingConfig;
 use vk_sandbox::kubelet::Streaming;
-use vk_sandbox::kubelet::sandbox::{DataPlane, Relay, RelayError, SandboxRef, SandboxStats};
 
 type Ports = LocalPorts;
 
@@ -438,62 +436,6 @@ async fn connections_over_the_stream_limit_are_refused_with_a_message() {
     c_write_echo(&c, &mut d1).await;
     c_write_echo(&c, &mut d2).await;
     assert_eq!(plane.opened.lock().unwrap().len(), 2);
-}
-
-/// A guest agent for exec: its first connection reads the `exec` frame,
-/// answers `started` and then reads nothing more (a command that never
-/// reads its stdin); later connections are control RPCs, recorded.
-#[derive(Default)]
-struct StuckAgent {
-    connections: std::sync::Mutex<usize>,
-    held: Arc<std::sync::Mutex<Vec<tokio::io::DuplexStream>>>,
-    control: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
-}
-
-impl DataPlane for StuckAgent {
-    fn agent<'a>(&'a self, _: &'a SandboxRef) -> BoxFuture<'a, Result<Relay, RelayError>> {
-        Box::pin(async move {
-            let (ours, theirs) = tokio::io::duplex(64 * 1024);
-            let first = {
-                let mut n = self.connections.lock().unwrap();
-                *n += 1;
-                *n == 1
-            };
-            let control = Arc::clone(&self.control);
-            let (r, mut w) = tokio::io::split(theirs);
-            let mut lines = tokio::io::BufReader::new(r).lines();
-            if first {
-                let held = Arc::clone(&self.held);
-                tokio::spawn(async move {
-                    let line = lines.next_line().await.ok().flatten().unwrap_or_default();
-                    assert!(line.contains("\"exec\""), "{line}");
-                    w.write_all(b"{\"type\":\"started\",\"pid\":42}\n")
-                        .await
-                        .unwrap();
-                    // Keep the relay open, unread.
-                    let theirs = lines.into_inner().into_inner().unsplit(w);
-                    held.lock().unwrap().push(theirs);
-                });
-            } else {
-                tokio::spawn(async move {
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        let f: serde_json::Value = serde_json::from_str(&line).unwrap();
-                        control.lock().unwrap().push(f);
-                        let _ = w.write_all(b"{\"type\":\"done\"}\n").await;
-                    }
-                });
-            }
-            Ok(Box::new(ours) as Relay)
-        })
-    }
-
-    fn port<'a>(&'a self, _: &'a SandboxRef, _: u16) -> BoxFuture<'a, Result<Relay, RelayError>> {
-        Box::pin(async { Err(RelayError::Transport("no ports here".into())) })
-    }
-
-    fn stats<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<SandboxStats, RelayError>> {
-        Box::pin(async { Err(RelayError::Transport("no stats here".into())) })
-    }
 }
 
 /// Finding 7 of the 2026-12-b review: a client that hangs up while its

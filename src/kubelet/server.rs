@@ -26,13 +26,14 @@ use tower::ServiceExt;
 
 use crate::error::{Error, Result};
 use crate::kubelet::auth::{PeerIdentity, UserInfo};
-use crate::kubelet::stream::watch::ConnectionFd;
+use crate::kubelet::stream::watch::{ConnectionFd, Sessions};
 
 /// Longest a TLS handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a request's headers may take to arrive (HTTP/1.1).
 pub const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long open connections get to finish after shutdown starts.
+/// How long open connections and upgraded sessions get to finish after
+/// shutdown starts.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// TCP keep-alive of accepted connections, as Go's listeners (and so the
 /// kubelet's) set it: a probe after 15 s without traffic, then every 15 s,
@@ -79,9 +80,12 @@ pub fn keep_alive(tcp: &TcpStream) -> std::io::Result<()> {
 }
 
 /// Serve `router` over TLS on `listener` until `stop` is cancelled, then
-/// let open connections finish (at most [`SHUTDOWN_GRACE`]). Each request
+/// let open connections finish, and end the upgraded sessions (exec,
+/// port-forward: told by `stop`, each kills its process or closes its
+/// relays), waiting for both at most [`SHUTDOWN_GRACE`]. Each request
 /// carries a [`PeerIdentity`] extension with the identity of a verified
-/// client certificate, if the client sent one.
+/// client certificate, if the client sent one, and the server's
+/// [`Sessions`].
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -92,6 +96,10 @@ pub async fn serve(
     tracing::info!(addr = ?local, "kubelet API listening (TLS)");
     let acceptor = TlsAcceptor::from(tls);
     let mut connections = JoinSet::new();
+    let sessions = Sessions {
+        tracker: tokio_util::task::TaskTracker::new(),
+        shutdown: stop.clone(),
+    };
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -103,6 +111,7 @@ pub async fn serve(
                         peer,
                         router.clone(),
                         stop.clone(),
+                        sessions.clone(),
                     ));
                 }
                 Err(e) => {
@@ -115,14 +124,17 @@ pub async fn serve(
         }
     }
     drop(listener);
+    sessions.tracker.close();
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while connections.join_next().await.is_some() {}
+        sessions.tracker.wait().await;
     })
     .await;
     if drained.is_err() {
         tracing::info!(
             open = connections.len(),
-            "kubelet API connections still open after the grace period; closing them"
+            sessions = sessions.tracker.len(),
+            "kubelet API connections or sessions still open after the grace period; closing them"
         );
         connections.shutdown().await;
     }
@@ -173,6 +185,7 @@ async fn serve_connection(
     peer: SocketAddr,
     router: Router,
     stop: CancellationToken,
+    sessions: Sessions,
 ) {
     // Streams write small frames back to back (a status after the last
     // output, a terminal's echo): without this, Nagle holds the second until
@@ -206,6 +219,7 @@ async fn serve_connection(
     let service = router.map_request(move |mut req: http::Request<Incoming>| {
         req.extensions_mut().insert(identity.clone());
         req.extensions_mut().insert(socket);
+        req.extensions_mut().insert(sessions.clone());
         req
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());

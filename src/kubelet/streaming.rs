@@ -2,7 +2,8 @@
 //! `containerLogs` (docs/streaming.md). A request is validated, its
 //! protocol negotiated and its Pod's sandbox looked up before the upgrade
 //! (a bad request is a 400, a Pod not bound here a 404, as from a kubelet);
-//! after the `101` the session runs in its own task.
+//! after the `101` the session runs in its own task, on the server's
+//! [`Sessions`] (inside its shutdown grace, ended by its shutdown).
 
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use crate::kubelet::sandbox::{DataPlane, SandboxRef, Unavailable};
 use crate::kubelet::state::{KubeletState, Streaming};
 use crate::kubelet::stream::negotiate::STREAM_PROTOCOL_HEADER;
 use crate::kubelet::stream::version::Version;
-use crate::kubelet::stream::watch::{ConnectionFd, HangupFd, Upkeep, Watch};
+use crate::kubelet::stream::watch::{ConnectionFd, HangupFd, Sessions, Upkeep, Watch};
 use crate::kubelet::stream::{
     Negotiated, Opened, PortForwardVersion, Refusal, RemoteCommandVersion, StreamOptions,
     Transport, negotiate, spdy_exec, stream_options, tunnel, websocket,
@@ -119,9 +120,20 @@ fn switching<V: Version>(
     Ok((resp, on_upgrade))
 }
 
+/// The server's sessions (none when the router runs without
+/// [`crate::kubelet::serve`], as in some tests: then nothing waits for
+/// them and nothing shuts them down).
+fn sessions(parts: &axum::http::request::Parts) -> Sessions {
+    parts
+        .extensions
+        .get::<Sessions>()
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// A place among the open sessions for one more to `pod`, and what it is
-/// held to (its socket watched from here on); a 429 naming the limit when
-/// there is none.
+/// held to (its socket watched from here on, the server's shutdown); a 429
+/// naming the limit when there is none.
 fn admit(
     state: &KubeletState,
     streaming: &Streaming,
@@ -153,6 +165,7 @@ fn admit(
                 .get::<ConnectionFd>()
                 .copied()
                 .and_then(HangupFd::of),
+            shutdown: sessions(parts).shutdown,
             stats,
         },
     };
@@ -249,13 +262,15 @@ async fn remote_command(
     };
     let plane = rechecked(&streaming, &ns, &pod, uid.as_deref());
     let span = tracing::info_span!("exec", pod = %key, node = %state.node_name);
-    tokio::spawn(tracing::Instrument::instrument(
-        async move {
-            session(negotiated, on_upgrade, opts, plane, target, upkeep).await;
-            drop(pass);
-        },
-        span,
-    ));
+    sessions(&parts)
+        .tracker
+        .spawn(tracing::Instrument::instrument(
+            async move {
+                session(negotiated, on_upgrade, opts, plane, target, upkeep).await;
+                drop(pass);
+            },
+            span,
+        ));
     resp
 }
 
@@ -387,7 +402,7 @@ pub async fn port_forward_route(
         pair_timeout: streaming.pair_timeout,
         upkeep,
     };
-    tokio::spawn(async move {
+    sessions(&parts).tracker.spawn(async move {
         let _pass = pass;
         let io = match on_upgrade.await {
             Ok(u) => TokioIo::new(u),

@@ -62,7 +62,7 @@ fn counter(label: &str, value: &str, n: u64) -> Metric {
 }
 
 const REFUSALS_HELP: &str = "Streaming requests and SPDY streams refused by a limit, by reason: node_sessions (--max-streaming-sessions), pod_sessions (--max-streaming-sessions-per-pod), session_streams (--max-streams-per-session).";
-const CLOSES_HELP: &str = "Streaming sessions ended by vk-sandbox, by reason: idle_timeout (--streaming-idle-timeout), hang_up (the client's connection closed or failed while the session was busy).";
+const CLOSES_HELP: &str = "Streaming sessions ended by vk-sandbox, by reason: idle_timeout (--streaming-idle-timeout), hang_up (the client's connection closed or failed while the session was busy), shutdown (the kubelet API stopped).";
 const SESSIONS_HELP: &str = "exec, attach and port-forward sessions open.";
 const STREAMS_HELP: &str = "SPDY streams open in streaming sessions.";
 const QUEUED_HELP: &str =

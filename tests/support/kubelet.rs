@@ -137,6 +137,7 @@ impl DataPlane for LocalPorts {
 
 use std::sync::Arc;
 
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use vk_sandbox::kubelet::tls::KubeletTls;
@@ -149,6 +150,8 @@ pub struct Api {
     pub port: u16,
     pub stop: CancellationToken,
     pub metrics: Arc<Metrics>,
+    /// `serve`: true when it returned Ok.
+    pub served: Option<tokio::task::JoinHandle<bool>>,
 }
 
 impl Drop for Api {
@@ -173,15 +176,75 @@ pub async fn start_streaming(make: impl FnOnce(&Arc<Metrics>) -> Streaming) -> A
         streaming: Some(make(&metrics)),
     };
     let stop = CancellationToken::new();
-    tokio::spawn(serve(
-        listener,
-        tls.server_config(None).expect("server config"),
-        router(state),
-        stop.clone(),
-    ));
+    let served = tokio::spawn({
+        let serving = serve(
+            listener,
+            tls.server_config(None).expect("server config"),
+            router(state),
+            stop.clone(),
+        );
+        async move { serving.await.is_ok() }
+    });
     Api {
         port,
         stop,
         metrics,
+        served: Some(served),
+    }
+}
+
+/// A guest agent for exec: its first connection reads the `exec` frame,
+/// answers `started` and then reads nothing more (a command that never
+/// reads its stdin); later connections are control RPCs, recorded.
+#[derive(Default)]
+pub struct StuckAgent {
+    connections: std::sync::Mutex<usize>,
+    pub held: Arc<std::sync::Mutex<Vec<tokio::io::DuplexStream>>>,
+    pub control: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl DataPlane for StuckAgent {
+    fn agent<'a>(&'a self, _: &'a SandboxRef) -> BoxFuture<'a, Result<Relay, RelayError>> {
+        Box::pin(async move {
+            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            let first = {
+                let mut n = self.connections.lock().unwrap();
+                *n += 1;
+                *n == 1
+            };
+            let control = Arc::clone(&self.control);
+            let (r, mut w) = tokio::io::split(theirs);
+            let mut lines = tokio::io::BufReader::new(r).lines();
+            if first {
+                let held = Arc::clone(&self.held);
+                tokio::spawn(async move {
+                    let line = lines.next_line().await.ok().flatten().unwrap_or_default();
+                    assert!(line.contains("\"exec\""), "{line}");
+                    w.write_all(b"{\"type\":\"started\",\"pid\":42}\n")
+                        .await
+                        .unwrap();
+                    // Keep the relay open, unread.
+                    let theirs = lines.into_inner().into_inner().unsplit(w);
+                    held.lock().unwrap().push(theirs);
+                });
+            } else {
+                tokio::spawn(async move {
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let f: serde_json::Value = serde_json::from_str(&line).unwrap();
+                        control.lock().unwrap().push(f);
+                        let _ = w.write_all(b"{\"type\":\"done\"}\n").await;
+                    }
+                });
+            }
+            Ok(Box::new(ours) as Relay)
+        })
+    }
+
+    fn port<'a>(&'a self, _: &'a SandboxRef, _: u16) -> BoxFuture<'a, Result<Relay, RelayError>> {
+        Box::pin(async { Err(RelayError::Transport("no ports here".into())) })
+    }
+
+    fn stats<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<SandboxStats, RelayError>> {
+        Box::pin(async { Err(RelayError::Transport("no stats here".into())) })
     }
 }

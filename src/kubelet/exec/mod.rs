@@ -196,23 +196,28 @@ pub async fn run_on(
     }
     drop(writer);
     let pid = *pid_rx.borrow();
-    match &outcome {
-        Ended::Finished(_) => {}
-        Ended::HungUp | Ended::Broken(_) => {
-            if let Some(pid) = pid {
-                // The agent notices a dropped client only when it writes: a
-                // quiet process would run on.
-                let plane = Arc::clone(&plane);
-                let sandbox = sandbox.clone();
-                tokio::spawn(async move {
-                    let kill = Request::Kill { pid, signal: None };
-                    match agent::control(plane.as_ref(), &sandbox, kill).await {
-                        Ok(()) => tracing::debug!(pid, "killed the process of a gone client"),
-                        Err(e) => tracing::debug!(pid, error = %e, "kill after hang-up"),
-                    }
-                });
+    // The agent notices a dropped client only when it writes: a quiet
+    // process would run on. A client that left (or a server shutting down)
+    // waits for nothing, so the kill is part of the session (and of the
+    // server's shutdown grace); a broken relay's client waits for its
+    // status, so that kill goes on alone.
+    let kill = pid.map(|pid| {
+        let plane = Arc::clone(&plane);
+        let sandbox = sandbox.clone();
+        async move {
+            let kill = Request::Kill { pid, signal: None };
+            match agent::control(plane.as_ref(), &sandbox, kill).await {
+                Ok(()) => tracing::debug!(pid, "killed the process of a gone client"),
+                Err(e) => tracing::debug!(pid, error = %e, "kill after hang-up"),
             }
         }
+    });
+    match (&outcome, kill) {
+        (Ended::HungUp, Some(kill)) => kill.await,
+        (Ended::Broken(_), Some(kill)) => {
+            tokio::spawn(kill);
+        }
+        _ => {}
     }
     for out in [ch.stdout.as_deref(), ch.stderr.as_deref()]
         .into_iter()

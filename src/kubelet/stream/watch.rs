@@ -4,13 +4,17 @@
 //! path is stuck. A session whose stdin waits on a process that does not
 //! read never reads its connection again, so it would never see the
 //! client leave; the socket itself says so (the peer's FIN, a reset, a
-//! keep-alive failure), and [`Watch`] looks there once a second.
+//! keep-alive failure), and [`Watch`] looks there once a second. And when
+//! the kubelet API shuts down: its sessions end within its grace
+//! ([`Sessions`]).
 
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::activity::Activity;
 use crate::spdy;
@@ -54,6 +58,16 @@ impl HangupFd {
     }
 }
 
+/// The upgraded sessions of one kubelet API server, as a request extension
+/// its connections carry: each runs on `tracker`, and ends (counted as
+/// [`Close::Shutdown`]) when `shutdown` is cancelled; the server waits for
+/// `tracker` within its shutdown grace.
+#[derive(Debug, Clone, Default)]
+pub struct Sessions {
+    pub tracker: TaskTracker,
+    pub shutdown: CancellationToken,
+}
+
 /// What one session is held to: its SPDY limits (when it speaks SPDY)
 /// and its watch.
 #[derive(Debug)]
@@ -70,6 +84,7 @@ impl Default for Upkeep {
             watch: Watch {
                 idle_timeout: None,
                 socket: None,
+                shutdown: CancellationToken::new(),
                 stats: Arc::clone(&spdy.stats),
             },
             spdy,
@@ -83,6 +98,8 @@ impl Default for Upkeep {
 pub struct Watch {
     pub idle_timeout: Option<Duration>,
     pub socket: Option<HangupFd>,
+    /// The server's shutdown ([`Sessions::shutdown`]).
+    pub shutdown: CancellationToken,
     pub stats: Arc<StreamStats>,
 }
 
@@ -102,10 +119,21 @@ pub fn next_look(idle: Duration, timeout: Option<Duration>, socket: bool) -> Opt
 }
 
 impl Watch {
-    /// Resolves when the session is to be ended, and why (counted); never
-    /// when it has neither an idle timeout nor a socket to watch.
+    /// Resolves when the session is to be ended, and why (counted); only
+    /// at shutdown when it has neither an idle timeout nor a socket to
+    /// watch.
     pub async fn closed(&self, activity: &Activity) -> Close {
-        let why = loop {
+        let why = tokio::select! {
+            why = self.looked(activity) => why,
+            _ = self.shutdown.cancelled() => Close::Shutdown,
+        };
+        self.stats.closed(why);
+        why
+    }
+
+    /// The socket's hang-up or the idle timeout, looked for.
+    async fn looked(&self, activity: &Activity) -> Close {
+        loop {
             if self.socket.as_ref().is_some_and(HangupFd::hung_up) {
                 break Close::HangUp;
             }
@@ -118,9 +146,7 @@ impl Watch {
                 Some(Duration::MAX) => std::future::pending::<()>().await,
                 Some(wait) => tokio::time::sleep(wait).await,
             }
-        };
-        self.stats.closed(why);
-        why
+        }
     }
 
     /// Abort `session` when [`Watch::closed`] says so; the task ends with
@@ -199,6 +225,7 @@ mod tests {
         let w = Watch {
             idle_timeout: None,
             socket: Some(fd),
+            shutdown: CancellationToken::new(),
             stats: Arc::clone(&stats),
         };
         assert_eq!(w.closed(&Activity::new()).await, Close::HangUp);
@@ -211,6 +238,7 @@ mod tests {
         let w = Watch {
             idle_timeout: Some(Duration::from_secs(3600)),
             socket: None,
+            shutdown: CancellationToken::new(),
             stats: Arc::clone(&stats),
         };
         let activity = Activity::new();
@@ -227,5 +255,29 @@ mod tests {
             "{took:?}: an hour after the last activity"
         );
         assert_eq!(stats.closes(Close::IdleTimeout), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_ends_a_session_that_nothing_else_would() {
+        let stats = Arc::new(StreamStats::default());
+        let w = Watch {
+            idle_timeout: None,
+            socket: None,
+            shutdown: CancellationToken::new(),
+            stats: Arc::clone(&stats),
+        };
+        let activity = Activity::new();
+        let closed = w.closed(&activity);
+        tokio::pin!(closed);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(86_400), &mut closed)
+                .await
+                .is_err(),
+            "nothing ends it"
+        );
+        w.shutdown.cancel();
+        assert_eq!(closed.await, Close::Shutdown);
+        assert_eq!(stats.closes(Close::Shutdown), 1);
+        assert_eq!(stats.closes(Close::HangUp), 0);
     }
 }
