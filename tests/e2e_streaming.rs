@@ -404,6 +404,68 @@ async fn exec_streams_exit_codes_stdin_and_hang_up() {
     env.finish().await;
 }
 
+/// SIGTERM during an open exec: the session is inside the kubelet API's
+/// shutdown grace (docs/streaming.md, "Limits"): the command is killed in
+/// the guest before vk-sandbox exits, the process exits 0 within the
+/// grace (and a margin for the rest of the shutdown), and kubectl's exec
+/// ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_an_exec_kills_it_within_the_grace_and_exits_0() {
+    let Some(mut env) = setup("vk-exec-term").await else {
+        return;
+    };
+    let mut child = tokio::process::Command::new(support::kubectl::path())
+        .arg("--kubeconfig")
+        .arg(&env.cluster.kubeconfig)
+        .args(["-n", &env.ns, "exec", "p", "--", "sleep", "600"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl exec sleep");
+    let sleeping = |ps: &[serde_json::Value]| {
+        ps.iter()
+            .any(|p| p["argv"][0] == "sleep" && p["state"] == "running")
+    };
+    wait_for(
+        "the sleep to run in the guest",
+        Duration::from_secs(30),
+        || async {
+            let ps = env.processes();
+            sleeping(&ps).then_some(()).ok_or(format!("{ps:?}"))
+        },
+    )
+    .await;
+    let signalled = std::time::Instant::now();
+    env.vk.process.signal(nix::sys::signal::Signal::SIGTERM);
+    let grace = vk_sandbox::kubelet::server::SHUTDOWN_GRACE;
+    let st = env
+        .vk
+        .process
+        .wait_exit(grace + Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("no exit within the grace:\n{}", tail(&env.vk.logs(), 40)));
+    let took = signalled.elapsed();
+    assert!(
+        st.success(),
+        "exit status {st:?}:\n{}",
+        tail(&env.vk.logs(), 40)
+    );
+    let ps = env.processes();
+    assert!(
+        !sleeping(&ps),
+        "the sleep still runs after vk-sandbox exited ({took:?}): {ps:?}\n{}",
+        tail(&env.vk.logs(), 40)
+    );
+    assert!(took < grace, "exited {took:?} after SIGTERM");
+    let kubectl = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("kubectl exec ends with the session")
+        .expect("kubectl status");
+    assert!(!kubectl.success(), "{kubectl:?}");
+    env.finish().await;
+}
+
 /// What a terminal showed, read as it comes.
 struct Terminal {
     rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
