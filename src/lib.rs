@@ -23,6 +23,7 @@ pub mod netpol;
 pub mod node;
 pub mod orphan;
 pub mod periodic;
+pub mod placement;
 pub mod podnet;
 pub mod pods;
 pub mod preflight;

@@ -300,6 +300,32 @@ fn network_policy(
     Arc::new(PolicyAdmission::new(policies, store))
 }
 
+/// The placement webhook (`--webhook-addr`, docs/placement.md): bound and
+/// its certificate loaded now (a failure stops start-up), served from
+/// here on, its NodeInventory index filling meanwhile. Not tied to this
+/// node's own readiness: it answers from the API, so any vk-sandbox of the
+/// fleet can serve it.
+async fn placement_webhook(
+    tasks: &mut Tasks,
+    cfg: &Config,
+    client: &kube::Client,
+    metrics: &Arc<Metrics>,
+) -> Result<()> {
+    let Some(webhook) = &cfg.webhook else {
+        return Ok(());
+    };
+    let server = vk_sandbox::placement::serve::Server::prepare(webhook).await?;
+    let (serving, loops) = server.run(
+        client.clone(),
+        cfg.inventory.group.clone(),
+        Arc::clone(metrics),
+        tasks.stop(),
+    )?;
+    tasks.spawn(serving);
+    tasks.spawn_loop(loops);
+    Ok(())
+}
+
 /// What the reporting loops share.
 struct Shared {
     client: kube::Client,
@@ -420,6 +446,7 @@ async fn run(cfg: Config) -> Result<()> {
         )
         .ok();
     tasks.spawn(kubelet?.run(tasks.stop()));
+    placement_webhook(&mut tasks, &cfg, &client, &metrics).await?;
     let admin_listener = admin::bind(&cfg.admin_addr).await?;
     let admin_router = admin::router(Arc::clone(&health), Arc::clone(&metrics));
     tasks.spawn(admin::serve(admin_listener, admin_router, tasks.stop()));

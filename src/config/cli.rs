@@ -147,6 +147,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub fleet: FleetArgs,
     #[command(flatten)]
+    pub webhook: WebhookArgs,
+    #[command(flatten)]
     pub admin: AdminArgs,
 }
 
@@ -533,6 +535,58 @@ pub struct FleetArgs {
     /// the NodeInventory share it). A Go duration > 0.
     #[arg(long, env = "VK_SANDBOXD_INFO_INTERVAL", default_value = defaults::SANDBOXD_INFO_INTERVAL, value_name = "DURATION", allow_hyphen_values = true)]
     pub sandboxd_info_interval: String,
+}
+
+/// The placement webhook (docs/placement.md).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Placement webhook")]
+pub struct WebhookArgs {
+    /// Serve the mutating admission webhook for sandbox Pods (HTTPS,
+    /// host:port) that pins a Pod to the node holding its VM and adds the
+    /// node-outage tolerations. Empty: not served. Needs
+    /// --webhook-tls-cert and --webhook-tls-key.
+    #[arg(
+        long,
+        env = "VK_WEBHOOK_ADDR",
+        default_value = "",
+        value_name = "HOST:PORT"
+    )]
+    pub webhook_addr: String,
+
+    /// PEM certificate (chain) of the webhook, signed by the CA in the
+    /// webhook configuration's caBundle; reloaded when it changes.
+    #[arg(
+        long,
+        env = "VK_WEBHOOK_TLS_CERT",
+        default_value = "",
+        value_name = "FILE"
+    )]
+    pub webhook_tls_cert: String,
+
+    /// PEM private key matching --webhook-tls-cert.
+    #[arg(
+        long,
+        env = "VK_WEBHOOK_TLS_KEY",
+        default_value = "",
+        value_name = "FILE"
+    )]
+    pub webhook_tls_key: String,
+
+    /// Give sandbox Pods tolerations of node.kubernetes.io/unreachable and
+    /// not-ready (NoExecute, no tolerationSeconds): a silent node agent
+    /// then never evicts a sandbox. false: the apiserver's 300 s defaults.
+    #[arg(
+        long,
+        env = "VK_WEBHOOK_TOLERATIONS",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = BoolishValueParser::new(),
+        value_name = "BOOL"
+    )]
+    pub webhook_tolerations: bool,
 }
 
 /// The admin port and logs.

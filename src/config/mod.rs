@@ -45,11 +45,11 @@ mod tests;
 pub use cli::{
     AdminArgs, AuditArgs, ClaimsArgs, ClaimsCommand, Cli, Command, FleetArgs, InventoryArgs,
     KubeArgs, KubeletArgs, LifecycleArgs, LogFormat, NodeArgs, Output, RunArgs, SandboxdArgs,
-    StateArg, StreamingArgs, ViewArgs, command, parse_from, parse_process_args,
+    StateArg, StreamingArgs, ViewArgs, WebhookArgs, command, parse_from, parse_process_args,
 };
 pub use settings::{
     Capacity, Config, FleetConfig, InventoryConfig, KubeClientConfig, KubeletAuthConfig,
-    KubeletSettings, LifecycleConfig, SandboxdConfig, StreamingConfig, TlsFiles,
+    KubeletSettings, LifecycleConfig, SandboxdConfig, StreamingConfig, TlsFiles, WebhookConfig,
 };
 pub use values::{
     ListenAddr, advertise_default, parse_go_duration, parse_node_labels, validate_quantity,

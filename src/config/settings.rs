@@ -132,6 +132,16 @@ impl Default for StreamingConfig {
     }
 }
 
+/// The placement webhook (`--webhook-*`), when served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookConfig {
+    pub addr: ListenAddr,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// `--webhook-tolerations`.
+    pub tolerations: bool,
+}
+
 /// Everything validated, ready to run.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -158,6 +168,8 @@ pub struct Config {
     /// Node status heartbeat period (> 0).
     pub node_status_interval: Duration,
     pub fleet: FleetConfig,
+    /// `None`: `--webhook-addr` is empty.
+    pub webhook: Option<WebhookConfig>,
 }
 
 /// What the kubelet API is built from (a projection of [`Config`], as

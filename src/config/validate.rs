@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::cli::RunArgs;
 use super::settings::{
     Capacity, Config, FleetConfig, InventoryConfig, KubeClientConfig, KubeletAuthConfig,
-    LifecycleConfig, PodNetworkConfig, SandboxdConfig, StreamingConfig, TlsFiles,
+    LifecycleConfig, PodNetworkConfig, SandboxdConfig, StreamingConfig, TlsFiles, WebhookConfig,
 };
 use super::values::{
     ListenAddr, advertise_default, check_label_key, check_label_value, nanos_to_duration,
@@ -392,6 +392,7 @@ impl Config {
             None
         };
 
+        let webhook = webhook(args, &mut p);
         if !p.0.is_empty() {
             return Err(Error::Config(if p.0.len() == 1 {
                 p.0.remove(0)
@@ -462,8 +463,51 @@ impl Config {
                     .then_some(args.fleet.sandboxd_max_claims),
                 info_interval,
             },
+            webhook,
         })
     }
+}
+
+/// The webhook flags, their problems recorded in `p`; `None` when it is
+/// not served (or a problem was recorded).
+fn webhook(args: &RunArgs, p: &mut Problems) -> Option<WebhookConfig> {
+    let a = &args.webhook;
+    if a.webhook_addr.trim().is_empty() {
+        return None;
+    }
+    let addr = ListenAddr::parse(&a.webhook_addr)
+        .map_err(|why| {
+            p.push(
+                "webhook-addr",
+                Some("VK_WEBHOOK_ADDR"),
+                &a.webhook_addr,
+                &format!("parse --webhook-addr: {why}"),
+                "give host:port with a port in 1-65535, e.g. :10262, or leave it empty to serve no webhook",
+            )
+        })
+        .ok();
+    let cert = non_empty_path(&a.webhook_tls_cert);
+    let key = non_empty_path(&a.webhook_tls_key);
+    for (flag, env, value) in [
+        ("webhook-tls-cert", "VK_WEBHOOK_TLS_CERT", &cert),
+        ("webhook-tls-key", "VK_WEBHOOK_TLS_KEY", &key),
+    ] {
+        if value.is_none() {
+            p.push(
+                flag,
+                Some(env),
+                "",
+                "the webhook is served (--webhook-addr) but its certificate pair is not given",
+                "give the PEM files of a pair whose CA the webhook configuration's caBundle holds",
+            );
+        }
+    }
+    Some(WebhookConfig {
+        addr: addr?,
+        cert: cert?,
+        key: key?,
+        tolerations: a.webhook_tolerations,
+    })
 }
 
 /// The streaming flags, their problems recorded in `p`.

@@ -92,8 +92,20 @@ pub async fn serve(
     router: Router,
     stop: CancellationToken,
 ) -> Result<()> {
+    serve_as("kubelet API", listener, tls, router, stop).await
+}
+
+/// [`serve`] for another server on the same terms (the placement
+/// webhook); `name` says which in logs.
+pub async fn serve_as(
+    name: &'static str,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    stop: CancellationToken,
+) -> Result<()> {
     let local = listener.local_addr().ok();
-    tracing::info!(addr = ?local, "kubelet API listening (TLS)");
+    tracing::info!(addr = ?local, "{name} listening (TLS)");
     let acceptor = TlsAcceptor::from(tls);
     let mut connections = JoinSet::new();
     let sessions = Sessions {
@@ -106,6 +118,7 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
                     connections.spawn(serve_connection(
+                        name,
                         acceptor.clone(),
                         tcp,
                         peer,
@@ -116,7 +129,7 @@ pub async fn serve(
                 }
                 Err(e) => {
                     // E.g. too many open files: back off instead of spinning.
-                    tracing::warn!(error = %e, "kubelet API accept failed");
+                    tracing::warn!(error = %e, "{name} accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -134,11 +147,11 @@ pub async fn serve(
         tracing::info!(
             open = connections.len(),
             sessions = sessions.tracker.len(),
-            "kubelet API connections or sessions still open after the grace period; closing them"
+            "{name} connections or sessions still open after the grace period; closing them"
         );
         connections.shutdown().await;
     }
-    tracing::info!("kubelet API stopped");
+    tracing::info!("{name} stopped");
     Ok(())
 }
 
@@ -180,6 +193,7 @@ pub async fn serve_on_own_thread(
 }
 
 async fn serve_connection(
+    name: &'static str,
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     peer: SocketAddr,
@@ -191,21 +205,21 @@ async fn serve_connection(
     // output, a terminal's echo): without this, Nagle holds the second until
     // the peer's delayed ACK, up to 40 ms each time. Go's kubelet has it on.
     if let Err(e) = tcp.set_nodelay(true) {
-        tracing::debug!(%peer, error = %e, "kubelet API: TCP_NODELAY not set");
+        tracing::debug!(%peer, error = %e, "{name}: TCP_NODELAY not set");
     }
     if let Err(e) = keep_alive(&tcp) {
-        tracing::debug!(%peer, error = %e, "kubelet API: TCP keep-alive not set");
+        tracing::debug!(%peer, error = %e, "{name}: TCP keep-alive not set");
     }
     // Streaming sessions watch the socket for a hang-up (stream::watch).
     let socket = ConnectionFd(std::os::fd::AsRawFd::as_raw_fd(&tcp));
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
-            tracing::debug!(%peer, error = %e, "kubelet API TLS handshake failed");
+            tracing::debug!(%peer, error = %e, "{name} TLS handshake failed");
             return;
         }
         Err(_) => {
-            tracing::debug!(%peer, "kubelet API TLS handshake timed out");
+            tracing::debug!(%peer, "{name} TLS handshake timed out");
             return;
         }
     };
@@ -234,7 +248,7 @@ async fn serve_connection(
     tokio::select! {
         res = conn.as_mut() => {
             if let Err(e) = res {
-                tracing::debug!(%peer, error = %e, "kubelet API connection ended with an error");
+                tracing::debug!(%peer, error = %e, "{name} connection ended with an error");
             }
         }
         _ = stop.cancelled() => {

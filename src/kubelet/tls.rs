@@ -180,13 +180,16 @@ fn fingerprint(path: &Path) -> Fingerprint {
     )
 }
 
-/// The kubelet API's TLS material.
+/// The kubelet API's TLS material (and the placement webhook's, which is
+/// managed the same way: [`KubeletTls::from_files`]).
 #[derive(Debug, Clone)]
 pub struct KubeletTls {
     resolver: Arc<ReloadingResolver>,
     /// The configured pair, watched for changes (both flags non-empty).
     files: Option<(PathBuf, PathBuf)>,
     self_signed: bool,
+    /// Whose certificate, in logs: "kubelet" or "webhook".
+    role: &'static str,
 }
 
 impl KubeletTls {
@@ -210,6 +213,7 @@ impl KubeletTls {
                 resolver: Arc::new(ReloadingResolver::new(pair)),
                 files: watched,
                 self_signed: false,
+                role: "kubelet",
             });
         }
         tracing::info!("kubelet cert absent; self-signing");
@@ -218,6 +222,23 @@ impl KubeletTls {
             resolver: Arc::new(ReloadingResolver::new(pair)),
             files: watched,
             self_signed: true,
+            role: "kubelet",
+        })
+    }
+
+    /// A pair that must be given, loaded and then watched like the
+    /// kubelet API's, never self-signed: the placement webhook's, which
+    /// the apiserver verifies against the `caBundle` of its
+    /// configuration (docs/placement.md). `role` names it in logs.
+    pub fn from_files(cert: &Path, key: &Path, role: &'static str) -> Result<KubeletTls> {
+        let pair =
+            load_pair(cert, key).map_err(|e| Error::Config(format!("{role} certificate: {e}")))?;
+        tracing::info!(cert = %cert.display(), key = %key.display(), role, "serving certificate loaded");
+        Ok(KubeletTls {
+            resolver: Arc::new(ReloadingResolver::new(pair)),
+            files: Some((cert.to_path_buf(), key.to_path_buf())),
+            self_signed: false,
+            role,
         })
     }
 
@@ -227,6 +248,7 @@ impl KubeletTls {
             resolver: Arc::new(ReloadingResolver::new(key)),
             files: None,
             self_signed: false,
+            role: "kubelet",
         }
     }
 
@@ -274,19 +296,24 @@ impl KubeletTls {
         let Some((cert, key)) = self.files.clone() else {
             return;
         };
-        let span =
-            tracing::info_span!("kubelet_cert_watch", cert = %cert.display(), key = %key.display());
+        let span = tracing::info_span!("cert_watch", role = self.role, cert = %cert.display(), key = %key.display());
         let seen = (fingerprint(&cert), fingerprint(&key));
         let watch = CertWatch {
             resolver: self.resolver,
             cert,
             key,
+            role: self.role,
             metrics,
             seen,
             last_failed: None,
         };
         // The first look is one period in: the pair was just loaded.
-        Periodic::new("kubelet certificate watch", interval)
+        let name = if self.role == "kubelet" {
+            "kubelet certificate watch"
+        } else {
+            "webhook certificate watch"
+        };
+        Periodic::new(name, interval)
             .first(First::AfterPeriod)
             .run(None, &stop, watch)
             .instrument(span)
@@ -299,6 +326,7 @@ struct CertWatch {
     resolver: Arc<ReloadingResolver>,
     cert: PathBuf,
     key: PathBuf,
+    role: &'static str,
     metrics: Arc<Metrics>,
     /// The files as last loaded.
     seen: (Fingerprint, Fingerprint),
@@ -316,7 +344,8 @@ impl Turn for CertWatch {
         if !(regular(&self.cert) && regular(&self.key)) {
             if self.last_failed.as_ref() != Some(&now) {
                 tracing::warn!(
-                    "kubelet certificate files missing or not regular files; keeping the current certificate"
+                    role = self.role,
+                    "certificate files missing or not regular files; keeping the current certificate"
                 );
                 self.last_failed = Some(now);
             }
@@ -328,14 +357,14 @@ impl Turn for CertWatch {
                 self.seen = now;
                 self.last_failed = None;
                 self.metrics.cert_reloaded(true);
-                tracing::info!("kubelet serving certificate reloaded");
+                tracing::info!(role = self.role, "serving certificate reloaded");
             }
             Err(e) => {
                 // Often a half-written rotation: retried on the next
                 // change, logged once per distinct state.
                 if self.last_failed.as_ref() != Some(&now) {
                     self.metrics.cert_reloaded(false);
-                    tracing::warn!(error = %e, "kubelet certificate reload failed; keeping the current certificate");
+                    tracing::warn!(error = %e, role = self.role, "certificate reload failed; keeping the current certificate");
                     self.last_failed = Some(now);
                 }
             }

@@ -150,7 +150,12 @@ async fn kube_checks(cfg: &Config) -> Vec<CheckResult> {
         groups::choose(flag, &with_v1beta1)
     });
     let network_policy = cfg.pod_network.range.is_some();
-    let perms = rbac::required(choice.as_ref(), cfg.kubelet_auth.enabled, network_policy);
+    let perms = rbac::required(
+        choice.as_ref(),
+        cfg.kubelet_auth.enabled,
+        network_policy,
+        cfg.webhook.is_some(),
+    );
     let (answers, stale) = tokio::join!(
         access_reviews(&client, perms),
         stale_inventories(&client, &cfg.node_name, choice.as_ref()),

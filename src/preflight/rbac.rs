@@ -37,6 +37,9 @@ pub enum Need {
     /// Only with `--pod-cidr`: the Pod-IP relay enforces NetworkPolicy
     /// (the netpol watches).
     NetworkPolicy,
+    /// Only with `--webhook-addr`: the placement webhook's NodeInventory
+    /// watch.
+    PlacementWebhook,
 }
 
 /// One rule of the ClusterRole.
@@ -121,6 +124,14 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
         need: Need::InventoryStaleCheck,
         why: "report a NodeInventory of this node left in a group it no longer publishes in",
+    },
+    Rule {
+        groups: INVENTORY_GROUPS,
+        resources: &["nodeinventories"],
+        verbs: &["list", "watch"],
+        scope: Scope::Cluster,
+        need: Need::PlacementWebhook,
+        why: "the placement webhook's index of which node holds which VM",
     },
     Rule {
         groups: &["networking.k8s.io"],
@@ -215,6 +226,7 @@ pub fn required(
     inventory: Option<&Choice>,
     kubelet_auth: bool,
     network_policy: bool,
+    webhook: bool,
 ) -> Vec<Permission> {
     let mut out = Vec::new();
     for rule in RULES {
@@ -232,6 +244,8 @@ pub fn required(
             Need::KubeletAuth => continue,
             Need::NetworkPolicy if network_policy => rule.groups.to_vec(),
             Need::NetworkPolicy => continue,
+            Need::PlacementWebhook if webhook => rule.groups.to_vec(),
+            Need::PlacementWebhook => continue,
         };
         let (namespace, name) = match rule.scope {
             Scope::Namespace(ns) => (Some(ns.to_string()), None),
@@ -428,8 +442,32 @@ mod tests {
     }
 
     #[test]
+    fn the_webhook_needs_list_and_watch_on_nodeinventories() {
+        let inv = |webhook| {
+            required(None, false, false, webhook)
+                .into_iter()
+                .filter(|p| p.resource == "nodeinventories")
+                .map(|p| (p.group, p.verb))
+                .collect::<Vec<_>>()
+        };
+        assert!(inv(false).is_empty());
+        let mut got = inv(true);
+        got.sort();
+        let want: Vec<(String, String)> = [
+            ("extensions.agents.x-k8s.io", "list"),
+            ("extensions.agents.x-k8s.io", "watch"),
+            ("sandbox.cocoonstack.io", "list"),
+            ("sandbox.cocoonstack.io", "watch"),
+        ]
+        .iter()
+        .map(|(g, v)| (g.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
     fn required_follows_the_configuration() {
-        let base = required(None, false, false);
+        let base = required(None, false, false, false);
         assert!(base.iter().all(|p| p.resource != "nodeinventories"));
         assert!(base.iter().all(|p| p.resource != "tokenreviews"));
         let status = base
@@ -448,7 +486,7 @@ mod tests {
             Some("extensions.agents.x-k8s.io"),
             &["sandbox.cocoonstack.io".to_string()],
         );
-        let full = required(Some(&choice), true, true);
+        let full = required(Some(&choice), true, true, false);
         let inv: Vec<_> = full
             .iter()
             .filter(|p| p.resource == "nodeinventories")

@@ -228,6 +228,7 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
 
 pub mod controller;
 pub mod crds;
+pub mod fleet;
 pub mod kubectl;
 pub mod kubelet;
 pub mod netns;

@@ -562,3 +562,79 @@ fn a_capacity_flag_given_is_fixed_and_the_fleet_flags_parse() {
         .to_string();
     assert!(err.contains("--sandboxd-info-interval"), "{err}");
 }
+
+#[test]
+fn the_webhook_is_off_unless_its_address_is_given_and_needs_its_pair() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::from_args(&valid(dir.path(), &[])).expect("defaults");
+    assert_eq!(cfg.webhook, None);
+
+    let err = Config::from_args(&valid(dir.path(), &["--webhook-addr=:10262"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--webhook-tls-cert (env VK_WEBHOOK_TLS_CERT)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--webhook-tls-key (env VK_WEBHOOK_TLS_KEY)"),
+        "{err}"
+    );
+
+    let err = Config::from_args(&valid(
+        dir.path(),
+        &[
+            "--webhook-addr=10262",
+            "--webhook-tls-cert=/c",
+            "--webhook-tls-key=/k",
+        ],
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("--webhook-addr (env VK_WEBHOOK_ADDR)"),
+        "{err}"
+    );
+
+    let cfg = Config::from_args(&valid(
+        dir.path(),
+        &[
+            "--webhook-addr=127.0.0.1:10262",
+            "--webhook-tls-cert=/c",
+            "--webhook-tls-key=/k",
+        ],
+    ))
+    .expect("webhook");
+    assert_eq!(
+        cfg.webhook,
+        Some(WebhookConfig {
+            addr: ListenAddr {
+                host: "127.0.0.1".into(),
+                port: 10262
+            },
+            cert: PathBuf::from("/c"),
+            key: PathBuf::from("/k"),
+            tolerations: true,
+        })
+    );
+
+    // From the environment, tolerations off.
+    let mut args = valid(dir.path(), &[]);
+    let env = parse(
+        &[],
+        &[
+            ("VK_WEBHOOK_ADDR", ":10262"),
+            ("VK_WEBHOOK_TLS_CERT", "/c"),
+            ("VK_WEBHOOK_TLS_KEY", "/k"),
+            ("VK_WEBHOOK_TOLERATIONS", "false"),
+        ],
+    )
+    .run;
+    args.webhook = env.webhook;
+    let webhook = Config::from_args(&args)
+        .expect("env")
+        .webhook
+        .expect("served");
+    assert_eq!(webhook.addr.port, 10262);
+    assert!(!webhook.tolerations);
+}

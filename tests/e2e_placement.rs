@@ -1,0 +1,551 @@
+//! Placement follows the VM (issue 45, parts 1 and 3) on the fleet tier:
+//! three vk-sandbox nodes publishing their NodeInventories, node 0 also
+//! serving the placement webhook (a `url:` clientConfig on loopback, its
+//! own certificate pair in the caBundle), the upstream Sandbox controller
+//! and the default scheduler.
+//!
+//! - Sandboxes suspended and resumed come back on the node that held their
+//!   VM: the same claim id and Pod IP, no fresh VM claimed anywhere.
+//! - The Pods of Sandboxes deleted (as an eviction does): every
+//!   replacement runs on its VM's node with the same claim.
+//! - Every sandbox Pod carries the outage tolerations (NoExecute, no
+//!   tolerationSeconds) instead of the apiserver's 300 s ones.
+//!
+//! Without the webhook the scheduler picks any of the three nodes, so about
+//! two in three resumes would land elsewhere and claim a fresh VM.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use sandbox_controller::Sandbox;
+use serde_json::json;
+use support::fleet::{self, Fleet};
+use support::vk::tail;
+use support::wait_for;
+
+/// Sandboxes suspended and resumed, and Sandboxes whose Pods are deleted
+/// (the issue's figures).
+const SUSPENDED: usize = 30;
+const REPLACED: usize = 20;
+
+/// The webhook's certificate pair for 127.0.0.1: (cert, key, PEM).
+fn webhook_pair(dir: &std::path::Path) -> (PathBuf, PathBuf, String) {
+    let generated =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("self-sign");
+    let pem = generated.cert.pem();
+    let (cert, key) = (dir.join("webhook.crt"), dir.join("webhook.key"));
+    std::fs::write(&cert, &pem).expect("write the webhook certificate");
+    std::fs::write(&key, generated.signing_key.serialize_pem()).expect("write the webhook key");
+    (cert, key, pem)
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Each Pod's node, claim id and Pod IP, by name.
+async fn seen(fleet: &Fleet, names: &[String]) -> Seen {
+    let list = fleet
+        .pods()
+        .list(&ListParams::default())
+        .await
+        .expect("list pods");
+    list.items
+        .iter()
+        .filter_map(|p| {
+            let name = p.metadata.name.clone()?;
+            names.contains(&name).then(|| {
+                let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+                let claim = p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("sandbox.cocoonstack.io/claim-id").cloned());
+                let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone());
+                (
+                    name,
+                    (
+                        node.unwrap_or_default(),
+                        claim.unwrap_or_default(),
+                        ip.unwrap_or_default(),
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+type Seen = BTreeMap<String, (String, String, String)>;
+
+/// The names among `names` whose node, claim or Pod IP differ, with both.
+fn changed(before: &Seen, after: &Seen, names: &[String]) -> Vec<String> {
+    names
+        .iter()
+        .filter(|n| before.get(*n) != after.get(*n))
+        .map(|n| format!("{n}: {:?} -> {:?}", before.get(n), after.get(n)))
+        .collect()
+}
+
+/// Claim requests each node's sandboxd has had.
+fn claims_asked(fleet: &Fleet) -> Vec<usize> {
+    fleet
+        .members
+        .iter()
+        .map(|m| {
+            m.sim
+                .sim()
+                .requests()
+                .iter()
+                .filter(|r| r.method == "POST" && r.path == "/v1/claim")
+                .count()
+        })
+        .collect()
+}
+
+/// Live claims across the fleet's sandboxd simulators.
+fn vms_held(fleet: &Fleet) -> usize {
+    fleet
+        .members
+        .iter()
+        .map(|m| m.sim.sim().claims().len())
+        .sum()
+}
+
+async fn set_mode(fleet: &Fleet, names: &[String], mode: &str) {
+    let api: Api<Sandbox> = Api::namespaced(fleet.client(), &fleet.ns);
+    for name in names {
+        api.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"operatingMode": mode}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("set Sandbox {name} {mode}: {e}"));
+    }
+}
+
+/// Done when `these` is empty; else how many are `what`, a few named.
+fn none_of(these: Vec<String>, what: &str) -> Result<(), String> {
+    if these.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} {what}, e.g. {:?}",
+            these.len(),
+            &these[..these.len().min(3)]
+        ))
+    }
+}
+
+/// Waits until none of `names` has a Pod.
+async fn wait_gone(fleet: &Fleet, names: &[String], timeout: Duration) {
+    let pods = fleet.pods();
+    wait_for(
+        &format!("the Pods of {} Sandboxes gone", names.len()),
+        timeout,
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let left: Vec<String> = list
+                .items
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .filter(|n| names.contains(n))
+                .collect();
+            none_of(left, "left")
+        },
+    )
+    .await
+}
+
+/// Waits until every node's NodeInventory lists the VMs of `names` (the
+/// webhook reads them there).
+async fn wait_inventoried(fleet: &Fleet, names: &[String]) {
+    let api: Api<kube::api::DynamicObject> = Api::all_with(
+        fleet.client(),
+        &support::crds::nodeinventories("sandbox.cocoonstack.io"),
+    );
+    let want: Vec<String> = names.iter().map(|n| format!("{}/{n}", fleet.ns)).collect();
+    wait_for(
+        "every Sandbox's VM in a NodeInventory",
+        Duration::from_secs(30),
+        || async {
+            let list = api
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let held: Vec<String> = list
+                .items
+                .iter()
+                .flat_map(|inv| {
+                    inv.data["entries"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|e| e["claimRef"].as_str().map(str::to_string))
+                })
+                .collect();
+            let missing = want.iter().filter(|k| !held.contains(k)).cloned().collect();
+            none_of(missing, "missing")
+        },
+    )
+    .await
+}
+
+/// The outage tolerations as the webhook sets them, and nothing limiting.
+fn tolerates_outages_for_ever(p: &Pod) -> bool {
+    let ts = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    [
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/not-ready",
+    ]
+    .iter()
+    .all(|key| {
+        let of_key: Vec<_> = ts
+            .iter()
+            .filter(|t| t.key.as_deref() == Some(*key) && t.effect.as_deref() == Some("NoExecute"))
+            .collect();
+        !of_key.is_empty() && of_key.iter().all(|t| t.toleration_seconds.is_none())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_come_back_to_the_node_holding_their_vm() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    support::crds::install_file(
+        &cluster.client,
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("crds/sandbox.cocoonstack.io_nodeinventories.yaml"),
+    )
+    .await;
+    let dir = support::vk::test_dir("placement-webhook");
+    let (cert, key, pem) = webhook_pair(&dir);
+    let port = free_port();
+    let webhook_args = [
+        format!("--webhook-addr=127.0.0.1:{port}"),
+        format!("--webhook-tls-cert={}", cert.display()),
+        format!("--webhook-tls-key={}", key.display()),
+    ];
+    let Some(fleet) = fleet::setup(|i| {
+        let mut args = vec![
+            "--publish-inventory=true".to_string(),
+            "--publish-interval=1s".to_string(),
+            "--inventory-group=sandbox.cocoonstack.io".to_string(),
+        ];
+        if i == 0 {
+            args.extend(webhook_args.iter().cloned());
+        }
+        args
+    })
+    .await
+    else {
+        return;
+    };
+    let nodes: Vec<String> = (0..3).map(|i| fleet.node(i).to_string()).collect();
+
+    // The webhook, for this test's namespace only, sandbox Pods only.
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(fleet.client());
+    let hook_name = format!("vk-sandbox-placement-{}", fleet.group);
+    let hook: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": hook_name},
+        "webhooks": [{
+            "name": "placement.sandbox.cocoonstack.io",
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{port}/mutate-pods"),
+                "caBundle": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, pem.as_bytes()),
+            },
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                       "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": fleet.ns}},
+            "matchConditions": [{
+                "name": "sandbox-runtime",
+                "expression": "has(object.metadata.annotations) && \
+                    object.metadata.annotations[?'sandbox.cocoonstack.io/runtime'].orValue('') == 'sandboxd'",
+            }],
+            "failurePolicy": "Ignore",
+            "timeoutSeconds": 5,
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+        }],
+    }))
+    .expect("webhook configuration");
+    hooks
+        .create(&PostParams::default(), &hook)
+        .await
+        .expect("create the MutatingWebhookConfiguration");
+
+    // Sandboxes spread by the scheduler (their VMs are on no node yet).
+    let started = Instant::now();
+    let names = fleet.create("placed", SUSPENDED).await;
+    let first = fleet.wait_running(&names, Duration::from_secs(180)).await;
+    let before = seen(&fleet, &names).await;
+    let mut per_node: BTreeMap<&str, usize> = nodes.iter().map(|n| (n.as_str(), 0)).collect();
+    for node in first.values() {
+        *per_node.entry(node.as_str()).or_default() += 1;
+    }
+    println!(
+        "{SUSPENDED} Sandboxes Running in {:?}: {per_node:?}",
+        started.elapsed()
+    );
+    assert!(
+        per_node.values().filter(|c| **c > 0).count() >= 2,
+        "the Sandboxes should spread (else every resume lands on its node by chance): {per_node:?}"
+    );
+    let pods = fleet
+        .pods()
+        .list(&ListParams::default())
+        .await
+        .expect("pods");
+    for p in pods
+        .items
+        .iter()
+        .filter(|p| names.contains(p.metadata.name.as_ref().unwrap()))
+    {
+        assert!(
+            tolerates_outages_for_ever(p),
+            "{:?}: tolerations {:?}; webhook log:\n{}",
+            p.metadata.name,
+            p.spec.as_ref().and_then(|s| s.tolerations.clone()),
+            tail(&fleet.members[0].vk.logs(), 30)
+        );
+    }
+    wait_inventoried(&fleet, &names).await;
+
+    // Suspend all, then resume all.
+    let asked = claims_asked(&fleet);
+    let started = Instant::now();
+    set_mode(&fleet, &names, "Suspended").await;
+    wait_gone(&fleet, &names, Duration::from_secs(120)).await;
+    println!("{SUSPENDED} suspended in {:?}", started.elapsed());
+    let started = Instant::now();
+    set_mode(&fleet, &names, "Running").await;
+    fleet.wait_running(&names, Duration::from_secs(180)).await;
+    println!("{SUSPENDED} resumed in {:?}", started.elapsed());
+    let after = seen(&fleet, &names).await;
+    let moved = changed(&before, &after, &names);
+    assert!(
+        moved.is_empty(),
+        "{} of {SUSPENDED} resumed elsewhere or on another VM: {moved:?}; webhook log:\n{}",
+        moved.len(),
+        tail(&fleet.members[0].vk.logs(), 30)
+    );
+    assert_eq!(
+        claims_asked(&fleet),
+        asked,
+        "fresh VMs were claimed on resume"
+    );
+    assert_eq!(
+        vms_held(&fleet),
+        SUSPENDED,
+        "one VM per Sandbox across the fleet, none left behind"
+    );
+
+    // The Pods of REPLACED Sandboxes deleted, as an eviction does.
+    let replaced: Vec<String> = names[..REPLACED].to_vec();
+    let old_uids: BTreeMap<String, String> = {
+        let list = fleet
+            .pods()
+            .list(&ListParams::default())
+            .await
+            .expect("pods");
+        list.items
+            .iter()
+            .filter_map(|p| Some((p.metadata.name.clone()?, p.metadata.uid.clone()?)))
+            .collect()
+    };
+    let started = Instant::now();
+    for name in &replaced {
+        fleet
+            .pods()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete Pod {name}: {e}"));
+    }
+    let pods = fleet.pods();
+    wait_for(
+        &format!("{REPLACED} replacement Pods"),
+        Duration::from_secs(120),
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let fresh = list
+                .items
+                .iter()
+                .filter(|p| {
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    replaced.contains(&name)
+                        && p.metadata.uid != old_uids.get(&name).cloned()
+                        && fleet::running_and_ready(p)
+                })
+                .count();
+            if fresh == REPLACED {
+                Ok(())
+            } else {
+                Err(format!("{fresh} of {REPLACED} replaced and Running"))
+            }
+        },
+    )
+    .await;
+    println!("{REPLACED} Pods replaced in {:?}", started.elapsed());
+    let replaced_seen = seen(&fleet, &replaced).await;
+    let moved = changed(&before, &replaced_seen, &replaced);
+    assert!(
+        moved.is_empty(),
+        "{} of {REPLACED} replacements elsewhere or on another VM: {moved:?}",
+        moved.len()
+    );
+    assert_eq!(
+        claims_asked(&fleet),
+        asked,
+        "fresh VMs were claimed for replacements"
+    );
+    assert_eq!(
+        vms_held(&fleet),
+        SUSPENDED,
+        "one VM per Sandbox after the replacements"
+    );
+
+    let _ = hooks.delete(&hook_name, &DeleteParams::default()).await;
+    fleet.delete(&names).await;
+    fleet.cluster.drop_namespace(&fleet.ns).await;
+}
+
+/// The webhook's answer to `review`.
+async fn ask(
+    http: &reqwest::Client,
+    url: &str,
+    review: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let r = http
+        .post(url)
+        .json(review)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    r.json().await.map_err(|e| e.to_string())
+}
+
+/// The webhook reads the NodeInventories of the group `--inventory-group`
+/// names (here the one sandbox-operator builds read), over its own TLS
+/// pair: an inventory written there pins a Pod of its key to its node.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_webhook_reads_the_inventory_group_it_is_given() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    let group = "extensions.agents.x-k8s.io";
+    support::crds::install_file(
+        &cluster.client,
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("crds/{group}_nodeinventories.yaml")),
+    )
+    .await;
+    let dir = support::vk::test_dir("placement-group");
+    let (cert, key, pem) = webhook_pair(&dir);
+    let port = free_port();
+    let sim = support::sim::start(support::sim::config(fleet::TOKEN, &["base=1"])).await;
+    let token_file = support::sim::token_file(&dir, fleet::TOKEN);
+    let mut args = support::sim::vk_args(&sim, Some(&token_file));
+    args.extend([
+        format!("--inventory-group={group}"),
+        format!("--webhook-addr=127.0.0.1:{port}"),
+        format!("--webhook-tls-cert={}", cert.display()),
+        format!("--webhook-tls-key={}", key.display()),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let vk = support::vk::VkUnderTest::start(&cluster, "placement-group", &args).await;
+
+    // Another node's inventory, as its vk-sandbox would publish it.
+    let other = format!("elsewhere-{}", support::suffix());
+    let api: Api<kube::api::DynamicObject> = Api::all_with(
+        cluster.client.clone(),
+        &support::crds::nodeinventories(group),
+    );
+    let inv: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{group}/v1beta1"), "kind": "NodeInventory",
+        "metadata": {"name": other}, "node": other,
+        "entries": [{"name": "team/sbx", "phase": "Hibernated", "id": "sb_1",
+                     "claimRef": "team/sbx", "addr": "10.0.0.9"}],
+    }))
+    .expect("inventory");
+    api.create(&PostParams::default(), &inv)
+        .await
+        .expect("create the NodeInventory");
+
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(pem.as_bytes()).expect("CA"))
+        .build()
+        .expect("client");
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "sbx", "namespace": "team", "operation": "CREATE",
+            "userInfo": {"username": "test"},
+            "object": {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "sbx", "annotations": {"sandbox.cocoonstack.io/runtime": "sandboxd"}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        }
+    });
+    let url = format!("https://127.0.0.1:{port}/mutate-pods");
+    let answer = wait_for(
+        "the webhook pins team/sbx to the other node",
+        Duration::from_secs(30),
+        || async {
+            let v = ask(&http, &url, &review).await?;
+            let placement = v["response"]["auditAnnotations"]["placement"].clone();
+            if placement == json!(format!("pinned to {other}")) {
+                Ok(v)
+            } else {
+                Err(format!("{placement}; log:\n{}", tail(&vk.logs(), 10)))
+            }
+        },
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true);
+    assert_eq!(answer["response"]["patchType"], "JSONPatch");
+
+    // Its inventory gone, the key is held nowhere: no affinity.
+    api.delete(&other, &DeleteParams::default())
+        .await
+        .expect("delete the NodeInventory");
+    wait_for(
+        "the webhook forgets the deleted inventory",
+        Duration::from_secs(30),
+        || async {
+            let v = ask(&http, &url, &review).await?;
+            let placement = v["response"]["auditAnnotations"]["placement"].clone();
+            if placement == json!("its VM is on no node") {
+                Ok(())
+            } else {
+                Err(placement.to_string())
+            }
+        },
+    )
+    .await;
+}
