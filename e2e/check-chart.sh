@@ -22,7 +22,9 @@
 #               kustomize` through an overlay that sets only the image, as a
 #               user would), object by object, Helm's own labels aside; the
 #               FlowSchema and the monitoring objects, when enabled, are
-#               those of manifests/; the dashboard is manifests/monitoring/
+#               those of manifests/; placementWebhook.enabled renders the
+#               base with the component manifests/placement; the dashboard
+#               is manifests/monitoring/
 #               grafana-dashboard.json; the chart's crds/ are crds/ byte for
 #               byte (e2e/chart/parity.py)
 #   schema      values.schema.json refuses `metrics.serviceMonitor.enabled:
@@ -228,6 +230,29 @@ EOF
     log "parity: default values vs the kustomize base manifests/: ${out#parity: }"
   else
     fail "parity: the chart (default values) and the kustomize base manifests/ differ: $out"; bad=1
+  fi
+  # The placement webhook: the chart with it on (cert-manager's CA
+  # injector, as the component's annotation) vs the base with the
+  # component manifests/placement.
+  mkdir -p "$p/placement"
+  cat >"$p/placement/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../overlay
+components:
+  - ../overlay/base/placement
+EOF
+  if "$kubectl" kustomize "$p/placement" >"$p/placement-kustomize.yaml" &&
+    render "$c" "$p/placement-chart.yaml" --set placementWebhook.enabled=true \
+      --set placementWebhook.certManagerCertificate="$ns/vk-sandbox-webhook"; then
+    if out=$(python3 "$here/chart/parity.py" objects "$p/placement-chart.yaml" "$p/placement-kustomize.yaml"); then
+      log "parity: placementWebhook.enabled vs manifests/ with the component manifests/placement: ${out#parity: }"
+    else
+      fail "parity: the chart with placementWebhook.enabled and manifests/ with manifests/placement differ: $out"; bad=1
+    fi
+  else
+    fail "parity: rendering the placement webhook (kubectl kustomize with manifests/placement, or helm template)"; bad=1
   fi
   render "$c" "$p/fs.yaml" --set flowSchema.enabled=true --show-only templates/flowschema.yaml &&
     if out=$(python3 "$here/chart/parity.py" objects "$p/fs.yaml" manifests/flowschema.yaml); then
