@@ -232,6 +232,60 @@ async fn a_bound_port_fails() {
     drop(taken);
 }
 
+/// With `--webhook-addr`: the webhook's pair and port are checked, and
+/// the RBAC lines include its NodeInventory watch.
+#[tokio::test]
+async fn the_webhook_pair_and_port_are_checked() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    let kubeconfig = support::vk::sa_kubeconfig(&cluster).await;
+    let env = env("pf-webhook").await;
+    let pair = |name: &str| {
+        let generated =
+            rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("self-sign");
+        let (cert, key) = (
+            env.dir.join(format!("{name}.crt")),
+            env.dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert, generated.cert.pem()).expect("cert");
+        std::fs::write(&key, generated.signing_key.serialize_pem()).expect("key");
+        (cert, key)
+    };
+    let (cert, key) = pair("a");
+    let (_, other_key) = pair("b");
+    let flags = |key: &Path| {
+        vec![
+            format!("--webhook-addr=127.0.0.1:{}", free_port()),
+            format!("--webhook-tls-cert={}", cert.display()),
+            format!("--webhook-tls-key={}", key.display()),
+        ]
+    };
+    let good = flags(&key);
+    let good: Vec<&str> = good.iter().map(String::as_str).collect();
+    let (status, out, _) = env.preflight(&kubeconfig, &good).await;
+    assert_eq!(status.code(), Some(0), "{out}");
+    assert!(
+        line(&out, "[ok]  ", "webhook certificate").is_some(),
+        "{out}"
+    );
+    assert!(line(&out, "[ok]  ", "webhook port").is_some(), "{out}");
+
+    // The key of another pair.
+    let bad = flags(&other_key);
+    let bad: Vec<&str> = bad.iter().map(String::as_str).collect();
+    let (status, out, _) = env.preflight(&kubeconfig, &bad).await;
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(
+        line(&out, "[FAIL]", "webhook certificate").is_some(),
+        "{out}"
+    );
+    assert!(
+        fix_of(&out, "webhook certificate").is_some_and(|f| f.contains("--webhook-tls-cert")),
+        "{out}"
+    );
+}
+
 #[tokio::test]
 async fn a_physical_node_name_fails_and_a_virtual_one_is_adopted() {
     let Some(cluster) = support::cluster().await else {

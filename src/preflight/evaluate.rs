@@ -460,6 +460,29 @@ pub fn pools(pools: &[PoolInfo]) -> CheckResult {
     }
 }
 
+/// The placement webhook's certificate pair line; `loaded`: how many
+/// certificates the chain holds, or why the pair does not load.
+pub fn webhook_pair(cert: &Path, key: &Path, loaded: &Result<usize, String>) -> CheckResult {
+    let name = "webhook certificate";
+    match loaded {
+        Ok(n) => CheckResult::ok(
+            name,
+            format!(
+                "{} and {} load ({n} certificate(s)); the webhook configuration's caBundle must \
+                 hold their CA",
+                cert.display(),
+                key.display()
+            ),
+        ),
+        Err(e) => CheckResult::fail(
+            name,
+            e.clone(),
+            "give --webhook-tls-cert/--webhook-tls-key (env VK_WEBHOOK_TLS_CERT/VK_WEBHOOK_TLS_KEY) \
+             a PEM pair whose key fits the certificate, issued for the webhook's Service name",
+        ),
+    }
+}
+
 /// Whether two bind addresses would compete for one port.
 pub fn ports_clash(a: &ListenAddr, b: &ListenAddr) -> bool {
     a.port == b.port && (a.host == b.host || a.host.is_empty() || b.host.is_empty())

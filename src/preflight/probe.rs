@@ -41,6 +41,7 @@ pub async fn run_all(cfg: &Config) -> Vec<CheckResult> {
     out.extend(sandboxd);
     out.extend(state);
     out.extend(ports);
+    out.extend(webhook_checks(cfg).await);
     out
 }
 
@@ -338,6 +339,39 @@ async fn bind(addr: &ListenAddr) -> Result<tokio::net::TcpListener, (std::io::Er
             format!("resolving {addr} took longer than {CHECK_TIMEOUT:?}"),
         )),
     }
+}
+
+/// With `--webhook-addr`: the placement webhook's pair loads, and its
+/// port is free and its own (docs/placement.md).
+async fn webhook_checks(cfg: &Config) -> Vec<CheckResult> {
+    let Some(webhook) = &cfg.webhook else {
+        return Vec::new();
+    };
+    let loaded = crate::kubelet::tls::load_pair(&webhook.cert, &webhook.key).map(|k| k.cert.len());
+    let pair = evaluate::webhook_pair(&webhook.cert, &webhook.key, &loaded);
+    let port = if [&cfg.listen_addr, &cfg.admin_addr]
+        .iter()
+        .any(|other| evaluate::ports_clash(&webhook.addr, other))
+    {
+        CheckResult::fail(
+            "webhook port",
+            format!(
+                "{} uses the port of --listen-addr or --admin-addr",
+                webhook.addr
+            ),
+            "give --webhook-addr (env VK_WEBHOOK_ADDR) its own port, e.g. :10262",
+        )
+    } else {
+        let bound = bind(&webhook.addr).await.map(drop);
+        evaluate::port(
+            "webhook port",
+            "webhook-addr",
+            "VK_WEBHOOK_ADDR",
+            &webhook.addr,
+            &bound,
+        )
+    };
+    vec![pair, port]
 }
 
 /// Bind the kubelet port, then (still holding it) the admin port, then let

@@ -324,3 +324,24 @@ fn port_lines_and_clashes() {
     assert!(!ports_clash(&a, &other_port));
     assert!(!ports_clash(&a, &other_host));
 }
+
+#[test]
+fn webhook_pair_lines() {
+    let (cert, key) = (PathBuf::from("/w/tls.crt"), PathBuf::from("/w/tls.key"));
+    let ok = webhook_pair(&cert, &key, &Ok(2));
+    assert_eq!(ok.status, Status::Ok);
+    assert!(ok.detail.contains("2 certificate(s)"), "{ok:?}");
+    let bad = webhook_pair(
+        &cert,
+        &key,
+        &Err("the key does not fit the certificate".into()),
+    );
+    assert_eq!(bad.status, Status::Fail);
+    assert!(bad.detail.contains("does not fit"), "{bad:?}");
+    assert!(
+        bad.fix
+            .as_deref()
+            .is_some_and(|f| f.contains("--webhook-tls-cert")),
+        "{bad:?}"
+    );
+}
