@@ -224,11 +224,16 @@ fn tolerates_outages_for_ever(p: &Pod) -> bool {
     })
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn sandboxes_come_back_to_the_node_holding_their_vm() {
-    let Some(cluster) = support::cluster().await else {
-        return;
-    };
+/// The fleet's webhook configuration.
+fn hook_name(fleet: &Fleet) -> String {
+    format!("vk-sandbox-placement-{}", fleet.group)
+}
+
+/// The fleet, every node publishing its NodeInventory, node `server`
+/// serving the webhook and the webhook configured for the fleet's
+/// namespace; `None` without a cluster.
+async fn webhook_fleet(server: usize) -> Option<Fleet> {
+    let cluster = support::cluster().await?;
     support::crds::install_file(
         &cluster.client,
         &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -243,26 +248,22 @@ async fn sandboxes_come_back_to_the_node_holding_their_vm() {
         format!("--webhook-tls-cert={}", cert.display()),
         format!("--webhook-tls-key={}", key.display()),
     ];
-    let Some(fleet) = fleet::setup(|i| {
+    let fleet = fleet::setup(|i| {
         let mut args = vec![
             "--publish-inventory=true".to_string(),
             "--publish-interval=1s".to_string(),
             "--inventory-group=sandbox.cocoonstack.io".to_string(),
         ];
-        if i == 0 {
+        if i == server {
             args.extend(webhook_args.iter().cloned());
         }
         args
     })
-    .await
-    else {
-        return;
-    };
-    let nodes: Vec<String> = (0..3).map(|i| fleet.node(i).to_string()).collect();
+    .await?;
 
     // The webhook, for this test's namespace only, sandbox Pods only.
     let hooks: Api<MutatingWebhookConfiguration> = Api::all(fleet.client());
-    let hook_name = format!("vk-sandbox-placement-{}", fleet.group);
+    let hook_name = hook_name(&fleet);
     let hook: MutatingWebhookConfiguration = serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -292,7 +293,17 @@ async fn sandboxes_come_back_to_the_node_holding_their_vm() {
         .create(&PostParams::default(), &hook)
         .await
         .expect("create the MutatingWebhookConfiguration");
+    Some(fleet)
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_come_back_to_the_node_holding_their_vm() {
+    let Some(fleet) = webhook_fleet(0).await else {
+        return;
+    };
+    let nodes: Vec<String> = (0..3).map(|i| fleet.node(i).to_string()).collect();
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(fleet.client());
+    let hook_name = hook_name(&fleet);
     // Sandboxes spread by the scheduler (their VMs are on no node yet).
     let started = Instant::now();
     let names = fleet.create("placed", SUSPENDED).await;
@@ -548,4 +559,146 @@ async fn the_webhook_reads_the_inventory_group_it_is_given() {
         },
     )
     .await;
+}
+
+fn ready_pods_of(list: &[Pod], names: &[String]) -> usize {
+    list.iter()
+        .filter(|p| names.contains(p.metadata.name.as_ref().unwrap_or(&String::new())))
+        .filter(|p| fleet::running_and_ready(p))
+        .count()
+}
+
+/// A node agent hung (SIGSTOP) past the point where the node lifecycle
+/// controller taints its Node unreachable and the apiserver's default
+/// toleration (30 s on the local plane) runs out: a Pod without the
+/// webhook's tolerations on that node is evicted, its sandboxes, which
+/// tolerate the outage as the webhook set it, are not. After SIGCONT they
+/// are all Ready again within 5 s. The webhook is served by another node.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_outage_evicts_no_sandbox() {
+    let Some(fleet) = webhook_fleet(1).await else {
+        return;
+    };
+    let names = fleet.create("outage", 9).await;
+    fleet.wait_running(&names, Duration::from_secs(120)).await;
+    let pods = fleet.pods();
+    let list = pods.list(&ListParams::default()).await.expect("pods");
+    let here: BTreeMap<String, String> = list
+        .items
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(fleet.node(0)))
+        .filter_map(|p| Some((p.metadata.name.clone()?, p.metadata.uid.clone()?)))
+        .collect();
+    assert!(!here.is_empty(), "no Sandbox on node 0 of 9");
+    let on_it: Vec<String> = here.keys().cloned().collect();
+
+    // The control: a sandbox Pod the webhook does not see (another
+    // namespace), bound to node 0, with the apiserver's default
+    // tolerations only.
+    let ctl_ns = fleet.cluster.namespace("outage-ctl").await;
+    let ctl: Api<Pod> = Api::namespaced(fleet.client(), &ctl_ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "ctl", "annotations": {
+            "sandbox.cocoonstack.io/runtime": "sandboxd",
+            "sandbox.cocoonstack.io/template": fleet::TEMPLATE,
+        }},
+        "spec": {
+            "nodeName": fleet.node(0),
+            "tolerations": [support::controller::provider_toleration()],
+            "containers": [{"name": "agent", "image": fleet::TEMPLATE}],
+        }
+    }))
+    .expect("pod json");
+    ctl.create(&PostParams::default(), &pod)
+        .await
+        .expect("create the control Pod");
+    wait_for(
+        "the control Pod Running",
+        Duration::from_secs(60),
+        || async {
+            let p = ctl.get("ctl").await.map_err(|e| e.to_string())?;
+            if fleet::running_and_ready(&p) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", p.status.and_then(|s| s.phase)))
+            }
+        },
+    )
+    .await;
+
+    let vk = &fleet.members[0].vk;
+    vk.process.signal(nix::sys::signal::Signal::SIGSTOP);
+    let stopped = Instant::now();
+    wait_for(
+        "the control Pod evicted (the outage reached eviction)",
+        Duration::from_secs(180),
+        || async {
+            match ctl.get_opt("ctl").await.map_err(|e| e.to_string())? {
+                Some(p) if p.metadata.deletion_timestamp.is_none() => Err("not evicted yet".into()),
+                _ => Ok(()),
+            }
+        },
+    )
+    .await;
+    let evicted_after = stopped.elapsed();
+    // A little past it, to give a late eviction its chance.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let list = pods.list(&ListParams::default()).await.expect("pods");
+    let kept: Vec<String> = list
+        .items
+        .iter()
+        .filter(|p| {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            here.get(&name) == p.metadata.uid.as_ref() && p.metadata.deletion_timestamp.is_none()
+        })
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    println!(
+        "outage: the control Pod evicted {evicted_after:?} after the stop; {} of {} sandboxes kept",
+        kept.len(),
+        here.len()
+    );
+    assert_eq!(
+        kept.len(),
+        here.len(),
+        "sandboxes evicted: kept {kept:?} of {on_it:?}"
+    );
+
+    vk.process.signal(nix::sys::signal::Signal::SIGCONT);
+    let resumed = Instant::now();
+    wait_for(
+        "node 0's sandboxes Ready again",
+        Duration::from_secs(60),
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = ready_pods_of(&list.items, &on_it);
+            if ready == on_it.len() {
+                Ok(())
+            } else {
+                Err(format!("{ready} of {} Ready", on_it.len()))
+            }
+        },
+    )
+    .await;
+    let took = resumed.elapsed();
+    println!(
+        "outage: node 0's {} sandboxes Ready {took:?} after SIGCONT",
+        on_it.len()
+    );
+    assert!(
+        took <= Duration::from_secs(5),
+        "Ready again only {took:?} after the resume; log:\n{}",
+        tail(&vk.logs(), 20)
+    );
+
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(fleet.client());
+    let _ = hooks
+        .delete(&hook_name(&fleet), &DeleteParams::default())
+        .await;
+    fleet.delete(&names).await;
+    fleet.cluster.drop_namespace(&ctl_ns).await;
+    fleet.cluster.drop_namespace(&fleet.ns).await;
 }
