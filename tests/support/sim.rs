@@ -65,3 +65,14 @@ pub fn releases(sim: &SimHandle) -> Vec<sandboxd_sim::RequestRecord> {
         .filter(|r| r.method == "POST" && r.path.ends_with("/release"))
         .collect()
 }
+
+/// The requests so far but the Node's own reads of `GET /v1/info` (every
+/// couple of seconds, whatever the Pods do: src/fleet): what the Pods'
+/// handling sent.
+pub fn requests_but_info(sim: &SimHandle) -> Vec<sandboxd_sim::RequestRecord> {
+    sim.sim()
+        .requests()
+        .into_iter()
+        .filter(|r| !(r.method == "GET" && r.path == "/v1/info"))
+        .collect()
+}
