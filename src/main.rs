@@ -403,18 +403,18 @@ async fn run(cfg: Config) -> Result<()> {
             renew_margin: cfg.lifecycle.renew_margin,
         },
     );
+    // The Pod watch starts listing now. Its store serves the kubelet API,
+    // the gauges and the Pod-address picker; reconciles wait until the node
+    // is ready (the watch synced, the Node registered), so registering is
+    // not queued behind them and no Pod is claimed for before the start-up
+    // listing below (nor before the store knows every Pod here).
+    let (pod_controller, synced) = controller::controller(&client, &cfg.node_name);
+    let store = pod_controller.store();
     let provider = match cfg.pod_network.range {
-        Some(range) => provider.with_pod_range(range),
+        Some(range) => provider.with_pod_range(range, store.clone()),
         None => provider,
     };
     let provider = Arc::new(provider);
-
-    // The Pod watch starts listing now. Its store serves the kubelet API
-    // and the gauges; reconciles wait until the node is ready (the watch
-    // synced, the Node registered), so registering is not queued behind
-    // them and no Pod is claimed for before the start-up listing below.
-    let (pod_controller, synced) = controller::controller(&client, &cfg.node_name);
-    let store = pod_controller.store();
     pods::gauges::register(&metrics, store.clone())?;
     let (ready_tx, ready_rx) = watch::channel(false);
     let ctx = Context::new(

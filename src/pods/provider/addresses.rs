@@ -1,7 +1,8 @@
 //! Each claim's own Pod address (`--pod-cidr`, docs/pod-network.md): given
 //! when the claim is made (or when a Pod adopts a claim made without one),
 //! kept in the claim's row across Pods, suspends and restarts, free again
-//! once no row holds it, and not given again until its cool-down is over.
+//! once no row holds it and no Pod here shows it, and not given again until
+//! its cool-down is over.
 //! Also what the Pod-address listeners want: one per tracked Pod's address
 //! and declared TCP port.
 
@@ -20,10 +21,17 @@ use crate::pods::pod::Pod;
 pub const COOLDOWN: Duration = Duration::from_secs(300);
 
 impl Provider {
-    /// Gives claims their own Pod addresses from `range`.
-    pub fn with_pod_range(mut self, range: PodRange) -> Provider {
+    /// Gives claims their own Pod addresses from `range`; `pods_here` is
+    /// the watch cache of this node's Pods (an address one of them shows
+    /// is not given to another claim).
+    pub fn with_pod_range(
+        mut self,
+        range: PodRange,
+        pods_here: kube::runtime::reflector::Store<Pod>,
+    ) -> Provider {
         let held = self.pod_ips_held();
         self.addresses = Some(Mutex::new(Picker::new(range, COOLDOWN, &held)));
+        self.pods_here = Some(pods_here);
         self
     }
 
@@ -40,12 +48,24 @@ impl Provider {
             .collect()
     }
 
+    /// The addresses rows hold, and those Pods here still show. The cool-
+    /// down is in memory: after a restart, an address released just before
+    /// it would otherwise be free at once while the Pod that had it (its
+    /// delete not finished) still shows it, so two Pods showed one address.
+    fn pod_ips_in_use(&self) -> HashSet<Ipv4Addr> {
+        let mut in_use = self.pod_ips_held();
+        if let Some(store) = &self.pods_here {
+            in_use.extend(store.state().iter().filter_map(|p| shown_ipv4(p)));
+        }
+        in_use
+    }
+
     /// A Pod address for a new claim; `None` in the owner_addr mode, or
     /// when the range is full (the Pod then runs with the node's address,
     /// and the log says why).
     pub(super) fn next_pod_ip(&self, key: &str) -> Option<Ipv4Addr> {
         let addresses = self.addresses.as_ref()?;
-        let held = self.pod_ips_held();
+        let held = self.pod_ips_in_use();
         let mut picker = lock(addresses);
         let picked = picker.pick(&held, Instant::now());
         if picked.is_none() {
@@ -69,10 +89,15 @@ impl Provider {
     /// cool-down when it is released rather than at the next claim.
     pub fn observe_pod_ips(&self) {
         if let Some(a) = &self.addresses {
-            let held = self.pod_ips_held();
+            let held = self.pod_ips_in_use();
             lock(a).observe(&held, Instant::now());
         }
     }
+}
+
+/// The IPv4 address a Pod's status shows, if any.
+fn shown_ipv4(pod: &Pod) -> Option<Ipv4Addr> {
+    pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()
 }
 
 /// The declared TCP ports of a Pod's containers.

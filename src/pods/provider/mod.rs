@@ -171,6 +171,10 @@ pub struct Provider {
     /// `--pod-cidr`: claims get Pod addresses of their own (see
     /// `addresses.rs`).
     addresses: Option<Mutex<crate::podnet::range::Picker>>,
+    /// The watch cache of this node's Pods (with `--pod-cidr`): an address
+    /// a Pod here still shows (a Pod being deleted after its claim was
+    /// released, across a restart that forgot the cool-down) is in use.
+    pods_here: Option<kube::runtime::reflector::Store<Pod>>,
     /// Wakes the Pod-address listeners before a Running status is written.
     endpoints_changed: Arc<tokio::sync::Notify>,
 }
@@ -214,6 +218,7 @@ impl Provider {
             settle_after: suspects::SETTLE_AFTER,
             lifecycle: Settings::default(),
             addresses: None,
+            pods_here: None,
             endpoints_changed: Arc::default(),
         }
     }
