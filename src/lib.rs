@@ -31,6 +31,7 @@ pub mod runtime;
 pub mod sandboxd;
 pub mod spdy;
 pub mod stream_stats;
+pub mod supervise;
 pub mod telemetry;
 
 pub use error::{Error, Result};

@@ -4,13 +4,10 @@
 //! API bound, Pod watch synced, then the Node registered, its Lease and
 //! status heartbeats started, and the Node marked Ready.
 
-use std::future::Future;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 use vk_sandbox::admin;
 use vk_sandbox::claims::state_lock::StateLock;
@@ -33,6 +30,7 @@ use vk_sandbox::pods::source::NodePods;
 use vk_sandbox::pods::{self, controller};
 use vk_sandbox::runtime::Threads;
 use vk_sandbox::sandboxd::{Observer, SandboxRow, SandboxdClient};
+use vk_sandbox::supervise::Tasks;
 use vk_sandbox::{Error, Result, kube_client, orphan, telemetry};
 
 /// `--features mimalloc`: mimalloc instead of the C library's allocator.
@@ -110,83 +108,6 @@ async fn shutdown_signal() -> Result<()> {
         std::process::exit(130);
     });
     Ok(())
-}
-
-/// The tasks `run` supervises, and the token that stops them: each ends
-/// only on shutdown, or with the error that stops the process.
-struct Tasks {
-    set: tokio::task::JoinSet<Result<()>>,
-    stop: CancellationToken,
-}
-
-impl Tasks {
-    fn new() -> Tasks {
-        Tasks {
-            set: tokio::task::JoinSet::new(),
-            stop: CancellationToken::new(),
-        }
-    }
-
-    /// A task that ends with an error only when the process must stop.
-    fn spawn(&mut self, fut: impl Future<Output = Result<()>> + Send + 'static) {
-        self.set.spawn(fut);
-    }
-
-    /// A loop that retries its own failures and ends only when told to
-    /// stop; ending is reported like any task's.
-    fn spawn_loop(&mut self, fut: impl Future<Output = ()> + Send + 'static) {
-        self.set.spawn(async move {
-            fut.await;
-            Ok(())
-        });
-    }
-
-    fn stop(&self) -> CancellationToken {
-        self.stop.clone()
-    }
-
-    /// Until a signal, or until a task ends (the error that stops the
-    /// process).
-    async fn supervise(&mut self, signal: impl Future<Output = Result<()>>) -> Result<()> {
-        tokio::select! {
-            r = signal => r,
-            Some(done) = self.set.join_next() => Err(match done {
-                Ok(Ok(())) => Error::Internal("a background task ended unexpectedly".into()),
-                Ok(Err(e)) => e,
-                Err(e) => Error::Internal(format!("a background task panicked: {e}")),
-            }),
-        }
-    }
-
-    /// Shutdown never evicts, releases or deletes: stop the loops, leave a
-    /// plain claims.json behind.
-    async fn shut_down(mut self, claims: &ClaimsStore) {
-        self.stop.cancel();
-        let drain = async {
-            while let Some(r) = self.set.join_next().await {
-                if let Ok(Err(e)) = r {
-                    error!(error = %e, "task failed during shutdown");
-                }
-            }
-        };
-        if tokio::time::timeout(Duration::from_secs(5), drain)
-            .await
-            .is_err()
-        {
-            info!("some tasks did not stop within 5 s; exiting anyway");
-        }
-        // An operator can roll back to the Go build on the plain file. If
-        // this fails the journal still holds every change and the next
-        // start replays it: nothing is lost, so the shutdown still succeeds.
-        if let Err(e) = claims.compact().await {
-            warn!(
-                error = %e,
-                "final compaction of the claims state failed; the journal beside it still holds \
-                 every change and is replayed at the next start (roll back to the Go build only \
-                 after a clean compaction)"
-            );
-        }
-    }
 }
 
 /// The sandboxd client, counted in the metrics. Says at start-up what

@@ -9,10 +9,12 @@
 
 use std::sync::Arc;
 
-use prometheus::core::Collector;
 use prometheus::{Encoder, Gauge, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::error::{Error, Result};
+
+pub use build::register;
+use build::{API_BUCKETS, FINE_BUCKETS, counter_vec, histogram_vec, metric_error};
 
 /// Times one reconcile: dropping it records the duration.
 pub type Timer = prometheus::HistogramTimer;
@@ -37,22 +39,6 @@ impl Controller {
 
 /// Content type of the text exposition format served on `/metrics`.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Buckets for the sub-millisecond paths (sandboxd calls, claims-store
-/// fsyncs, the provider's share of a claim): fine around 1–2 ms, where
-/// sandboxd (0.2–0.7 ms) and a local fsync land, then up to 10 s.
-const FINE_BUCKETS: [f64; 19] = [
-    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1,
-    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// Buckets for apiserver round trips: a few ms idle, hundreds under a
-/// burst on a busy control plane; fine enough between 50 ms and 1 s to
-/// compare one write with a whole claim or resume (make bench).
-const API_BUCKETS: [f64; 19] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
-    0.75, 1.0, 2.5, 10.0,
-];
 
 /// The metrics of one process.
 pub struct Metrics {
@@ -156,43 +142,6 @@ impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Metrics").finish_non_exhaustive()
     }
-}
-
-/// Register `collector` in `registry` and hand it back.
-pub fn register<C: Collector + Clone + 'static>(registry: &Registry, collector: C) -> Result<C> {
-    registry
-        .register(Box::new(collector.clone()))
-        .map_err(|e| Error::Internal(format!("registering a metric: {e}")))?;
-    Ok(collector)
-}
-
-fn metric_error(e: prometheus::Error) -> Error {
-    Error::Internal(format!("building a metric: {e}"))
-}
-
-fn counter_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> Result<IntCounterVec> {
-    let vec = IntCounterVec::new(Opts::new(name, help), labels).map_err(metric_error)?;
-    register(registry, vec)
-}
-
-fn histogram_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-    buckets: Vec<f64>,
-) -> Result<prometheus::HistogramVec> {
-    let vec = prometheus::HistogramVec::new(
-        prometheus::HistogramOpts::new(name, help).buckets(buckets),
-        labels,
-    )
-    .map_err(metric_error)?;
-    register(registry, vec)
 }
 
 impl Metrics {
@@ -530,6 +479,7 @@ impl Metrics {
     }
 }
 
+mod build;
 #[cfg(target_os = "linux")]
 mod process;
 mod record;

@@ -1,6 +1,8 @@
 //! Store tests: real files in temporary directories.
 
 use std::collections::BTreeMap;
+
+use crate::sandboxd::SandboxRow;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -13,8 +13,7 @@ use kube::Client;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::failure::Cause;
-use super::lifecycle::decide::{self, OnDelete, Settings};
+use super::lifecycle::decide::Settings;
 use super::owners::Owners;
 use super::status::{self, ClaimView};
 use crate::claims::{Claim, ClaimState, ClaimsStore};
@@ -26,116 +25,12 @@ use preserved::Preserved;
 use suspects::Suspects;
 use verification::Verification;
 
+pub use outcomes::{CreateFailure, Created, Deleted, Hibernation};
+
 /// Compensating releases run on their own deadline, detached from the
 /// caller: a claim whose commit or status failed is given back even if
 /// the reconcile that made it is cancelled.
 const UNDO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Why a create did not produce a Running Pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreateFailure {
-    /// `ProviderFailed` or `NoWarmCapacity` (docs/pod-contract.md).
-    pub reason: &'static str,
-    pub message: String,
-    /// Whose trouble it is: decides what the Pod's status shows.
-    pub cause: Cause,
-}
-
-impl CreateFailure {
-    /// vk-sandbox's own trouble (`ProviderFailed`): retried, never the Pod's.
-    fn ours(message: impl Into<String>) -> Self {
-        CreateFailure {
-            reason: "ProviderFailed",
-            message: message.into(),
-            cause: Cause::Ours,
-        }
-    }
-
-    /// The Pod cannot be claimed for as it is (`ProviderFailed`).
-    fn refused(message: impl Into<String>) -> Self {
-        CreateFailure {
-            cause: Cause::Pod,
-            ..CreateFailure::ours(message)
-        }
-    }
-}
-
-/// What a successful create did.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Created {
-    Claimed {
-        id: String,
-        status: Value,
-        /// Time spent waiting on sandboxd's claim and the claims store's
-        /// commit (fsync); the rest of the claim path is vk-sandbox's own.
-        waited: Duration,
-    },
-    /// A claim kept from an earlier Pod under the same key.
-    Adopted { id: String, status: Value },
-    /// This same Pod's own claim, seen again after a restart: nothing
-    /// changed hands, so there is nothing to announce.
-    Resumed { id: String, status: Value },
-    /// A claim whose VM vk-sandbox hibernated (its owner was suspended),
-    /// woken for this Pod (its owner resumed).
-    Woken { id: String, status: Value },
-}
-
-/// What a hibernate did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Hibernation {
-    /// The VM is hibernated (sandboxd's 204), and recorded so.
-    Hibernated,
-    /// sandboxd refused (409: an egress-lane VM, or one with volumes): it
-    /// keeps running, and is never asked again.
-    Refused(String),
-    /// sandboxd no longer has it (404): the claim was dropped.
-    Gone,
-    /// It failed (500, timeout, transport): the VM is (probably) still
-    /// running; recorded as a hibernate pending, retried.
-    Failed(String),
-    /// A recovered claim without its token, and no node token: sandboxd
-    /// cannot be asked.
-    NoCredential,
-}
-
-/// What a provider delete did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Deleted {
-    /// A newer Pod holds the key: this request was for an old generation.
-    Stale,
-    /// No claim was held for the key.
-    NothingHeld,
-    Preserved {
-        id: String,
-        reason: String,
-    },
-    Released {
-        id: String,
-        reason: String,
-    },
-    /// The owner is suspended: the claim is kept and its VM hibernated
-    /// (or, when that failed, left running with a hibernate pending).
-    Hibernated {
-        id: String,
-        why: String,
-        outcome: Hibernation,
-    },
-    /// The owner is suspended and the claim's VM is already as it wants
-    /// it (hibernated, archived, or a hibernate pending that the upkeep
-    /// retries): sandboxd was not asked, and nothing is announced again.
-    Kept {
-        id: String,
-        why: String,
-    },
-    /// The owner is gone, but the claim holds no release credential (it
-    /// was recovered without one) and no node token is configured (sandboxd
-    /// in open mode): nothing here can release it. The row is dropped so
-    /// the Pod is not held Terminating; the sandbox ends at its deadline.
-    LeftToExpire {
-        id: String,
-        reason: String,
-    },
-}
 
 pub struct Provider {
     sandboxd: SandboxdClient,
@@ -494,105 +389,15 @@ impl Provider {
     pub fn has_quarantined(&self) -> bool {
         !self.claims.quarantined().is_empty()
     }
-
-    /// Provider Delete: preserve unless the owner is confirmed gone or
-    /// tearing down; release with the claim's own token. Either way, other
-    /// sandboxes made for this Pod (lost claim replies) go back.
-    pub async fn delete(&self, pod: &Pod) -> Result<Deleted, SandboxdError> {
-        let k = pod.key();
-        if let Some(t) = self.tracked(&k)
-            && t.uid() != pod.uid()
-        {
-            return Ok(Deleted::Stale);
-        }
-        let Some((claim, _state)) = self.claims.get(&k) else {
-            self.untrack(&k, pod.uid());
-            return Ok(Deleted::NothingHeld);
-        };
-        let owner = self.owners.of_pod(pod).await;
-        // A newer Pod may have taken the key while the owner was asked.
-        if let Some(t) = self.tracked(&k)
-            && t.uid() != pod.uid()
-        {
-            return Ok(Deleted::Stale);
-        }
-        match decide::on_delete(
-            &owner.state(),
-            &claim.lifecycle,
-            Timestamp::now(),
-            self.lifecycle.hibernate_on_suspend,
-        ) {
-            OnDelete::Keep(why) => {
-                info!(pod = %k, sandbox = %claim.id, %why, "owner suspended; the VM is left as it is");
-                self.untrack(&k, pod.uid());
-                self.return_others_of(pod, &claim.id).await;
-                Ok(Deleted::Kept { id: claim.id, why })
-            }
-            OnDelete::Hibernate(why) => {
-                // Untracked first: the kubelet API's lookup no longer hands
-                // the claim's token to a relay, which would wake the VM
-                // right after (or behind) the hibernate.
-                self.untrack(&k, pod.uid());
-                let outcome = self
-                    .hibernate_claim(&k, &claim, owner.recorded(), "suspended")
-                    .await;
-                info!(pod = %k, sandbox = %claim.id, %why, ?outcome, "owner suspended");
-                self.return_others_of(pod, &claim.id).await;
-                Ok(Deleted::Hibernated {
-                    id: claim.id,
-                    why,
-                    outcome,
-                })
-            }
-            OnDelete::Preserve(reason) => {
-                info!(pod = %k, sandbox = %claim.id, %reason,
-                      "preserving sandbox: pod deletion is not VM authority");
-                if let Some(owner) = owner.recorded()
-                    && let Err(e) = self.record_owner(&k, &claim.id, owner).await
-                {
-                    warn!(pod = %k, error = %e, "the preserved claim's owner was not recorded");
-                }
-                lock(&self.preserved).insert(k.clone(), Preserved::new(&claim.id, pod));
-                self.untrack(&k, pod.uid());
-                self.return_others_of(pod, &claim.id).await;
-                Ok(Deleted::Preserved {
-                    id: claim.id,
-                    reason,
-                })
-            }
-            OnDelete::Release(reason) => {
-                let released = self.release_claim(&claim).await?;
-                lock(&self.preserved).remove(&k);
-                if let Err(e) = self.claims.remove(&k, &claim.id).await {
-                    warn!(pod = %k, error = %e, "release done but its record could not be removed");
-                }
-                self.untrack(&k, pod.uid());
-                self.return_others_of(pod, &claim.id).await;
-                if released {
-                    info!(pod = %k, sandbox = %claim.id, %reason, "released sandbox");
-                    Ok(Deleted::Released {
-                        id: claim.id,
-                        reason,
-                    })
-                } else {
-                    warn!(pod = %k, sandbox = %claim.id, %reason,
-                          "no credential can release this recovered claim (no node token): \
-                           it ends at its deadline");
-                    Ok(Deleted::LeftToExpire {
-                        id: claim.id,
-                        reason,
-                    })
-                }
-            }
-        }
-    }
 }
 
 pub mod addresses;
 mod create;
 pub mod create_step;
+mod delete;
 pub mod keys;
 pub mod lifecycle;
+mod outcomes;
 mod preserved;
 mod recheck;
 mod strays;

@@ -1,5 +1,6 @@
 use super::*;
 use crate::preflight::Status;
+use crate::sandboxd::{NodeInfo, PoolInfo};
 use std::path::PathBuf;
 
 #[test]
