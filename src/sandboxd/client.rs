@@ -533,7 +533,7 @@ mod tests {
                 "ttl_seconds": 86400,
             });
             let reply = sim.sim().claim(None, body.to_string().as_bytes()).await;
-            assert_eq!(reply.reply.status, 200, "claim {i}: {reply:?}");
+            assert_eq!(reply.status, 200, "claim {i}: {reply:?}");
         }
         let raw = reqwest::get(format!("{}/v1/sandboxes", sim.base_url()))
             .await
