@@ -1226,7 +1226,7 @@ async fn startup(env: &Env, sim: &SimHandle, n: usize) -> Startup {
         let key = format!("{ns}/{name}");
         let body = json!({"template": TEMPLATE, "claim_ref": key}).to_string();
         let out = sim.sim().claim(Some(&auth), body.as_bytes()).await;
-        let sandboxd_sim::sim::Body::Json(reply) = out.reply.body else {
+        let sandboxd_sim::sim::Body::Json(reply) = out.body else {
             die("simulator claim: not JSON");
         };
         rows.insert(

@@ -1,6 +1,7 @@
 //! HTTP layer: sandboxd's routes with Go-router-style 404/405 replies, the
-//! request log, and a hand-rolled accept loop so a fault can close a TCP
-//! connection without replying, or stop accepting altogether.
+//! transport faults (`faults`: every API call goes through it to the
+//! model), the request log, and a hand-rolled accept loop so a fault can
+//! close a TCP connection without replying, or stop accepting altogether.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,10 +23,12 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
+mod faults;
 mod verbs;
 
 use crate::model::MAX_BODY;
-use crate::sim::{After, Body, Outcome, Reply, Sim};
+use crate::sim::{Body, Reply, Sim};
+use faults::{After, Call, Outcome};
 
 /// Lets a handler close its own TCP connection without replying.
 #[derive(Clone, Debug, Default)]
@@ -131,7 +134,8 @@ async fn claim(
     if method != Method::POST {
         return method_not_allowed("POST");
     }
-    let outcome = sim.claim(auth(&headers).as_deref(), &body).await;
+    let call = Call::Claim { body: &body };
+    let outcome = faults::dispatch(&sim, auth(&headers).as_deref(), call).await;
     deliver(&sim, outcome, conn, seq).await
 }
 
@@ -146,23 +150,24 @@ async fn release(
     if method != Method::POST {
         return method_not_allowed("POST");
     }
-    let outcome = sim.release(auth(&headers).as_deref(), &id);
+    let call = Call::Release { id: &id };
+    let outcome = faults::dispatch(&sim, auth(&headers).as_deref(), call).await;
     deliver(&sim, outcome, conn, seq).await
 }
 
-/// A node-wide read (`GET` only): the list, info, metrics.
+/// A node-wide read (`GET` only): the list, info.
 async fn node_read(
     sim: Arc<Sim>,
     method: Method,
     headers: HeaderMap,
     conn: Option<Extension<ConnCtl>>,
     seq: Option<Extension<LogSeq>>,
-    read: fn(&Sim, Option<&str>) -> Outcome,
+    call: Call<'static>,
 ) -> Response {
     if !is_get(&method) {
         return method_not_allowed(GET_ALLOW);
     }
-    let outcome = read(&sim, auth(&headers).as_deref());
+    let outcome = faults::dispatch(&sim, auth(&headers).as_deref(), call).await;
     deliver(&sim, outcome, conn, seq).await
 }
 
@@ -173,7 +178,7 @@ async fn list(
     conn: Option<Extension<ConnCtl>>,
     seq: Option<Extension<LogSeq>>,
 ) -> Response {
-    node_read(sim, method, headers, conn, seq, Sim::list).await
+    node_read(sim, method, headers, conn, seq, Call::List).await
 }
 
 async fn info(
@@ -183,7 +188,7 @@ async fn info(
     conn: Option<Extension<ConnCtl>>,
     seq: Option<Extension<LogSeq>>,
 ) -> Response {
-    node_read(sim, method, headers, conn, seq, Sim::info).await
+    node_read(sim, method, headers, conn, seq, Call::Info).await
 }
 
 /// `POST /v1/drain` (drain: claims get 429, or a redirect with peers) and
@@ -201,8 +206,8 @@ async fn drain(
         Method::DELETE => false,
         _ => return method_not_allowed("POST, DELETE"),
     };
-    let outcome = sim.set_draining(auth(&headers).as_deref(), draining);
-    deliver(&sim, outcome, conn, seq).await
+    let reply = sim.set_draining(auth(&headers).as_deref(), draining);
+    deliver(&sim, reply.into(), conn, seq).await
 }
 
 async fn metrics(
@@ -212,7 +217,12 @@ async fn metrics(
     conn: Option<Extension<ConnCtl>>,
     seq: Option<Extension<LogSeq>>,
 ) -> Response {
-    node_read(sim, method, headers, conn, seq, Sim::metrics).await
+    if !is_get(&method) {
+        return method_not_allowed(GET_ALLOW);
+    }
+    // No fault applies to the metrics.
+    let reply = sim.metrics(auth(&headers).as_deref());
+    deliver(&sim, reply.into(), conn, seq).await
 }
 
 async fn healthz(method: Method) -> Response {

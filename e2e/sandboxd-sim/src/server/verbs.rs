@@ -15,9 +15,10 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::debug;
 
+use super::faults::{self, Call, Outcome, Relay};
 use super::{ConnCtl, GET_ALLOW, LogSeq, auth, deliver, is_get, method_not_allowed};
 use crate::guest::agent::{self, AgentConfig};
-use crate::sim::{Outcome, RelayGrant, Sim};
+use crate::sim::{RelayGrant, Reply, Sim};
 
 /// How long a port relay waits for the client to close after the guest
 /// side ended (sandboxd's bound).
@@ -37,7 +38,8 @@ pub(super) async fn hibernate(
     if method != Method::POST {
         return method_not_allowed("POST");
     }
-    let outcome = sim.hibernate(auth(&headers).as_deref(), &id).await;
+    let call = Call::Hibernate { id: &id };
+    let outcome = faults::dispatch(&sim, auth(&headers).as_deref(), call).await;
     deliver(&sim, outcome, conn, seq).await
 }
 
@@ -52,7 +54,8 @@ pub(super) async fn wake(
     if method != Method::POST {
         return method_not_allowed("POST");
     }
-    let outcome = sim.wake(auth(&headers).as_deref(), &id).await;
+    let call = Call::Wake { id: &id };
+    let outcome = faults::dispatch(&sim, auth(&headers).as_deref(), call).await;
     deliver(&sim, outcome, conn, seq).await
 }
 
@@ -68,7 +71,11 @@ pub(super) async fn renew(
     if method != Method::POST {
         return method_not_allowed("POST");
     }
-    let outcome = sim.renew(auth(&headers).as_deref(), &id, &body).await;
+    let call = Call::Renew {
+        id: &id,
+        body: &body,
+    };
+    let outcome = faults::dispatch(&sim, auth(&headers).as_deref(), call).await;
     deliver(&sim, outcome, conn, seq).await
 }
 
@@ -84,7 +91,11 @@ pub(super) async fn exec(
     if method != Method::POST {
         return method_not_allowed("POST");
     }
-    let outcome = sim.exec(auth(&headers).as_deref(), &id, &body).await;
+    let call = Call::Exec {
+        id: &id,
+        body: &body,
+    };
+    let outcome = faults::dispatch(&sim, auth(&headers).as_deref(), call).await;
     deliver(&sim, outcome, conn, seq).await
 }
 
@@ -99,7 +110,8 @@ pub(super) async fn get_sandbox(
     if !is_get(&method) {
         return method_not_allowed(GET_ALLOW);
     }
-    let outcome = sim.get(auth(&headers).as_deref(), &id);
+    let call = Call::Get { id: &id };
+    let outcome = faults::dispatch(&sim, auth(&headers).as_deref(), call).await;
     deliver(&sim, outcome, conn, seq).await
 }
 
@@ -114,7 +126,8 @@ pub(super) async fn stats(
     if !is_get(&method) {
         return method_not_allowed(GET_ALLOW);
     }
-    let outcome = sim.stats(auth(&headers).as_deref(), &id);
+    let call = Call::Stats { id: &id };
+    let outcome = faults::dispatch(&sim, auth(&headers).as_deref(), call).await;
     deliver(&sim, outcome, conn, seq).await
 }
 
@@ -129,7 +142,8 @@ pub(super) async fn owner(
     if !is_get(&method) {
         return method_not_allowed(GET_ALLOW);
     }
-    let outcome = sim.owner(auth(&headers).as_deref(), &id);
+    let call = Call::Owner { id: &id };
+    let outcome = faults::dispatch(&sim, auth(&headers).as_deref(), call).await;
     deliver(&sim, outcome, conn, seq).await
 }
 
@@ -201,13 +215,13 @@ pub(super) async fn agent_relay(
         return method_not_allowed(GET_ALLOW);
     }
     let headers = req.headers().clone();
-    let grant = match sim
-        .open_agent(
-            auth(&headers).as_deref(),
-            upgrade_header(&headers).as_deref(),
-            &id,
-        )
-        .await
+    let grant = match faults::open_relay(
+        &sim,
+        auth(&headers).as_deref(),
+        upgrade_header(&headers).as_deref(),
+        Relay::Agent { id: &id },
+    )
+    .await
     {
         Ok(g) => g,
         Err(outcome) => return refuse(&sim, outcome, "silkd", conn, seq).await,
@@ -215,7 +229,7 @@ pub(super) async fn agent_relay(
     let Some(on_upgrade) = req.extensions_mut().remove::<OnUpgrade>() else {
         return refuse(
             &sim,
-            crate::sim::Reply::error(500, "connection cannot be upgraded").into(),
+            Reply::error(500, "connection cannot be upgraded").into(),
             "silkd",
             conn,
             seq,
@@ -242,14 +256,16 @@ pub(super) async fn port_relay(
         return method_not_allowed(GET_ALLOW);
     }
     let headers = req.headers().clone();
-    let mut grant = match sim
-        .open_port(
-            auth(&headers).as_deref(),
-            upgrade_header(&headers).as_deref(),
-            &id,
-            &port,
-        )
-        .await
+    let mut grant = match faults::open_relay(
+        &sim,
+        auth(&headers).as_deref(),
+        upgrade_header(&headers).as_deref(),
+        Relay::Port {
+            id: &id,
+            port: &port,
+        },
+    )
+    .await
     {
         Ok(g) => g,
         Err(outcome) => return refuse(&sim, outcome, "tcp", conn, seq).await,
@@ -257,7 +273,7 @@ pub(super) async fn port_relay(
     let Some(on_upgrade) = req.extensions_mut().remove::<OnUpgrade>() else {
         return refuse(
             &sim,
-            crate::sim::Reply::error(500, "connection cannot be upgraded").into(),
+            Reply::error(500, "connection cannot be upgraded").into(),
             "tcp",
             conn,
             seq,
@@ -267,7 +283,7 @@ pub(super) async fn port_relay(
     let Some(guest) = grant.guest.take() else {
         return refuse(
             &sim,
-            crate::sim::Reply::error(502, "guest port unreachable").into(),
+            Reply::error(502, "guest port unreachable").into(),
             "tcp",
             conn,
             seq,

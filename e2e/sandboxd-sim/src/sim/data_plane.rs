@@ -14,10 +14,9 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tracing::debug;
 
-use super::lifecycle::unknown;
-use super::{Outcome, Reply, Sim};
+use super::auth::unknown;
+use super::{Answer, Reply, Sim};
 use crate::config::PortMapping;
-use crate::faults::Endpoint;
 use crate::guest::frames::ErrorKind;
 use crate::guest::process::{Launch, exit_code, spawn_piped};
 use crate::guest::{RelayHold, Vm};
@@ -84,15 +83,6 @@ impl Drop for ExecGuard {
 }
 
 impl Sim {
-    /// The claim, for the sandbox's own token only (root is a wrong token
-    /// here).
-    fn own_claim(&self, token: &str, id: &str) -> bool {
-        self.lock()
-            .claims
-            .get(id)
-            .is_some_and(|c| ct_eq(token, &c.token))
-    }
-
     /// Failed (409), then paused (the implicit wake; `wake_error` when it
     /// fails), then the VM's guest side. Counts as activity.
     async fn enter_guest(self: &Arc<Self>, id: &str, wake_error: Reply) -> Result<Arc<Vm>, Reply> {
@@ -135,24 +125,19 @@ impl Sim {
         auth: Option<&str>,
         upgrade: Option<&str>,
         id: &str,
-    ) -> Result<RelayGrant, Outcome> {
-        let fault = self.take_fault(Endpoint::Agent);
-        if let Some(outcome) = self.pre_fault(&fault) {
-            return Err(outcome);
-        }
+    ) -> Result<RelayGrant, Reply> {
         let Some(token) = bearer(auth) else {
-            return Err(Reply::error(401, "missing bearer token").into());
+            return Err(Reply::error(401, "missing bearer token"));
         };
         if !upgrades_to(upgrade, "silkd") {
-            return Err(Reply::error(426, "upgrade required: silkd").into());
+            return Err(Reply::error(426, "upgrade required: silkd"));
         }
         if !self.own_claim(token, id) {
-            return Err(unknown().into());
+            return Err(unknown());
         }
         let vm = self
             .enter_guest(id, Reply::error(500, "sandbox lookup failed"))
-            .await
-            .map_err(Outcome::from)?;
+            .await?;
         Ok(RelayGrant {
             hold: vm.hold(),
             vm,
@@ -189,30 +174,26 @@ impl Sim {
         upgrade: Option<&str>,
         id: &str,
         port_text: &str,
-    ) -> Result<RelayGrant, Outcome> {
-        let fault = self.take_fault(Endpoint::Ports);
-        if let Some(outcome) = self.pre_fault(&fault) {
-            return Err(outcome);
-        }
+    ) -> Result<RelayGrant, Reply> {
         let Some(token) = bearer(auth) else {
-            return Err(Reply::error(401, "missing bearer token").into());
+            return Err(Reply::error(401, "missing bearer token"));
         };
         let Some(port) = parse_port(port_text) else {
-            return Err(Reply::error(400, "port must be 1-65535").into());
+            return Err(Reply::error(400, "port must be 1-65535"));
         };
         if !upgrades_to(upgrade, "tcp") {
-            return Err(Reply::error(426, "upgrade required: tcp").into());
+            return Err(Reply::error(426, "upgrade required: tcp"));
         }
         let passive = {
             let st = self.lock();
             let Some(c) = st.claims.get(id) else {
-                return Err(unknown().into());
+                return Err(unknown());
             };
             let root = st.cfg.passive_root_ports
                 && !st.cfg.api_token.is_empty()
                 && ct_eq(token, &st.cfg.api_token);
             if !root && !ct_eq(token, &c.token) {
-                return Err(unknown().into());
+                return Err(unknown());
             }
             if root {
                 let busy = if c.failed.is_some() {
@@ -225,20 +206,16 @@ impl Sim {
                     None
                 };
                 if let Some(why) = busy {
-                    return Err(Reply::error(409, why).into());
+                    return Err(Reply::error(409, why));
                 }
             }
             root
         };
         let unreachable = || Reply::error(502, "guest port unreachable");
         let vm = if passive {
-            self.guests
-                .vm(id)
-                .map_err(|_| Outcome::from(unreachable()))?
+            self.guests.vm(id).map_err(|_| unreachable())?
         } else {
-            self.enter_guest(id, unreachable())
-                .await
-                .map_err(Outcome::from)?
+            self.enter_guest(id, unreachable()).await?
         };
         // A mapping is an explicit override; else the guest's own
         // 127.0.0.1:port (inside its namespace).
@@ -248,7 +225,7 @@ impl Sim {
         };
         let guest = guest.map_err(|e| {
             debug!(id, port, error = %e, "sandboxd-sim: guest port unreachable");
-            Outcome::from(unreachable())
+            unreachable()
         })?;
         Ok(RelayGrant {
             hold: vm.hold(),
@@ -317,42 +294,38 @@ impl Sim {
     /// stderr}` (non-UTF-8 output becomes U+FFFD), `413` past 8 MiB of
     /// output, `504` past `timeout_seconds`; the command is killed whenever
     /// the node gives up, the client's hang-up included.
-    pub async fn exec(self: &Arc<Self>, auth: Option<&str>, id: &str, body: &[u8]) -> Outcome {
-        let fault = self.take_fault(Endpoint::Exec);
-        if let Some(outcome) = self.pre_fault(&fault) {
-            return outcome;
-        }
+    pub async fn exec(self: &Arc<Self>, auth: Option<&str>, id: &str, body: &[u8]) -> Answer {
         let Some(token) = bearer(auth) else {
-            return Reply::error(401, "missing bearer token").into();
+            return Err(Reply::error(401, "missing bearer token").into());
         };
         let req: ExecBody = match serde_json::from_slice(body) {
             Ok(r) => r,
-            Err(_) => return Reply::error(400, "invalid request body").into(),
+            Err(_) => return Err(Reply::error(400, "invalid request body").into()),
         };
         if req.argv.is_empty() {
-            return Reply::error(400, "argv must not be empty").into();
+            return Err(Reply::error(400, "argv must not be empty").into());
         }
         let timeout = match req.timeout_seconds {
             Some(t) if t < 0 => {
-                return Reply::error(400, "timeout_seconds must not be negative").into();
+                return Err(Reply::error(400, "timeout_seconds must not be negative").into());
             }
             Some(t) if t > 0 => Some(Duration::from_secs(t as u64)),
             _ => None,
         };
         if !self.own_claim(token, id) {
-            return unknown().into();
+            return Err(unknown().into());
         }
         let vm = match self
             .enter_guest(id, Reply::error(502, "guest agent unreachable"))
             .await
         {
             Ok(vm) => vm,
-            Err(reply) => return reply.into(),
+            Err(reply) => return Err(reply.into()),
         };
         let _hold = vm.hold();
         let env = req.env.unwrap_or_default();
         let reply = run_buffered(&vm, &req.argv, req.cwd.as_deref(), &env, timeout).await;
-        Self::post_fault(&fault, reply)
+        Ok(reply)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The lifecycle verbs (hibernate, wake, renew), the single-sandbox read,
-//! stats, the owner probe, and the idle-hibernation and archive sweep, as
-//! sandboxd's contract describes them (docs/architecture.md#sandboxd-api;
-//! e2e/README.md lists the state × endpoint behaviour).
+//! stats and the owner probe, as sandboxd's contract describes them
+//! (docs/architecture.md#sandboxd-api; e2e/README.md lists the state ×
+//! endpoint behaviour).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,18 +11,11 @@ use jiff::SignedDuration;
 use serde_json::{Value, json};
 use tracing::info;
 
-use super::{Outcome, Principal, Reply, Sim, State};
+use super::auth::{Actor, Principal, unknown};
+use super::state::State;
+use super::{Answer, Reply, Sim};
 use crate::faults::{Endpoint, FaultKind};
 use crate::model::{bearer, clamp_ttl, ct_eq, decode_renew_body, size_tier};
-
-/// Who acts on a sandbox-scoped verb.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Actor {
-    /// The node's root token: the operator path, any id.
-    Root,
-    /// The claim's own token.
-    Own,
-}
 
 /// What a wake has to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,17 +28,31 @@ enum WakeKind {
     ColdBoot,
 }
 
-pub(super) fn unknown() -> Reply {
-    Reply::error(404, "unknown sandbox")
+/// The faults a transition acts out itself, because they happen inside
+/// sandboxd: extra time before the work (`persist_late`: a slow hibernate
+/// or wake, a late renew) and a failure after it (`fail`). The work runs on
+/// a task of its own that outlives the client's hang-up, so delaying or
+/// failing the reply at the edge could not model them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransitionFault {
+    pub late: Duration,
+    pub fail: bool,
 }
 
-/// The transition faults: extra time first (`persist_late`), and whether
-/// the operation fails (`fail`).
-pub(super) fn transition_faults(fault: &Option<FaultKind>) -> (Duration, bool) {
-    match fault {
-        Some(FaultKind::PersistLate { ms }) => (Duration::from_millis(*ms), false),
-        Some(FaultKind::Fail) => (Duration::ZERO, true),
-        _ => (Duration::ZERO, false),
+impl TransitionFault {
+    /// What an armed fault asks of a transition (nothing, for the others).
+    pub fn of(kind: Option<&FaultKind>) -> TransitionFault {
+        match kind {
+            Some(FaultKind::PersistLate { ms }) => TransitionFault {
+                late: Duration::from_millis(*ms),
+                fail: false,
+            },
+            Some(FaultKind::Fail) => TransitionFault {
+                late: Duration::ZERO,
+                fail: true,
+            },
+            _ => TransitionFault::default(),
+        }
     }
 }
 
@@ -58,26 +65,6 @@ async fn detached(work: impl Future<Output = Reply> + Send + 'static) -> Reply {
 }
 
 impl Sim {
-    /// Sandbox-scoped verbs (hibernate, wake, renew): the root token acts
-    /// by id, otherwise the bearer must be the claim's own token. No bearer
-    /// is 401; anything else 404, like an unknown id.
-    pub(super) fn auth_verb(st: &State, header: Option<&str>, id: &str) -> Result<Actor, Reply> {
-        let Some(token) = bearer(header) else {
-            return Err(Reply::error(401, "missing bearer token"));
-        };
-        let Some(claim) = st.claims.get(id) else {
-            return Err(unknown());
-        };
-        if !st.cfg.api_token.is_empty() && ct_eq(token, &st.cfg.api_token) {
-            return Ok(Actor::Root);
-        }
-        if ct_eq(token, &claim.token) {
-            Ok(Actor::Own)
-        } else {
-            Err(unknown())
-        }
-    }
-
     pub(super) fn transition_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut map = self.transitions.lock().unwrap_or_else(|e| e.into_inner());
         Arc::clone(map.entry(id.to_string()).or_default())
@@ -103,30 +90,23 @@ impl Sim {
 
     // ----- POST /v1/sandboxes/{id}/hibernate ------------------------------
 
-    pub async fn hibernate(self: &Arc<Self>, auth: Option<&str>, id: &str) -> Outcome {
-        let fault = self.take_fault(Endpoint::Hibernate);
-        if let Some(outcome) = self.pre_fault(&fault) {
-            return outcome;
-        }
-        if let Err(reply) = Self::auth_verb(&self.lock(), auth, id) {
-            return reply.into();
-        }
-        let (late, fail) = transition_faults(&fault);
+    pub async fn hibernate(
+        self: &Arc<Self>,
+        auth: Option<&str>,
+        id: &str,
+        fault: TransitionFault,
+    ) -> Answer {
+        Self::auth_verb(&self.lock(), auth, id)?;
         let sim = Arc::clone(self);
         let id = id.to_string();
-        let reply = detached(async move { sim.do_hibernate(&id, late, fail).await }).await;
-        Self::post_fault(&fault, reply)
+        let reply = detached(async move { sim.do_hibernate(&id, fault).await }).await;
+        Ok(reply)
     }
 
-    pub(super) async fn do_hibernate(
-        self: &Arc<Self>,
-        id: &str,
-        late: Duration,
-        fail: bool,
-    ) -> Reply {
+    async fn do_hibernate(self: &Arc<Self>, id: &str, fault: TransitionFault) -> Reply {
         let lock = self.transition_lock(id);
         let _held = lock.lock().await;
-        tokio::time::sleep(late).await;
+        tokio::time::sleep(fault.late).await;
         let delay = {
             let mut st = self.lock();
             let Some(c) = st.claims.get(id) else {
@@ -146,7 +126,7 @@ impl Sim {
             Duration::from_millis(st.cfg.hibernate_delay_ms)
         };
         tokio::time::sleep(delay).await;
-        if fail {
+        if fault.fail {
             return Reply::error(500, "hibernate failed");
         }
         let mut st = self.lock();
@@ -165,24 +145,24 @@ impl Sim {
 
     // ----- POST /v1/sandboxes/{id}/wake -----------------------------------
 
-    pub async fn wake(self: &Arc<Self>, auth: Option<&str>, id: &str) -> Outcome {
-        let fault = self.take_fault(Endpoint::Wake);
-        if let Some(outcome) = self.pre_fault(&fault) {
-            return outcome;
-        }
-        if let Err(reply) = Self::auth_verb(&self.lock(), auth, id) {
-            return reply.into();
-        }
-        let (late, fail) = transition_faults(&fault);
+    pub async fn wake(
+        self: &Arc<Self>,
+        auth: Option<&str>,
+        id: &str,
+        fault: TransitionFault,
+    ) -> Answer {
+        Self::auth_verb(&self.lock(), auth, id)?;
         let sim = Arc::clone(self);
         let id = id.to_string();
-        let reply = detached(async move { sim.do_wake(&id, late, fail).await }).await;
-        Self::post_fault(&fault, reply)
+        let reply = detached(async move { sim.do_wake(&id, fault).await }).await;
+        Ok(reply)
     }
 
     /// The wake of a relay call: transparent, taking only the wake faults
     /// that model the restore (`fail`, `persist_late`). `None` when the
-    /// sandbox was not paused.
+    /// sandbox was not paused. The model takes these itself: whether a
+    /// relay wakes is known only after its checks, and a wake fault must
+    /// stay armed for the relays that find the sandbox running.
     pub(super) async fn implicit_wake(self: &Arc<Self>, id: &str) -> Option<Reply> {
         let paused = {
             let st = self.lock();
@@ -193,20 +173,20 @@ impl Sim {
         if !paused {
             return None;
         }
-        let fault = self.lock().faults.take_if(Endpoint::Wake, |k| {
+        let kind = self.armed().take_if(Endpoint::Wake, |k| {
             matches!(k, FaultKind::Fail | FaultKind::PersistLate { .. })
         });
-        let (late, fail) = transition_faults(&fault);
+        let fault = TransitionFault::of(kind.as_ref());
         let sim = Arc::clone(self);
         let id = id.to_string();
-        Some(detached(async move { sim.do_wake(&id, late, fail).await }).await)
+        Some(detached(async move { sim.do_wake(&id, fault).await }).await)
     }
 
-    pub(super) async fn do_wake(self: &Arc<Self>, id: &str, late: Duration, fail: bool) -> Reply {
+    async fn do_wake(self: &Arc<Self>, id: &str, fault: TransitionFault) -> Reply {
         let started = std::time::Instant::now();
         let lock = self.transition_lock(id);
         let _held = lock.lock().await;
-        tokio::time::sleep(late).await;
+        tokio::time::sleep(fault.late).await;
         let (kind, delay) = {
             let mut st = self.lock();
             let now = self.clock.now();
@@ -233,7 +213,7 @@ impl Sim {
             (kind, Duration::from_millis(st.cfg.wake_delay_ms))
         };
         tokio::time::sleep(delay).await;
-        if fail {
+        if fault.fail {
             return Reply::error(500, "wake failed");
         }
         let now = self.clock.now();
@@ -272,32 +252,30 @@ impl Sim {
 
     // ----- POST /v1/sandboxes/{id}/renew ----------------------------------
 
-    pub async fn renew(self: &Arc<Self>, auth: Option<&str>, id: &str, body: &[u8]) -> Outcome {
-        let fault = self.take_fault(Endpoint::Renew);
-        if let Some(outcome) = self.pre_fault(&fault) {
-            return outcome;
-        }
-        let actor = match Self::auth_verb(&self.lock(), auth, id) {
-            Ok(a) => a,
-            Err(reply) => return reply.into(),
-        };
+    pub async fn renew(
+        self: &Arc<Self>,
+        auth: Option<&str>,
+        id: &str,
+        body: &[u8],
+        fault: TransitionFault,
+    ) -> Answer {
+        let actor = Self::auth_verb(&self.lock(), auth, id)?;
         let Ok(req) = decode_renew_body(body) else {
-            return Reply::error(400, "invalid request body").into();
+            return Err(Reply::error(400, "invalid request body").into());
         };
         if let Some(action) = &req.on_expire
             && !matches!(action.as_str(), "" | "destroy" | "archive")
         {
-            return Reply::error(400, format!("invalid on_expire {action:?}")).into();
+            return Err(Reply::error(400, format!("invalid on_expire {action:?}")).into());
         }
-        let (late, fail) = transition_faults(&fault);
         let sim = Arc::clone(self);
         let id = id.to_string();
         let reply = detached(async move {
-            tokio::time::sleep(late).await;
-            sim.do_renew(&id, actor, req.ttl_seconds, req.on_expire, fail)
+            tokio::time::sleep(fault.late).await;
+            sim.do_renew(&id, actor, req.ttl_seconds, req.on_expire, fault.fail)
         })
         .await;
-        Self::post_fault(&fault, reply)
+        Ok(reply)
     }
 
     fn do_renew(
@@ -361,42 +339,32 @@ impl Sim {
 
     // ----- GET /v1/sandboxes/{id} -------------------------------------------
 
-    pub fn get(&self, auth: Option<&str>, id: &str) -> Outcome {
-        let fault = self.take_fault(Endpoint::Get);
-        if let Some(outcome) = self.pre_fault(&fault) {
-            return outcome;
-        }
+    pub fn get(&self, auth: Option<&str>, id: &str) -> Answer {
         let st = self.lock();
         let principal = match Self::auth_node(&st, auth) {
             Ok(Principal::Tenant(_)) => {
-                return Reply::error(403, "operator token required").into();
+                return Err(Reply::error(403, "operator token required").into());
             }
             Ok(p) => p,
-            Err(reply) => return reply.into(),
+            Err(reply) => return Err(reply.into()),
         };
         let Some(c) = st.claims.get(id) else {
-            return unknown().into();
+            return Err(unknown().into());
         };
         let mut row = Self::row_json(&st.cfg.quirks, c);
         if matches!(principal, Principal::Root) && !st.cfg.quirks.no_token_in_get {
             row["token"] = Value::from(c.token.clone());
         }
-        Self::post_fault(&fault, Reply::json(200, row))
+        Ok(Reply::json(200, row))
     }
 
     // ----- GET /v1/sandboxes/{id}/stats -------------------------------------
 
-    pub fn stats(&self, auth: Option<&str>, id: &str) -> Outcome {
-        let fault = self.take_fault(Endpoint::Stats);
-        if let Some(outcome) = self.pre_fault(&fault) {
-            return outcome;
-        }
+    pub fn stats(&self, auth: Option<&str>, id: &str) -> Answer {
         let st = self.lock();
-        if let Err(reply) = Self::auth_root(&st, auth) {
-            return reply.into();
-        }
+        Self::auth_root(&st, auth)?;
         let Some(c) = st.claims.get(id) else {
-            return unknown().into();
+            return Err(unknown().into());
         };
         let (cpus, mem_total) = size_tier(&c.key.size);
         // No VMM process while paused or failed: nothing to measure.
@@ -411,84 +379,24 @@ impl Sim {
             "mem_used_bytes": used, "mem_used_measured": measured,
             "hibernated": c.hibernated, "measured_at": self.clock.now().to_string(),
         });
-        Self::post_fault(&fault, Reply::json(200, v))
+        Ok(Reply::json(200, v))
     }
 
     // ----- GET /v1/sandboxes/{id}/owner -------------------------------------
 
     /// Sandbox token only; neither wakes nor counts as activity.
-    pub fn owner(&self, auth: Option<&str>, id: &str) -> Outcome {
-        let fault = self.take_fault(Endpoint::Owner);
-        if let Some(outcome) = self.pre_fault(&fault) {
-            return outcome;
-        }
+    pub fn owner(&self, auth: Option<&str>, id: &str) -> Answer {
         let Some(token) = bearer(auth) else {
-            return Reply::error(401, "missing bearer token").into();
+            return Err(Reply::error(401, "missing bearer token").into());
         };
         let st = self.lock();
         if !st.claims.get(id).is_some_and(|c| ct_eq(token, &c.token)) {
-            return Reply::error(404, "not owned here").into();
+            return Err(Reply::error(404, "not owned here").into());
         }
         let mut v = json!({});
         if let Some(addr) = Self::owner_addr(&st.cfg) {
             v["owner_addr"] = Value::from(addr);
         }
-        Self::post_fault(&fault, Reply::json(200, v))
-    }
-
-    // ----- idle hibernation and the archive tier --------------------------
-
-    /// One sweep: running claims idle for `idle_hibernate_seconds` (no open
-    /// relay, not egress, no volumes, no transition in flight) are
-    /// hibernated; hibernated claims idle for `archive_after_seconds` are
-    /// archived. Returns the ids changed.
-    pub fn sweep(self: &Arc<Self>) -> Vec<String> {
-        let now = self.clock.now();
-        let mut st = self.lock();
-        let idle = st.cfg.idle_hibernate_seconds;
-        let archive_after = st.cfg.archive_after_seconds;
-        if idle == 0 && archive_after == 0 {
-            return Vec::new();
-        }
-        let retention = st.cfg.archive_delete_after_seconds;
-        let idle_for = |c: &crate::model::ClaimRecord| {
-            now.duration_since(c.idle_since()).as_secs().max(0) as u64
-        };
-        let mut hibernate = Vec::new();
-        let mut archive = Vec::new();
-        for c in st.claims.values() {
-            if self.in_transition(&c.id) || self.guests.open_relays(&c.id) > 0 {
-                continue;
-            }
-            if idle > 0 && c.is_running() && c.cannot_hibernate().is_none() && idle_for(c) >= idle {
-                hibernate.push(c.id.clone());
-            } else if archive_after > 0
-                && c.hibernated
-                && !c.archived
-                && idle_for(c) >= archive_after
-            {
-                archive.push(c.id.clone());
-            }
-        }
-        for id in &hibernate {
-            if let Some(c) = st.claims.get_mut(id) {
-                c.hibernated = true;
-            }
-            self.guests.freeze(id, true);
-        }
-        for id in &archive {
-            if let Some(c) = st.claims.get_mut(id) {
-                c.archive(now, retention);
-            }
-        }
-        self.counters.hibernated(hibernate.len());
-        self.counters.archived(archive.len());
-        let touched: Vec<String> = hibernate.into_iter().chain(archive).collect();
-        if !touched.is_empty() {
-            self.persist(&mut st);
-            self.refill_all(&mut st);
-            info!(?touched, "sandboxd-sim: idle sweep");
-        }
-        touched
+        Ok(Reply::json(200, v))
     }
 }

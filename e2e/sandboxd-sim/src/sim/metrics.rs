@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Outcome, Reply, Sim};
+use super::{Reply, Sim};
 use crate::sim::Body;
 
 /// The content type of Prometheus' text format, as the contract gives it.
@@ -143,10 +143,10 @@ fn seconds(c: &AtomicU64) -> f64 {
 impl Sim {
     /// `GET /metrics`: root only (a tenant 403, no or a wrong token 401;
     /// open mode serves anyone).
-    pub fn metrics(&self, auth: Option<&str>) -> Outcome {
+    pub fn metrics(&self, auth: Option<&str>) -> Reply {
         let st = self.lock();
         if let Err(reply) = Self::auth_root(&st, auth) {
-            return reply.into();
+            return reply;
         }
         let count = |f: &dyn Fn(&crate::model::ClaimRecord) -> bool| {
             st.claims.values().filter(|c| f(c)).count()
@@ -284,7 +284,6 @@ impl Sim {
                 bytes: t.0.into_bytes(),
             },
         }
-        .into()
     }
 }
 
