@@ -8,6 +8,7 @@ pub mod build_info;
 pub mod claims;
 pub mod claims_cli;
 pub mod config;
+pub mod cordon;
 pub mod crypto;
 pub mod error;
 pub mod fleet;

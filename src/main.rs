@@ -13,6 +13,7 @@ use vk_sandbox::admin;
 use vk_sandbox::claims::state_lock::StateLock;
 use vk_sandbox::claims::{self, ClaimsStore};
 use vk_sandbox::config::{self, Config};
+use vk_sandbox::cordon::CordonDrain;
 use vk_sandbox::fleet::decide::FleetSettings;
 use vk_sandbox::fleet::feed::InfoFeed;
 use vk_sandbox::fleet::reading::Sample;
@@ -413,7 +414,7 @@ async fn run(cfg: Config) -> Result<()> {
         taints: cfg.fleet.taints,
         max_claims: cfg.fleet.max_claims,
     };
-    let info_feed = fleet_settings.any().then(|| {
+    let info_feed = (fleet_settings.any() || cfg.fleet.drain_on_cordon).then(|| {
         let (feed, rx) = InfoFeed::new(sandboxd.clone());
         tasks.spawn_loop(feed.run(cfg.fleet.info_interval, Arc::clone(&health), tasks.stop()));
         rx
@@ -427,9 +428,23 @@ async fn run(cfg: Config) -> Result<()> {
         node_uid: uid_tx,
         metrics: Arc::clone(&metrics),
         node_gone,
-        fleet: info_feed.clone().map(|rx| (rx, fleet_settings)),
+        fleet: info_feed
+            .clone()
+            .filter(|_| fleet_settings.any())
+            .map(|rx| (rx, fleet_settings)),
     };
     tasks.spawn_loop(status.run(Arc::clone(&health), tasks.stop()));
+    if cfg.fleet.drain_on_cordon
+        && let Some(feed) = info_feed.clone()
+    {
+        let cordon = CordonDrain {
+            client: client.clone(),
+            node: cfg.node_name.clone(),
+            sandboxd: sandboxd.clone(),
+            feed,
+        };
+        tasks.spawn_loop(cordon.run(Arc::clone(&health), tasks.stop()));
+    }
     let shared = Shared {
         client,
         sandboxd,

@@ -1854,3 +1854,133 @@ async fn tokens_never_logged() {
     }
     env.finish().await;
 }
+
+/// `kubectl cordon` / `uncordon` with `--drain-sandboxd-on-cordon` (issue
+/// 39 part 3): sandboxd is drained and undrained with the Node, a Sandbox
+/// made meanwhile waits unscheduled and goes Running after the uncordon,
+/// and the Running sandbox is not touched (no release, no write to its
+/// Pod). A drain sandboxd's operator made is neither taken over by a
+/// cordon nor undone by the uncordon.
+#[tokio::test]
+async fn cordon_drains_sandboxd_and_uncordon_undrains_it() {
+    use kube::api::{Patch, PatchParams};
+    use vk_sandbox::cordon::DRAINED_FOR_CORDON;
+    let Some(env) = setup("vk-cordon", &["--drain-sandboxd-on-cordon"]).await else {
+        return;
+    };
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client());
+    let node = env.vk.node.clone();
+    let cordon = |on: bool| {
+        let nodes = nodes.clone();
+        let node = node.clone();
+        async move {
+            nodes
+                .patch(
+                    &node,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"unschedulable": on}})),
+                )
+                .await
+                .expect("cordon");
+        }
+    };
+    // The Node's record and sandboxd's drain, as the test waits on them.
+    let state = || {
+        let nodes = nodes.clone();
+        let node = node.clone();
+        let sim = std::sync::Arc::clone(env.sim.sim());
+        async move {
+            let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
+            let ours = n
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key(DRAINED_FOR_CORDON);
+            Ok::<_, String>((ours, sim.config().draining))
+        }
+    };
+    let wait_state = |want: (bool, bool)| {
+        let state = &state;
+        let vk = &env.vk;
+        async move {
+            wait_for(
+                &format!("(our record, sandboxd draining) = {want:?}"),
+                Duration::from_secs(20),
+                || async {
+                    let got = state().await?;
+                    if got == want {
+                        Ok(())
+                    } else {
+                        Err(format!("{got:?}; log:\n{}", tail(&vk.logs(), 15)))
+                    }
+                },
+            )
+            .await
+        }
+    };
+
+    let owner = env.create_sandbox("sb1").await;
+    env.create_pod(&env.pod("sb1", Some(&owner), json!({}), false))
+        .await;
+    let running = env
+        .wait_phase("sb1", "Running", Duration::from_secs(30))
+        .await;
+    let rv = running.metadata.resource_version.clone();
+
+    cordon(true).await;
+    wait_state((true, true)).await;
+    // Cordoned: a new Sandbox's Pod is not placed here.
+    let owner2 = env.create_sandbox("sb2").await;
+    env.create_pod(&env.pod("sb2", Some(&owner2), json!({}), false))
+        .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let waiting = env.pods().get("sb2").await.expect("sb2");
+    assert_eq!(
+        waiting.spec.as_ref().and_then(|s| s.node_name.clone()),
+        None,
+        "a Pod was bound to a cordoned node"
+    );
+    assert_eq!(env.claims_for(&format!("{}/sb2", env.ns)), 0);
+
+    cordon(false).await;
+    wait_state((false, false)).await;
+    env.wait_phase("sb2", "Running", Duration::from_secs(30))
+        .await;
+    // The Running sandbox: untouched through the round trip.
+    let after = env.pods().get("sb1").await.expect("sb1");
+    assert_eq!(after.metadata.resource_version, rv, "sb1's Pod was written");
+    assert!(env.releases().is_empty(), "{:?}", env.releases());
+    assert_eq!(env.sim.sim().claims().len(), 2);
+
+    // sandboxd's operator drains it: that drain stays theirs.
+    let http = reqwest::Client::new();
+    let drain = |method: reqwest::Method| {
+        http.request(method, format!("{}/v1/drain", env.sim.base_url()))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    assert!(
+        drain(reqwest::Method::POST)
+            .await
+            .expect("drain")
+            .status()
+            .is_success()
+    );
+    for (on, wrong) in [
+        (true, "the cordon took over the operator's drain"),
+        (false, "the uncordon ended the operator's drain"),
+    ] {
+        cordon(on).await;
+        // Two info reads and more: the task would have acted by now.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(state().await.expect("state"), (false, true), "{wrong}");
+    }
+    assert!(
+        drain(reqwest::Method::DELETE)
+            .await
+            .expect("undrain")
+            .status()
+            .is_success()
+    );
+    env.finish().await;
+}

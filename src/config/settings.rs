@@ -53,6 +53,8 @@ pub struct FleetConfig {
     pub max_claims: Option<u64>,
     /// `--sandboxd-info-interval` (> 0).
     pub info_interval: Duration,
+    /// `--drain-sandboxd-on-cordon`.
+    pub drain_on_cordon: bool,
 }
 
 /// Kubernetes client settings.

@@ -447,6 +447,7 @@ impl Config {
                 capacity: args.fleet.node_capacity_from_sandboxd,
                 conditions: args.fleet.node_conditions_from_sandboxd,
                 taints: args.fleet.node_taints_from_sandboxd,
+                drain_on_cordon: args.fleet.drain_sandboxd_on_cordon,
                 max_claims: (args.fleet.sandboxd_max_claims > 0)
                     .then_some(args.fleet.sandboxd_max_claims),
                 info_interval,

@@ -156,6 +156,7 @@ async fn kube_checks(cfg: &Config) -> Vec<CheckResult> {
         cfg.kubelet_auth.enabled,
         network_policy,
         cfg.webhook.is_some(),
+        cfg.fleet.drain_on_cordon,
     );
     let (answers, stale) = tokio::join!(
         access_reviews(&client, perms),

@@ -40,6 +40,9 @@ pub enum Need {
     /// Only with `--webhook-addr`: the placement webhook's NodeInventory
     /// watch.
     PlacementWebhook,
+    /// Only with `--drain-sandboxd-on-cordon`: the watch of this Node's
+    /// cordon (src/cordon).
+    DrainOnCordon,
 }
 
 /// One rule of the ClusterRole.
@@ -68,6 +71,14 @@ pub const RULES: &[Rule] = &[
         scope: Scope::Cluster,
         need: Need::Always,
         why: "register, adopt and label the virtual Node",
+    },
+    Rule {
+        groups: &[""],
+        resources: &["nodes"],
+        verbs: &["list", "watch"],
+        scope: Scope::Cluster,
+        need: Need::DrainOnCordon,
+        why: "watch this Node's cordon to drain sandboxd with it",
     },
     Rule {
         groups: &[""],
@@ -221,12 +232,14 @@ impl Permission {
 
 /// The permissions this configuration needs, in table order.
 /// `inventory`: where the NodeInventory goes, when publishing;
-/// `network_policy`: whether Pod addresses (`--pod-cidr`) are served.
+/// `network_policy`: whether Pod addresses (`--pod-cidr`) are served;
+/// `drain_on_cordon`: `--drain-sandboxd-on-cordon`.
 pub fn required(
     inventory: Option<&Choice>,
     kubelet_auth: bool,
     network_policy: bool,
     webhook: bool,
+    drain_on_cordon: bool,
 ) -> Vec<Permission> {
     let mut out = Vec::new();
     for rule in RULES {
@@ -246,6 +259,8 @@ pub fn required(
             Need::NetworkPolicy => continue,
             Need::PlacementWebhook if webhook => rule.groups.to_vec(),
             Need::PlacementWebhook => continue,
+            Need::DrainOnCordon if drain_on_cordon => rule.groups.to_vec(),
+            Need::DrainOnCordon => continue,
         };
         let (namespace, name) = match rule.scope {
             Scope::Namespace(ns) => (Some(ns.to_string()), None),

@@ -33,12 +33,16 @@ pub enum Op {
     /// `GET /v1/sandboxes/{id}/ports/{port}` (upgrade; observed until the
     /// `101`).
     Port,
+    /// `POST /v1/drain` (root; operator-only).
+    Drain,
+    /// `DELETE /v1/drain` (root; operator-only).
+    Undrain,
 }
 
 impl Op {
     /// A short, stable name (`claim`, `release`, `list`, `info`,
     /// `hibernate`, `wake`, `renew`, `get`, `stats`, `owner`, `exec`,
-    /// `agent`, `port`), usable as a metric label.
+    /// `agent`, `port`, `drain`, `undrain`), usable as a metric label.
     pub fn as_str(self) -> &'static str {
         match self {
             Op::Claim => "claim",
@@ -54,6 +58,8 @@ impl Op {
             Op::Exec => "exec",
             Op::Agent => "agent",
             Op::Port => "port",
+            Op::Drain => "drain",
+            Op::Undrain => "undrain",
         }
     }
 }

@@ -18,6 +18,7 @@
 mod auth;
 pub mod client;
 pub mod decode;
+pub mod drain;
 pub mod error;
 pub mod lease_deadline;
 pub mod owner_addr;

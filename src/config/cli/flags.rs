@@ -391,6 +391,23 @@ pub struct FleetArgs {
     /// the NodeInventory share it). A Go duration > 0.
     #[arg(long, env = "VK_SANDBOXD_INFO_INTERVAL", default_value = defaults::SANDBOXD_INFO_INTERVAL, value_name = "DURATION", allow_hyphen_values = true)]
     pub sandboxd_info_interval: String,
+
+    /// While the Node is cordoned (kubectl cordon, kubectl drain), drain
+    /// sandboxd too (POST /v1/drain: no new claims, Running sandboxes
+    /// untouched) and undrain it on uncordon. A drain sandboxd's operator
+    /// made is left alone.
+    #[arg(
+        long,
+        env = "VK_DRAIN_SANDBOXD_ON_CORDON",
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = BoolishValueParser::new(),
+        value_name = "BOOL"
+    )]
+    pub drain_sandboxd_on_cordon: bool,
 }
 
 /// The placement webhook (docs/placement.md).

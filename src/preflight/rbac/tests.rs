@@ -47,7 +47,7 @@ fn table_matches_manifest() {
 #[test]
 fn the_webhook_needs_list_and_watch_on_nodeinventories() {
     let inv = |webhook| {
-        required(None, false, false, webhook)
+        required(None, false, false, webhook, false)
             .into_iter()
             .filter(|p| p.resource == "nodeinventories")
             .map(|p| (p.group, p.verb))
@@ -70,7 +70,7 @@ fn the_webhook_needs_list_and_watch_on_nodeinventories() {
 
 #[test]
 fn required_follows_the_configuration() {
-    let base = required(None, false, false, false);
+    let base = required(None, false, false, false, false);
     assert!(base.iter().all(|p| p.resource != "nodeinventories"));
     assert!(base.iter().all(|p| p.resource != "tokenreviews"));
     let status = base
@@ -89,7 +89,7 @@ fn required_follows_the_configuration() {
         Some("extensions.agents.x-k8s.io"),
         &["sandbox.cocoonstack.io".to_string()],
     );
-    let full = required(Some(&choice), true, true, false);
+    let full = required(Some(&choice), true, true, false, false);
     let inv: Vec<_> = full
         .iter()
         .filter(|p| p.resource == "nodeinventories")
@@ -215,4 +215,19 @@ fn inventory_group_outside_the_manifest_says_so() {
             .is_some_and(|f| f.contains("--inventory-group")),
         "{r:?}"
     );
+}
+
+#[test]
+fn the_cordon_drain_needs_list_and_watch_on_nodes() {
+    let nodes = |drain| {
+        let mut v: Vec<String> = required(None, false, false, false, drain)
+            .into_iter()
+            .filter(|p| p.resource == "nodes" && p.subresource.is_none())
+            .map(|p| p.verb)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(nodes(false), ["create", "get", "patch"]);
+    assert_eq!(nodes(true), ["create", "get", "list", "patch", "watch"]);
 }
