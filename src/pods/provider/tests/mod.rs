@@ -389,6 +389,7 @@ async fn only_the_first_403_says_the_token_is_not_root() {
 
 mod addresses;
 mod leaks;
+mod lifecycle;
 mod strays;
 mod tracked;
 mod upkeep;
