@@ -102,3 +102,42 @@ async fn a_sandbox_sandboxd_forgot_is_gone_and_its_record_removed() {
     assert!(matches!(got, Hibernation::Gone), "{got:?}");
     assert!(provider.claims.get("ns/p").is_none(), "the record stayed");
 }
+
+/// A `409` for a sandbox sandboxd has archived meanwhile: the row says
+/// archived, so the VM is asleep already (recorded as archived, with the
+/// deadline sandboxd gave it), not refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_conflict_for_an_archived_sandbox_records_it_archived() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    provider.create(&Arc::new(pod("u1"))).await.expect("create");
+    let (claim, _) = provider.claims.get("ns/p").expect("row");
+    let got = provider
+        .hibernate_claim("ns/p", &claim, None, "suspended")
+        .await;
+    assert!(matches!(got, Hibernation::Hibernated), "{got:?}");
+    sim.sim().patch_config(sandboxd_sim::ConfigPatch {
+        archive_after_seconds: Some(60),
+        ..Default::default()
+    });
+    sim.sim()
+        .clock()
+        .advance(jiff::SignedDuration::from_secs(120));
+    assert_eq!(sim.sim().sweep(), [claim.id.clone()], "archived");
+    let fault: sandboxd_sim::Fault = serde_json::from_value(json!({
+        "endpoint": "hibernate", "kind": "status", "status": 409,
+        "error": "sandbox is archived",
+    }))
+    .expect("fault");
+    sim.sim().arm_fault(fault).expect("arm");
+    let got = provider
+        .hibernate_claim("ns/p", &claim, None, "suspended")
+        .await;
+    assert!(matches!(got, Hibernation::Hibernated), "{got:?}");
+    let (after, _) = provider.claims.get("ns/p").expect("row kept");
+    assert!(
+        matches!(after.lifecycle.vm, VmState::Archived { .. }),
+        "{:?}",
+        after.lifecycle.vm
+    );
+    assert!(!after.lifecycle.hibernate_refused);
+}
