@@ -122,7 +122,11 @@ async fn a_conflict_for_an_archived_sandbox_records_it_archived() {
     sim.sim()
         .clock()
         .advance(jiff::SignedDuration::from_secs(120));
-    assert_eq!(sim.sim().sweep(), [claim.id.clone()], "archived");
+    assert_eq!(
+        sim.sim().sweep(),
+        std::slice::from_ref(&claim.id),
+        "archived"
+    );
     let fault: sandboxd_sim::Fault = serde_json::from_value(json!({
         "endpoint": "hibernate", "kind": "status", "status": 409,
         "error": "sandbox is archived",
