@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::claims::VmState;
+use crate::pods::provider::lifecycle::{Renewal, WakeError};
 
 fn hibernates(sim: &sandboxd_sim::SimHandle) -> Vec<sandboxd_sim::RequestRecord> {
     sim.sim()
@@ -144,4 +145,107 @@ async fn a_conflict_for_an_archived_sandbox_records_it_archived() {
         after.lifecycle.vm
     );
     assert!(!after.lifecycle.hibernate_refused);
+}
+
+/// The fault `status` on `endpoint` once, with sandboxd's JSON error.
+fn refuse_once(sim: &sandboxd_sim::SimHandle, endpoint: &str, status: u16) {
+    let fault: sandboxd_sim::Fault = serde_json::from_value(json!({
+        "endpoint": endpoint, "kind": "status", "status": status, "error": "refused by the test",
+        "times": 1,
+    }))
+    .expect("fault");
+    sim.sim().arm_fault(fault).expect("arm");
+}
+
+/// A `409` for a sandbox that is hibernated already (not archived): the
+/// hibernate is done, not refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_conflict_for_a_hibernated_sandbox_is_done() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    provider.create(&Arc::new(pod("u1"))).await.expect("create");
+    let (claim, _) = provider.claims.get("ns/p").expect("row");
+    let first = provider
+        .hibernate_claim("ns/p", &claim, None, "suspended")
+        .await;
+    assert!(matches!(first, Hibernation::Hibernated), "{first:?}");
+    refuse_once(&sim, "hibernate", 409);
+    let got = provider
+        .hibernate_claim("ns/p", &claim, None, "suspended")
+        .await;
+    assert!(matches!(got, Hibernation::Hibernated), "{got:?}");
+    let (after, _) = provider.claims.get("ns/p").expect("row kept");
+    assert!(!after.lifecycle.hibernate_refused);
+    assert!(
+        matches!(after.lifecycle.vm, VmState::Hibernated { .. }),
+        "{:?}",
+        after.lifecycle.vm
+    );
+}
+
+/// A wake: a forgotten sandbox is gone; a build without the route wakes on
+/// its first relay call instead (told apart from a failure); each says
+/// what happened.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wake_tells_gone_and_unsupported_from_a_failure() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    provider.create(&Arc::new(pod("u1"))).await.expect("create");
+    let (claim, _) = provider.claims.get("ns/p").expect("row");
+    assert!(provider.wake_claim(&claim).await.is_ok());
+
+    let fault: sandboxd_sim::Fault = serde_json::from_value(json!({
+        "endpoint": "wake", "kind": "status", "status": 404, "times": 1,
+        "body": "404 page not found\n", "content_type": "text/plain; charset=utf-8",
+    }))
+    .expect("fault");
+    sim.sim().arm_fault(fault).expect("arm");
+    let unsupported = provider.wake_claim(&claim).await;
+    assert!(
+        matches!(unsupported, Err(WakeError::NoCredential)),
+        "{unsupported:?}"
+    );
+
+    refuse_once(&sim, "wake", 500);
+    let failed = provider.wake_claim(&claim).await.expect_err("a 500");
+    assert!(matches!(failed, WakeError::Failed(_)), "{failed:?}");
+    assert!(
+        failed.to_string().contains("refused by the test"),
+        "{failed}"
+    );
+
+    let gone = sim
+        .sim()
+        .release(Some(&format!("Bearer {TOKEN}")), &claim.id, None);
+    assert!(gone.is_ok(), "release: {gone:?}");
+    let gone = provider.wake_claim(&claim).await.expect_err("gone");
+    assert!(matches!(gone, WakeError::Gone), "{gone:?}");
+    assert_eq!(gone.to_string(), "sandboxd no longer has this sandbox");
+    assert!(
+        WakeError::NoCredential
+            .to_string()
+            .contains("no node token is configured")
+    );
+}
+
+/// A renewal records the length sandboxd granted; a `409` for a sandbox
+/// that is not archived, or any other failure, is a failure (retried), not
+/// "archived" or "gone".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_records_its_grant_and_fails_plainly() {
+    let (sim, provider, _dir) = provider_with_token().await;
+    provider.create(&Arc::new(pod("u1"))).await.expect("create");
+    let (claim, _) = provider.claims.get("ns/p").expect("row");
+    let ttl = std::num::NonZeroU64::new(3600).expect("ttl");
+    let renewed = provider.renew_claim("ns/p", &claim, ttl, true).await;
+    assert!(matches!(renewed, Renewal::Renewed(Some(_))), "{renewed:?}");
+    let (after, _) = provider.claims.get("ns/p").expect("row");
+    let granted = after.lifecycle.granted_seconds.expect("granted recorded");
+    assert!((3590..=3600).contains(&granted), "granted {granted}");
+
+    refuse_once(&sim, "renew", 409);
+    let conflict = provider.renew_claim("ns/p", &claim, ttl, true).await;
+    assert!(matches!(conflict, Renewal::Failed(_)), "{conflict:?}");
+
+    refuse_once(&sim, "renew", 500);
+    let failed = provider.renew_claim("ns/p", &claim, ttl, true).await;
+    assert!(matches!(failed, Renewal::Failed(_)), "{failed:?}");
 }
