@@ -12,6 +12,17 @@ fn hibernates(sim: &sandboxd_sim::SimHandle) -> Vec<sandboxd_sim::RequestRecord>
         .collect()
 }
 
+/// sandboxd's router answers the next call on `endpoint` with its
+/// plain-text 404: a build without that route.
+fn no_route_once(sim: &sandboxd_sim::SimHandle, endpoint: &str) {
+    let fault: sandboxd_sim::Fault = serde_json::from_value(json!({
+        "endpoint": endpoint, "kind": "status", "status": 404, "times": 1,
+        "body": "404 page not found\n", "content_type": "text/plain; charset=utf-8",
+    }))
+    .expect("fault");
+    sim.sim().arm_fault(fault).expect("arm");
+}
+
 /// A claim recovered without its own token hibernates with the node token.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claim_without_its_token_hibernates_with_the_node_token() {
@@ -66,12 +77,7 @@ async fn a_build_without_hibernate_is_a_refusal_for_good() {
     let (sim, provider, _dir) = provider_with_token().await;
     provider.create(&Arc::new(pod("u1"))).await.expect("create");
     let (claim, _) = provider.claims.get("ns/p").expect("row");
-    let fault: sandboxd_sim::Fault = serde_json::from_value(json!({
-        "endpoint": "hibernate", "kind": "status", "status": 404,
-        "body": "404 page not found\n", "content_type": "text/plain; charset=utf-8",
-    }))
-    .expect("fault");
-    sim.sim().arm_fault(fault).expect("arm");
+    no_route_once(&sim, "hibernate");
     let got = provider
         .hibernate_claim("ns/p", &claim, None, "suspended")
         .await;
@@ -192,12 +198,7 @@ async fn a_wake_tells_gone_and_unsupported_from_a_failure() {
     let (claim, _) = provider.claims.get("ns/p").expect("row");
     assert!(provider.wake_claim(&claim).await.is_ok());
 
-    let fault: sandboxd_sim::Fault = serde_json::from_value(json!({
-        "endpoint": "wake", "kind": "status", "status": 404, "times": 1,
-        "body": "404 page not found\n", "content_type": "text/plain; charset=utf-8",
-    }))
-    .expect("fault");
-    sim.sim().arm_fault(fault).expect("arm");
+    no_route_once(&sim, "wake");
     let unsupported = provider.wake_claim(&claim).await;
     assert!(
         matches!(unsupported, Err(WakeError::NoCredential)),
