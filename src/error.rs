@@ -37,6 +37,8 @@ pub enum Error {
         /// `ProviderFailed` or `NoWarmCapacity`.
         reason: &'static str,
         message: String,
+        /// Look again no later than this (a Pod's hand-back grace ends).
+        retry_within: Option<std::time::Duration>,
     },
 
     #[error("{context}: {source}")]

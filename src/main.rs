@@ -345,7 +345,11 @@ async fn run(cfg: Config) -> Result<()> {
         &cfg.node_name,
         metrics.clone(),
     );
-    let ctx = Arc::new(ctx.with_health(health.clone()).gated(ready_rx.clone()));
+    let ctx = Arc::new(
+        ctx.with_health(health.clone())
+            .gated(ready_rx.clone())
+            .handing_back_after(cfg.fleet.hand_back_after),
+    );
     let reconciles = controller::run(pod_controller, synced.clone(), ctx, tasks.stop());
     tasks.spawn_loop(reconciles);
 

@@ -10,17 +10,21 @@
 //!   condition and taint; the next 20 Sandboxes all go Running on the
 //!   other nodes; its Running sandboxes stay Running and Ready with no
 //!   write to their Pods; within 5 s of recovery the taint is gone.
+//! - A Sandbox's, a warm pool's and a claim's Pod bound to a full node are
+//!   handed back and end Running on another node within 30 s, leaving
+//!   nothing in either sandboxd.
 //!
 //! One test, the scenarios in turn, so the fleet is set up once (a few
 //! minutes in all).
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 use sandboxd_sim::PoolConfig;
 use serde_json::json;
 use support::fleet::{CAP, FOLLOW, Fleet, TEMPLATE, TOKEN};
@@ -374,5 +378,218 @@ async fn a_fleet_of_three_spreads_and_steers_around_a_node_that_cannot_serve() {
         );
     }
     fleet.delete(&first).await;
+    hand_back_to_another_node(&fleet).await;
     fleet.cluster.drop_namespace(&fleet.ns).await;
+}
+
+/// Cordons (`true`) or uncordons node `i`, as `kubectl cordon` does.
+async fn cordon(fleet: &Fleet, i: usize, on: bool) {
+    let api: Api<Node> = Api::all(fleet.client());
+    let patch = json!({"spec": {"unschedulable": on}});
+    api.patch(
+        fleet.node(i),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cordon {} {on}: {e}", fleet.node(i)));
+}
+
+/// A Pod bound to a node that cannot serve it ends Running on another: a
+/// Sandbox, a warm pool's Sandbox and a claim's (cold) Sandbox, each with
+/// the upstream controller. Node 0 is full (its claim cap reached, its
+/// `at-capacity` taint on) and the other two are cordoned; the Pods
+/// tolerate the taint, standing in for a scheduler that bound them a moment
+/// before the node filled. Node 0 is then cordoned (standing in for the
+/// taint the new Pods would not tolerate) and the others uncordoned: past
+/// `--hand-back-after` (10 s, the default) node 0 deletes each Pod, its
+/// Sandbox makes a new one, and it runs elsewhere within 30 s of the
+/// binding. Node 0's sandboxd holds nothing of theirs; each has exactly
+/// one sandbox on the node it runs on.
+async fn hand_back_to_another_node(fleet: &Steered) {
+    use support::controller as ctl;
+    let ns = fleet.ns.clone();
+    // The Sandboxes deleted before are released first, or their VMs would
+    // make room on node 0 after it is filled.
+    for i in 0..3 {
+        let sim = fleet.members[i].sim.sim();
+        wait_for(
+            &format!("node {i}'s sandboxd holds nothing"),
+            Duration::from_secs(60),
+            || async {
+                match sim.claims().len() {
+                    0 => Ok(()),
+                    n => Err(format!("{n} claims")),
+                }
+            },
+        )
+        .await;
+    }
+    let filled = fleet.fill(0).await;
+    let (tkey, teffect) = Trouble::ClaimCapReached.shows().1;
+    fleet
+        .wait_node(0, "at-capacity taint", Instant::now(), |n| {
+            taint_effect(n, tkey).as_deref() == Some(teffect)
+        })
+        .await;
+    cordon(fleet, 1, true).await;
+    cordon(fleet, 2, true).await;
+
+    let mut pod_template = fleet.sandbox("x").spec.pod_template;
+    pod_template.spec.tolerations.get_or_insert_default().push(
+        serde_json::from_value(json!({"key": tkey, "operator": "Exists", "effect": teffect}))
+            .expect("toleration"),
+    );
+    let pod_template = serde_json::to_value(&pod_template).expect("template json");
+    let dynamic = |kind: &str| -> Api<DynamicObject> {
+        Api::namespaced_with(fleet.client(), &ns, &ctl::resource(kind))
+    };
+    let post = |kind: &'static str, body: serde_json::Value| {
+        let api = dynamic(kind);
+        async move {
+            let obj: DynamicObject = serde_json::from_value(body).expect("object");
+            api.create(&PostParams::default(), &obj)
+                .await
+                .unwrap_or_else(|e| panic!("create {kind}: {e}"));
+        }
+    };
+    let mut template = ctl::contract_template("hb-template", TEMPLATE, None);
+    template["spec"]["podTemplate"] = pod_template.clone();
+    post("SandboxTemplate", template).await;
+    post(
+        "Sandbox",
+        json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "metadata": {"name": "hb-direct"},
+            "spec": {"podTemplate": pod_template},
+        }),
+    )
+    .await;
+    post(
+        "SandboxWarmPool",
+        ctl::warm_pool("hb-pool", "hb-template", 1),
+    )
+    .await;
+    post(
+        "SandboxWarmPool",
+        ctl::warm_pool("hb-cold", "hb-template", 0),
+    )
+    .await;
+    post("SandboxClaim", ctl::sandbox_claim("hb-claim", "hb-cold")).await;
+
+    // Three Pods (one per Sandbox) bound to node 0 and waiting there.
+    let pods = fleet.pods();
+    let node0 = fleet.node(0).to_string();
+    let first: BTreeMap<String, String> = wait_for(
+        "three Pods bound to the full node, Pending",
+        Duration::from_secs(60),
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let bound: BTreeMap<String, String> = list
+                .items
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node0))
+                .filter(|p| {
+                    p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("NoWarmCapacity")
+                })
+                .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+                .collect();
+            if bound.len() == 3 {
+                Ok(bound)
+            } else {
+                Err(format!(
+                    "{} of {} Pods: {bound:?}",
+                    bound.len(),
+                    list.items.len()
+                ))
+            }
+        },
+    )
+    .await;
+    let bound = Instant::now();
+    cordon(fleet, 0, true).await;
+    cordon(fleet, 1, false).await;
+    cordon(fleet, 2, false).await;
+
+    // Each Sandbox's Pod: a new one (same name, another UID), Running and
+    // Ready on node 1 or 2.
+    let names: Vec<String> = first.keys().cloned().collect();
+    let placed = fleet.wait_running(&names, Duration::from_secs(60)).await;
+    for p in pods.list(&ListParams::default()).await.expect("pods").items {
+        if let Some(uid) = first.get(&p.name_any()) {
+            assert_ne!(
+                p.uid().as_ref(),
+                Some(uid),
+                "{}: the first Pod",
+                p.name_any()
+            );
+        }
+    }
+    let took = bound.elapsed();
+    println!("handed back and Running elsewhere {took:?} after binding: {placed:?}");
+    assert!(
+        placed.values().all(|n| *n != node0),
+        "a Pod ran on the full node: {placed:?}"
+    );
+    assert!(
+        took <= Duration::from_secs(30),
+        "Running elsewhere only after {took:?} (grace included)"
+    );
+
+    // Told: a Warning on each first Pod, counted.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(fleet.client(), &ns);
+    let handed: BTreeSet<String> = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("HandedBack"))
+        .filter_map(|e| e.involved_object.uid)
+        .collect();
+    for (name, uid) in &first {
+        assert!(
+            handed.contains(uid),
+            "no HandedBack Event on {name}: {handed:?}"
+        );
+    }
+    let vk0 = &fleet.members[0].vk;
+    assert_eq!(
+        support::metric(
+            &vk0.metrics().await,
+            "vk_sandbox_pods_handed_back_total{how=\"deleted\"}"
+        ),
+        Some(3.0)
+    );
+
+    // Nothing left behind: node 0 holds none of theirs; each runs on
+    // exactly one sandbox.
+    let mine = |i: usize| -> Vec<String> {
+        fleet.members[i]
+            .sim
+            .sim()
+            .claims()
+            .into_iter()
+            .filter(|c| c.claim_ref.starts_with(&format!("{ns}/hb-")))
+            .map(|c| c.claim_ref)
+            .collect()
+    };
+    assert!(mine(0).is_empty(), "node 0's sandboxd holds {:?}", mine(0));
+    let mut elsewhere: Vec<String> = [mine(1), mine(2)].concat();
+    elsewhere.sort();
+    assert_eq!(elsewhere.len(), 3, "{elsewhere:?}");
+    for name in first.keys() {
+        let key = format!("{ns}/{name}");
+        assert_eq!(
+            elsewhere.iter().filter(|r| r.starts_with(&key)).count(),
+            1,
+            "{key}: {elsewhere:?}"
+        );
+    }
+
+    cordon(fleet, 0, false).await;
+    fleet.release(0, &filled).await;
 }

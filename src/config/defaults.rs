@@ -21,6 +21,9 @@ pub const STATE_PATH: &str = "/var/lib/vk-sandbox/claims.json";
 pub const ORPHAN_SCAN_INTERVAL: &str = "60s";
 pub const PUBLISH_INTERVAL: &str = "30s";
 pub const SANDBOXD_INFO_INTERVAL: &str = "2s";
+/// Well inside the 30 s a Sandbox bound to a full node has to end Running
+/// elsewhere, and longer than the Node takes to show the taint (about 2 s).
+pub const HAND_BACK_AFTER: &str = "10s";
 pub const NODE_LABELS: &str = "sandbox.cocoonstack.io/runtime=sandboxd";
 pub const LEASE_RENEW_MARGIN: &str = "12h";
 /// The kubelet's `--streaming-connection-idle-timeout` default.

@@ -55,6 +55,8 @@ pub struct FleetConfig {
     pub info_interval: Duration,
     /// `--drain-sandboxd-on-cordon`.
     pub drain_on_cordon: bool,
+    /// `--hand-back-after`; `None` when 0.
+    pub hand_back_after: Option<Duration>,
 }
 
 /// Kubernetes client settings.

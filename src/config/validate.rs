@@ -257,6 +257,20 @@ impl Config {
                 Duration::from_secs(2)
             }
         };
+        let hand_back_after = match parse_go_duration(&args.fleet.hand_back_after) {
+            Ok(0) => None,
+            Ok(n) if n > 0 => Some(nanos_to_duration(n)),
+            Ok(_) | Err(_) => {
+                p.push(
+                    "hand-back-after",
+                    Some("VK_HAND_BACK_AFTER"),
+                    &args.fleet.hand_back_after,
+                    "must be a Go duration, 0 or more",
+                    "give e.g. 10s, or 0 to never hand a Pod back",
+                );
+                None
+            }
+        };
         let publish_interval = match parse_go_duration(&args.inventory.publish_interval) {
             Ok(n) if n > 0 => nanos_to_duration(n),
             Ok(_) if args.inventory.publish_inventory => {
@@ -451,6 +465,7 @@ impl Config {
                 max_claims: (args.fleet.sandboxd_max_claims > 0)
                     .then_some(args.fleet.sandboxd_max_claims),
                 info_interval,
+                hand_back_after,
             },
             webhook,
         })

@@ -1,6 +1,5 @@
 //! Prometheus metrics: the `prometheus` crate with an explicit registry (not
-//! the global default, so tests build their own), plus its Linux process
-//! collector.
+//! the global default, so tests build their own) and its process collector.
 //!
 //! One [`Metrics`] is built in `main` and shared as `Arc<Metrics>`. Every
 //! metric is named `vk_sandbox_…`, counters end in `_total`, units are in the
@@ -127,6 +126,8 @@ pub struct Metrics {
     /// sandboxd's listing shows (`running`, `hibernated`, `archived`): a VM
     /// woken by a relay, hibernated or archived by sandboxd's idle tiers.
     claim_observed: IntCounterVec,
+    /// `vk_sandbox_pods_handed_back_total{how}` (src/pods/handback.rs).
+    pods_handed_back: IntCounterVec,
     /// `vk_sandbox_claim_lease_remaining_min_seconds`: time left on the
     /// nearest lease vk-sandbox renews (none held: not set).
     claim_lease_remaining_min: Gauge,
@@ -376,6 +377,12 @@ impl Metrics {
             "Claims whose recorded VM state was corrected to what sandboxd lists, by the state seen (running, hibernated, archived).",
             &["state"],
         )?;
+        let pods_handed_back = counter_vec(
+            &registry,
+            "vk_sandbox_pods_handed_back_total",
+            "Pods handed back after waiting past --hand-back-after for capacity, by how (deleted for their Sandbox to re-create, failed for their controller to replace).",
+            &["how"],
+        )?;
         let claim_lease_remaining_min = register(
             &registry,
             Gauge::with_opts(Opts::new(
@@ -395,6 +402,7 @@ impl Metrics {
             claim_renewals,
             claim_transitions,
             claim_observed,
+            pods_handed_back,
             claim_lease_remaining_min,
             pod_status_writes,
             pod_status_write_duration,

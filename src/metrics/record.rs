@@ -195,6 +195,11 @@ impl Metrics {
             .inc();
     }
 
+    /// One Pod handed back (`deleted` or `failed`).
+    pub fn pod_handed_back(&self, how: &str) {
+        self.pods_handed_back.with_label_values(&[how]).inc();
+    }
+
     /// One claim's record corrected to the state sandboxd lists.
     pub fn claim_observed(&self, state: &str) {
         self.claim_observed.with_label_values(&[state]).inc();

@@ -69,6 +69,9 @@ pub struct Context {
     gate: Option<watch::Receiver<bool>>,
     /// One permit per Event [`Context::announce`] is posting.
     announcing: Arc<Semaphore>,
+    /// `--hand-back-after`: how long a Pod may wait here for capacity
+    /// before it is handed back (`None`: never; see [`super::handback`]).
+    pub hand_back_after: Option<Duration>,
 }
 
 impl Context {
@@ -96,7 +99,14 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             gate: None,
             announcing: Arc::new(Semaphore::new(ANNOUNCING_MAX)),
+            hand_back_after: None,
         }
+    }
+
+    /// Hands back Pods that waited `grace` for capacity (`None`: never).
+    pub fn handing_back_after(mut self, grace: Option<Duration>) -> Context {
+        self.hand_back_after = grace;
+        self
     }
 
     /// Holds every reconcile until `open` turns true.

@@ -17,6 +17,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::{Context, reason};
 use super::failure::{FailedStatus, failed_status};
+use super::handback;
 use super::lifecycle;
 use super::plan::{Step, Tracked, plan};
 use super::pod::Pod;
@@ -163,6 +164,20 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             if failure.reason == lifecycle::reason::WAKE_FAILED_STATUS {
                 metrics.claim_transition("wake", "failed");
             }
+            let verdict = handback::decide(
+                &pod,
+                failure.shortfall,
+                ctx.provider.holds(&pod.key()),
+                ctx.hand_back_after,
+                jiff::Timestamp::now(),
+            );
+            let retry_within = match verdict {
+                handback::Verdict::Now(how, waited) => {
+                    return hand_back(&pod, ctx, how, waited, &failure.message).await;
+                }
+                handback::Verdict::Wait(left) => Some(left),
+                handback::Verdict::Stay(_) => None,
+            };
             let terminal = match failed_status(&pod, failure.cause) {
                 // vk-sandbox's own trouble while the Pod runs: nothing is
                 // written or announced; retried with back-off.
@@ -171,6 +186,7 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                         pod: pod.key(),
                         reason: failure.reason,
                         message: failure.message,
+                        retry_within,
                     });
                 }
                 FailedStatus::Pending => false,
@@ -192,9 +208,55 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                 pod: pod.key(),
                 reason: failure.reason,
                 message: failure.message,
+                retry_within,
             })
         }
     }
+}
+
+/// Gives `pod` back (see [`handback`]): deleted for its owner to re-create,
+/// or marked `Failed` for its controller to replace; a Warning Event says
+/// why either way. Nothing is held for it, so nothing is released.
+async fn hand_back(
+    pod: &Arc<Pod>,
+    ctx: &Context,
+    how: handback::How,
+    waited: Duration,
+    why: &str,
+) -> Result<Action> {
+    let node = &ctx.node;
+    let note = format!(
+        "{}: no sandbox could be claimed on node {node} for {}s ({why}); {}",
+        handback::REASON,
+        waited.as_secs(),
+        match how {
+            handback::How::Delete =>
+                "the Pod is deleted so that its Sandbox re-creates it \
+                                      and the scheduler places it on a node with room",
+            handback::How::Fail =>
+                "the Pod is marked Failed, as a kubelet rejects a Pod it \
+                                    cannot admit, so that its controller replaces it",
+        }
+    );
+    warn!(how = ?how, waited_s = waited.as_secs(), "handing the Pod back: {why}");
+    ctx.warning(pod, handback::REASON, handback::REASON, note.clone())
+        .await;
+    ctx.metrics.pod_handed_back(match how {
+        handback::How::Delete => "deleted",
+        handback::How::Fail => "failed",
+    });
+    match how {
+        handback::How::Delete => {
+            // Its own grace: the deletion comes back here as a Pod that
+            // never ran, whose lost claim replies (if any) are returned.
+            writes::delete_this(&ctx.client, pod, None).await?;
+        }
+        handback::How::Fail => {
+            let patch = status::create_failed(true, handback::REASON, &note);
+            writes::write_status(&ctx.client, &ctx.metrics, pod, &patch, Guard::Uid).await?;
+        }
+    }
+    Ok(Action::await_change())
 }
 
 pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
@@ -272,7 +334,15 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
 pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics
         .reconcile_failed(MetricController::Pods, error.metric_label());
-    let wait = ctx.backoff(&pod);
+    let mut wait = ctx.backoff(&pod);
+    if let Error::PodCreate {
+        retry_within: Some(left),
+        ..
+    } = error
+    {
+        // Not past the end of the Pod's hand-back grace.
+        wait = wait.min(*left);
+    }
     warn!(pod = %pod.key(), error = %error, retry_in = ?wait, "reconcile failed");
     Action::requeue(wait)
 }

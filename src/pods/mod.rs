@@ -26,6 +26,7 @@ pub mod context;
 pub mod controller;
 pub mod failure;
 pub mod gauges;
+pub mod handback;
 pub mod lifecycle;
 pub mod owner;
 pub mod owners;
@@ -43,6 +44,8 @@ pub mod writes;
 mod fixture_tests;
 #[cfg(test)]
 pub(crate) mod fixtures;
+#[cfg(test)]
+mod handback_tests;
 #[cfg(test)]
 mod restart_tests;
 #[cfg(test)]

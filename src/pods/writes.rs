@@ -143,9 +143,15 @@ pub async fn force_delete(client: &Client, pod: &Pod) -> Result<Removal> {
     if pod.removal_pending(jiff::Timestamp::now()) {
         return Ok(Removal::Pending);
     }
+    delete_this(client, pod, Some(0)).await
+}
+
+/// Deletes this very Pod (UID precondition) with its own grace period
+/// (`None`) or `grace` seconds; gone or replaced already is done.
+pub async fn delete_this(client: &Client, pod: &Pod, grace: Option<u32>) -> Result<Removal> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let dp = DeleteParams {
-        grace_period_seconds: Some(0),
+        grace_period_seconds: grace,
         preconditions: Some(Preconditions {
             uid: pod.metadata.uid.clone(),
             resource_version: None,

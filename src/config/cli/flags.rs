@@ -392,6 +392,13 @@ pub struct FleetArgs {
     #[arg(long, env = "VK_SANDBOXD_INFO_INTERVAL", default_value = defaults::SANDBOXD_INFO_INTERVAL, value_name = "DURATION", allow_hyphen_values = true)]
     pub sandboxd_info_interval: String,
 
+    /// Hand back a Pod that could not be claimed for a capacity reason (429,
+    /// a redirect, no warm VM, sandboxd unreachable) this long after it was
+    /// bound: deleted for its Sandbox to re-create, or marked Failed for
+    /// another controller to replace. A Go duration; 0: never.
+    #[arg(long, env = "VK_HAND_BACK_AFTER", default_value = defaults::HAND_BACK_AFTER, value_name = "DURATION", allow_hyphen_values = true)]
+    pub hand_back_after: String,
+
     /// While the Node is cordoned (kubectl cordon, kubectl drain), drain
     /// sandboxd too (POST /v1/drain: no new claims, Running sandboxes
     /// untouched) and undrain it on uncordon. A drain sandboxd's operator

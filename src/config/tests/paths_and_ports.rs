@@ -151,6 +151,26 @@ fn a_capacity_flag_given_is_fixed_and_the_fleet_flags_parse() {
 }
 
 #[test]
+fn hand_back_is_on_at_10s_by_default_off_at_0_and_refuses_a_negative() {
+    let dir = tempfile::tempdir().expect("dir");
+    let at = |flags: &[&str]| Config::from_args(&valid(dir.path(), flags));
+    let default = at(&[]).expect("defaults");
+    assert_eq!(default.fleet.hand_back_after, Some(Duration::from_secs(10)));
+    let off = at(&["--hand-back-after=0"]).expect("0");
+    assert_eq!(off.fleet.hand_back_after, None);
+    let short = at(&["--hand-back-after=1500ms"]).expect("1.5 s");
+    assert_eq!(
+        short.fleet.hand_back_after,
+        Some(Duration::from_millis(1500))
+    );
+    for bad in ["--hand-back-after=-1s", "--hand-back-after=soon"] {
+        let err = at(&[bad]).expect_err(bad).to_string();
+        assert!(err.contains("--hand-back-after"), "{bad}: {err}");
+        assert!(err.contains("0 to never hand a Pod back"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn the_webhook_is_off_unless_its_address_is_given_and_needs_its_pair() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = Config::from_args(&valid(dir.path(), &[])).expect("defaults");

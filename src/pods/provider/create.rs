@@ -7,7 +7,7 @@ use std::time::Instant;
 use jiff::Timestamp;
 use tracing::{info, warn};
 
-use super::create_step::{CreateStep, adoption, claim_failed, next_step};
+use super::create_step::{CreateStep, adoption, claim_failed, next_step, shortfall_of};
 use super::lifecycle::WakeError;
 use super::verification::Ask;
 use super::{CreateFailure, Created, Provider, lock, view};
@@ -285,12 +285,14 @@ impl Provider {
                         pod.uid()
                     ),
                     cause: Cause::Ours,
+                    shortfall: None,
                 })
             }
             Err(WakeError::Failed(e)) => Err(CreateFailure {
                 reason: reason::WAKE_FAILED_STATUS,
                 message: format!("waking sandbox {} for {k} failed; retried: {e}", claim.id),
                 cause: Cause::Ours,
+                shortfall: None,
             }),
         }
     }
@@ -357,12 +359,16 @@ impl Provider {
             }
         };
         if self.suspect(k) || self.refresh_needed() {
-            self.return_strays(k, pod.uid(), None).await.map_err(|e| {
-                CreateFailure::ours(format!(
-                    "cannot check for, or return, a sandbox an earlier claim for {k} may \
+            self.return_strays(k, pod.uid(), None)
+                .await
+                .map_err(|e| CreateFailure {
+                    // sandboxd not answering is this node's shortfall too.
+                    shortfall: shortfall_of(&e),
+                    ..CreateFailure::ours(format!(
+                        "cannot check for, or return, a sandbox an earlier claim for {k} may \
                      have left behind; refusing to claim twice: {e}"
-                ))
-            })?;
+                    ))
+                })?;
         }
         // The sandboxd call and the commit below are timed so the
         // provider's own share of the claim path can be told apart from

@@ -8,6 +8,7 @@ use jiff::Timestamp;
 use super::CreateFailure;
 use crate::claims::{Claim, ClaimState, OwnerRef};
 use crate::pods::failure::Cause;
+use crate::pods::handback::Shortfall;
 use crate::pods::pod::Pod;
 use crate::pods::{annotations, authority};
 use crate::sandboxd::{ClaimRequest, SandboxdError, Token};
@@ -115,7 +116,9 @@ pub fn adoption(claim: &Claim, pod: &Pod) -> CreateStep {
 /// A claim call for `k` (template `template`) that failed with `e`: the
 /// claim's trouble ([`Cause::Claim`]), never vk-sandbox's. A capacity miss
 /// (no warm VM, a quota, a draining node) is `NoWarmCapacity`, which the
-/// Pod waits out; any other failure is `ProviderFailed`.
+/// Pod waits out; any other failure is `ProviderFailed`. A miss, or no
+/// reply at all, is a [`Shortfall`] of this node: past a grace the Pod is
+/// handed back.
 pub fn claim_failed(k: &str, template: &str, e: &SandboxdError) -> CreateFailure {
     let reason = if e.is_capacity_miss() {
         "NoWarmCapacity"
@@ -126,6 +129,16 @@ pub fn claim_failed(k: &str, template: &str, e: &SandboxdError) -> CreateFailure
         reason,
         message: format!("claim sandbox for {k} (template {template}): {e}"),
         cause: Cause::Claim,
+        shortfall: shortfall_of(e),
+    }
+}
+
+/// Whether `e` says this node has no capacity, or no sandboxd to ask.
+pub fn shortfall_of(e: &SandboxdError) -> Option<Shortfall> {
+    match e {
+        SandboxdError::CapacityMiss { .. } => Some(Shortfall::NoCapacity),
+        SandboxdError::Transport { .. } => Some(Shortfall::Unreachable),
+        _ => None,
     }
 }
 
@@ -437,6 +450,7 @@ mod tests {
                 },
                 "NoWarmCapacity",
                 "sandboxd claim: node at capacity or draining: node claim quota reached",
+                Some(Shortfall::NoCapacity),
             ),
             (
                 SandboxdError::Http {
@@ -446,6 +460,7 @@ mod tests {
                 },
                 "ProviderFailed",
                 "sandboxd claim: unexpected status 500: boot failed",
+                None,
             ),
             (
                 SandboxdError::Decode {
@@ -455,15 +470,17 @@ mod tests {
                 },
                 "ProviderFailed",
                 "sandboxd claim: decode (status 200): reply body is not a JSON object",
+                None,
             ),
         ];
-        for (e, reason, why) in cases {
+        for (e, reason, why, shortfall) in cases {
             assert_eq!(
                 claim_failed("ns/p", "base", &e),
                 CreateFailure {
                     reason,
                     message: format!("claim sandbox for ns/p (template base): {why}"),
                     cause: Cause::Claim,
+                    shortfall,
                 },
                 "{e}"
             );

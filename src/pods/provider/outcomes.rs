@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::pods::failure::Cause;
+use crate::pods::handback::Shortfall;
 
 /// Why a create did not produce a Running Pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +16,9 @@ pub struct CreateFailure {
     pub message: String,
     /// Whose trouble it is: decides what the Pod's status shows.
     pub cause: Cause,
+    /// For want of capacity on this node (a capacity miss, sandboxd
+    /// unreachable): past a grace the Pod is handed back.
+    pub shortfall: Option<Shortfall>,
 }
 
 impl CreateFailure {
@@ -24,6 +28,7 @@ impl CreateFailure {
             reason: "ProviderFailed",
             message: message.into(),
             cause: Cause::Ours,
+            shortfall: None,
         }
     }
 
