@@ -27,7 +27,7 @@ use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use sandboxd_sim::PoolConfig;
 use serde_json::json;
-use support::fleet::{CAP, FOLLOW, Fleet, TEMPLATE, TOKEN};
+use support::fleet::{CAP, FOLLOW, Fleet, TEMPLATE};
 use support::vk::tail;
 use support::wait_for;
 
@@ -114,63 +114,6 @@ impl Steered {
             },
         )
         .await;
-    }
-
-    fn http(&self) -> reqwest::Client {
-        reqwest::Client::new()
-    }
-
-    /// Another client of node `i`'s sandboxd claims until it is at its cap;
-    /// returns the ids claimed.
-    async fn fill(&self, i: usize) -> Vec<String> {
-        let sim = &self.members[i].sim;
-        let claimed = sim.sim().claims().len();
-        let mut ids = Vec::new();
-        for k in claimed..CAP {
-            let r = self
-                .http()
-                .post(format!("{}/v1/claim", sim.base_url()))
-                .bearer_auth(TOKEN)
-                .json(&json!({"template": TEMPLATE, "claim_ref": format!("other-client/{k}")}))
-                .send()
-                .await
-                .expect("claim");
-            assert!(r.status().is_success(), "claim {k}: {}", r.status());
-            let body: serde_json::Value = r.json().await.expect("claim body");
-            ids.push(body["id"].as_str().expect("id").to_string());
-        }
-        ids
-    }
-
-    async fn release(&self, i: usize, ids: &[String]) {
-        let sim = &self.members[i].sim;
-        for id in ids {
-            let r = self
-                .http()
-                .post(format!("{}/v1/sandboxes/{id}/release", sim.base_url()))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .expect("release");
-            assert_eq!(r.status().as_u16(), 204, "release {id}");
-        }
-    }
-
-    async fn drain(&self, i: usize, on: bool) {
-        let sim = &self.members[i].sim;
-        let method = if on {
-            reqwest::Method::POST
-        } else {
-            reqwest::Method::DELETE
-        };
-        let r = self
-            .http()
-            .request(method, format!("{}/v1/drain", sim.base_url()))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("drain");
-        assert_eq!(r.status().as_u16(), 204);
     }
 
     fn set_pool(&self, i: usize, spec: &str) {

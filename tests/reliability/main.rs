@@ -15,6 +15,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod fleet;
 mod podnet;
 mod scenarios;
 mod world;
@@ -117,6 +118,12 @@ fn scenarios() -> Vec<(&'static str, &'static str, Scenario, bool)> {
             |w, s| Box::pin(scenarios::pod_addresses(w, s)),
             true,
         ),
+        (
+            "fleet",
+            "13 a fleet of three: sandboxd filled, drained, stopped, restarted under a stream of Sandboxes",
+            |w, s| Box::pin(fleet::troubles(w, s)),
+            true,
+        ),
     ]
 }
 
@@ -210,7 +217,7 @@ fn main() -> ExitCode {
     };
     if rows.is_empty() {
         println!(
-            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn, warmpool, neighbours, suspend, relays, podnet)"
+            "FAILED: no scenario ran (VK_RELIABILITY_ONLY names: kill9, eviction, sandboxd, apiserver, state, churn, warmpool, neighbours, suspend, relays, podnet, fleet)"
         );
         return ExitCode::FAILURE;
     }
@@ -234,6 +241,7 @@ fn main() -> ExitCode {
             + t.running_suspended
             + t.given_to_another
             + t.address_faults
+            + t.stuck_pending
             > 0
     });
     let mut total = Tally::default();
@@ -252,7 +260,7 @@ fn main() -> ExitCode {
             "reliability: FAILED: an invariant column is not zero: {} wrongly released, {} leaked, \
              {} credentials lost, {} not converged, {} bad state files, {} leases expired under \
              a living owner, {} VMs running for a suspended Sandbox, {} VMs given to another \
-             owner generation, {} Pod-address faults; {summary}",
+             owner generation, {} Pod-address faults, {} Pods stuck Pending; {summary}",
             total.wrongly_released,
             total.leaked,
             total.creds_lost,
@@ -261,7 +269,8 @@ fn main() -> ExitCode {
             total.leases_expired,
             total.running_suspended,
             total.given_to_another,
-            total.address_faults
+            total.address_faults,
+            total.stuck_pending
         );
         ExitCode::FAILURE
     } else {
@@ -282,19 +291,20 @@ fn add(total: &mut Tally, t: Tally) {
     total.running_suspended += t.running_suspended;
     total.given_to_another += t.given_to_another;
     total.address_faults += t.address_faults;
+    total.stuck_pending += t.stuck_pending;
 }
 
 fn table(rows: &[Row], seed: u64, size: Size, took: Duration, controller: &str) -> String {
     let mut s = format!(
         "Reliability suite ({size:?}, seed {seed}, {:.0} s)\n{controller}\n\n\
-         | scenario | runs | Pods | faults | VMs wrongly released | VMs leaked | credentials lost | Pods not converged | bad state file | leases expired, owner alive | VMs running, Sandbox suspended | VMs given to another generation | Pod addresses: other VM reached, shared or leaked | max time to converge |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | scenario | runs | Pods | faults | VMs wrongly released | VMs leaked | credentials lost | Pods not converged | bad state file | leases expired, owner alive | VMs running, Sandbox suspended | VMs given to another generation | Pod addresses: other VM reached, shared or leaked | Pods stuck Pending | max time to converge |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         took.as_secs_f64()
     );
     for r in rows {
         let t = &r.tally;
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s |\n",
             r.title,
             r.runs,
             t.pods,
@@ -308,6 +318,7 @@ fn table(rows: &[Row], seed: u64, size: Size, took: Duration, controller: &str) 
             t.running_suspended,
             t.given_to_another,
             t.address_faults,
+            t.stuck_pending,
             r.converge_max.as_secs_f64()
         ));
     }

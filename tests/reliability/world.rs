@@ -71,6 +71,9 @@ pub struct Tally {
     /// sandbox's VM, an address two Pods showed at once, a released
     /// claim's address still answering or a Running Pod's not.
     pub address_faults: usize,
+    /// A Pod bound to a node and `Pending` longer than the hand-back grace
+    /// + 30 s (scenario 13, a fleet).
+    pub stuck_pending: usize,
     pub converge: Duration,
     pub notes: Vec<String>,
 }
@@ -108,6 +111,9 @@ pub struct World {
     /// Scenario 12's Pod-address faults and what it noted.
     pub address_faults: usize,
     pub address_notes: Vec<String>,
+    /// What a scenario that runs its own nodes (13, a fleet) found: added
+    /// to this run's figures.
+    pub elsewhere: Tally,
     seen: SeenSandboxes,
     watch: Option<tokio::task::JoinHandle<()>>,
     _controller: crate::support::controller::SandboxController,
@@ -150,6 +156,7 @@ impl World {
             pod_ports: Vec::new(),
             address_faults: 0,
             address_notes: Vec::new(),
+            elsewhere: Tally::default(),
             seen: Default::default(),
             watch: None,
             _controller: controller,
@@ -576,6 +583,10 @@ impl World {
             ..Tally::default()
         };
         t.notes.append(&mut self.address_notes);
+        let mut other = std::mem::take(&mut self.elsewhere);
+        t.converge = t.converge.max(other.converge);
+        t.notes.append(&mut other.notes);
+        crate::add(&mut t, other);
         t.notes.extend(problems.iter().take(5).cloned());
         if !problems.is_empty() {
             t.notes.push(format!(

@@ -96,6 +96,67 @@ impl Fleet {
         self.cluster.client.clone()
     }
 
+    fn http(&self) -> reqwest::Client {
+        reqwest::Client::new()
+    }
+
+    /// Another client of node `i`'s sandboxd claims until it is at its cap
+    /// (a `429`: vk-sandbox may be claiming there at the same time);
+    /// returns the ids claimed.
+    pub async fn fill(&self, i: usize) -> Vec<String> {
+        let sim = &self.members[i].sim;
+        let claimed = sim.sim().claims().len();
+        let mut ids = Vec::new();
+        for k in claimed..CAP {
+            let r = self
+                .http()
+                .post(format!("{}/v1/claim", sim.base_url()))
+                .bearer_auth(TOKEN)
+                .json(&json!({"template": TEMPLATE, "claim_ref": format!("other-client/{k}")}))
+                .send()
+                .await
+                .expect("claim");
+            if r.status().as_u16() == 429 {
+                break;
+            }
+            assert!(r.status().is_success(), "claim {k}: {}", r.status());
+            let body: serde_json::Value = r.json().await.expect("claim body");
+            ids.push(body["id"].as_str().expect("id").to_string());
+        }
+        ids
+    }
+
+    pub async fn release(&self, i: usize, ids: &[String]) {
+        let sim = &self.members[i].sim;
+        for id in ids {
+            let r = self
+                .http()
+                .post(format!("{}/v1/sandboxes/{id}/release", sim.base_url()))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .expect("release");
+            assert_eq!(r.status().as_u16(), 204, "release {id}");
+        }
+    }
+
+    pub async fn drain(&self, i: usize, on: bool) {
+        let sim = &self.members[i].sim;
+        let method = if on {
+            reqwest::Method::POST
+        } else {
+            reqwest::Method::DELETE
+        };
+        let r = self
+            .http()
+            .request(method, format!("{}/v1/drain", sim.base_url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("drain");
+        assert_eq!(r.status().as_u16(), 204);
+    }
+
     pub fn node(&self, i: usize) -> &str {
         &self.members[i].vk.node
     }
