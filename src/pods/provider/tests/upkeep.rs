@@ -290,6 +290,38 @@ async fn preserved_without_owner(
     (provider, dir, id, api)
 }
 
+/// A Pod deleted while its owner lives preserves the claim and records
+/// the owner on it (a row without one, e.g. recovered, gets it then).
+#[tokio::test]
+async fn a_preserve_records_the_owner_the_row_lacked() {
+    use crate::pods::fixtures::{owned_pod, within, world};
+    let w = world(crate::pods::fixtures::sandbox("o1", false)).await;
+    let provider = &w.ctx.provider;
+    let p = Arc::new(owned_pod("p1", "o1"));
+    let Created::Claimed { id, .. } = provider.create(&p).await.expect("claim") else {
+        panic!("expected a fresh claim");
+    };
+    provider
+        .claims
+        .update_lifecycle("ns/sb", &id, |l, _| l.owner = None)
+        .await
+        .expect("forget the owner");
+    let deleted = within(provider.delete(&deleting((*p).clone())))
+        .await
+        .expect("delete");
+    assert!(matches!(deleted, Deleted::Preserved { .. }), "{deleted:?}");
+    let owner = provider
+        .claims
+        .get("ns/sb")
+        .and_then(|(c, _)| c.lifecycle.owner.clone())
+        .expect("the owner recorded");
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+        ("Sandbox", "sb", "o1")
+    );
+    assert_eq!(owner.api_version, "agents.x-k8s.io/v1beta1");
+}
+
 fn owner_asked(api: &crate::pods::fixtures::ApiServer) -> usize {
     api.seen()
         .iter()
