@@ -178,7 +178,13 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                 handback::Verdict::Wait(left) => Some(left),
                 handback::Verdict::Stay(_) => None,
             };
-            let terminal = match failed_status(&pod, failure.cause) {
+            let status = match failed_status(&pod, failure.cause) {
+                // Not the Pod's failure while it may still be handed back to
+                // run elsewhere (a Sandbox marked Failed would end).
+                FailedStatus::Failed if retry_within.is_some() => FailedStatus::Pending,
+                other => other,
+            };
+            let terminal = match status {
                 // vk-sandbox's own trouble while the Pod runs: nothing is
                 // written or announced; retried with back-off.
                 FailedStatus::Untouched => {

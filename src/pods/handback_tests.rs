@@ -168,3 +168,31 @@ async fn another_controllers_pod_with_sandboxd_down_is_marked_failed_a_bare_pod_
     let status = the_status_written(&w);
     assert_eq!(status["status"]["phase"], "Pending");
 }
+
+/// A Pod that never restarts is not marked Failed for a capacity miss while
+/// it may still be handed back (its Sandbox would end); past the grace it
+/// is handed back as any other.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_that_never_restarts_waits_for_the_hand_back_instead_of_failing() {
+    let never = |ago: u64| {
+        let mut v =
+            serde_json::to_value(bound_pod(Duration::from_secs(ago), SANDBOX)).expect("json");
+        v["spec"]["restartPolicy"] = json!("Never");
+        Arc::new(serde_json::from_value::<Pod>(v).expect("pod"))
+    };
+    let w = world(sandbox("o1", false)).await;
+    draining(&w);
+    let ctx = handing_back(&w);
+    within(reconcile(never(2), Arc::clone(&ctx)))
+        .await
+        .expect_err("waits");
+    assert_eq!(the_status_written(&w)["status"]["phase"], "Pending");
+
+    // With handing back off, the first miss fails it, as before.
+    let w = world(sandbox("o1", false)).await;
+    draining(&w);
+    within(reconcile(never(2), Arc::clone(&w.ctx)))
+        .await
+        .expect("failed for good");
+    assert_eq!(the_status_written(&w)["status"]["phase"], "Failed");
+}
