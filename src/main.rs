@@ -345,11 +345,25 @@ async fn run(cfg: Config) -> Result<()> {
         &cfg.node_name,
         metrics.clone(),
     );
-    let ctx = Arc::new(
-        ctx.with_health(health.clone())
-            .gated(ready_rx.clone())
-            .handing_back_after(cfg.fleet.hand_back_after),
-    );
+    let ctx = ctx
+        .with_health(health.clone())
+        .gated(ready_rx.clone())
+        .handing_back_after(cfg.fleet.hand_back_after);
+    // Which node holds which key's VM, checked before a claim
+    // (src/pods/elsewhere): read where this node publishes its own.
+    let ctx = Arc::new(if cfg.inventory.publish {
+        let index = Arc::new(vk_sandbox::placement::watch::Index::default());
+        let watch = vk_sandbox::placement::watch::run(
+            Arc::clone(&index),
+            client.clone(),
+            cfg.inventory.group.clone(),
+            tasks.stop(),
+        );
+        tasks.spawn_loop(watch);
+        ctx.checking_holders(index, cfg.fleet.vm_holder_gone_after)
+    } else {
+        ctx
+    });
     let reconciles = controller::run(pod_controller, synced.clone(), ctx, tasks.stop());
     tasks.spawn_loop(reconciles);
 

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use sandboxd_sim::PoolConfig;
 use serde_json::json;
@@ -325,19 +325,6 @@ async fn a_fleet_of_three_spreads_and_steers_around_a_node_that_cannot_serve() {
     fleet.cluster.drop_namespace(&fleet.ns).await;
 }
 
-/// Cordons (`true`) or uncordons node `i`, as `kubectl cordon` does.
-async fn cordon(fleet: &Fleet, i: usize, on: bool) {
-    let api: Api<Node> = Api::all(fleet.client());
-    let patch = json!({"spec": {"unschedulable": on}});
-    api.patch(
-        fleet.node(i),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("cordon {} {on}: {e}", fleet.node(i)));
-}
-
 /// A Pod bound to a node that cannot serve it ends Running on another: a
 /// Sandbox, a warm pool's Sandbox and a claim's (cold) Sandbox, each with
 /// the upstream controller. Node 0 is full (its claim cap reached, its
@@ -375,8 +362,8 @@ async fn hand_back_to_another_node(fleet: &Steered) {
             taint_effect(n, tkey).as_deref() == Some(teffect)
         })
         .await;
-    cordon(fleet, 1, true).await;
-    cordon(fleet, 2, true).await;
+    fleet.cordon(1, true).await;
+    fleet.cordon(2, true).await;
 
     let mut pod_template = fleet.sandbox("x").spec.pod_template;
     pod_template.spec.tolerations.get_or_insert_default().push(
@@ -453,9 +440,9 @@ async fn hand_back_to_another_node(fleet: &Steered) {
     )
     .await;
     let bound = Instant::now();
-    cordon(fleet, 0, true).await;
-    cordon(fleet, 1, false).await;
-    cordon(fleet, 2, false).await;
+    fleet.cordon(0, true).await;
+    fleet.cordon(1, false).await;
+    fleet.cordon(2, false).await;
 
     // Each Sandbox's Pod: a new one (same name, another UID), Running and
     // Ready on node 1 or 2.
@@ -533,6 +520,6 @@ async fn hand_back_to_another_node(fleet: &Steered) {
         );
     }
 
-    cordon(fleet, 0, false).await;
+    fleet.cordon(0, false).await;
     fleet.release(0, &filled).await;
 }

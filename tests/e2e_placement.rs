@@ -702,3 +702,196 @@ async fn an_agent_outage_evicts_no_sandbox() {
     fleet.cluster.drop_namespace(&ctl_ns).await;
     fleet.cluster.drop_namespace(&fleet.ns).await;
 }
+
+/// The Warning Events of `reason` in the fleet's namespace: their notes.
+async fn event_notes(fleet: &Fleet, reason: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(fleet.client(), &fleet.ns);
+    events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.message)
+        .collect()
+}
+
+/// The sandboxes (node index, id) held for Sandbox `name` across the fleet.
+fn held_for(fleet: &Fleet, name: &str) -> Vec<(usize, String)> {
+    let key = format!("{}/{name}#", fleet.ns);
+    fleet
+        .members
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| {
+            m.sim
+                .sim()
+                .claims()
+                .into_iter()
+                .filter(|c| c.claim_ref.starts_with(&key))
+                .map(move |c| (i, c.id))
+        })
+        .collect()
+}
+
+/// Without the webhook (no configuration: as when it is down with
+/// `failurePolicy: Ignore`), a resumed Sandbox's Pod that reaches another
+/// node is handed back while the node holding its VM lives, and ends on
+/// that node with its claim; no second VM is claimed. With that node's
+/// sandboxd stopped past `--vm-holder-gone-after` (15 s here), a
+/// replacement Pod is served a fresh VM elsewhere with a Warning Event,
+/// and the first node releases its VM once it returns and sees the
+/// Sandbox Running there — not before.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_the_webhook_a_pod_is_handed_back_to_its_vm_or_moved_when_that_node_is_gone() {
+    let Some(cluster) = support::cluster().await else {
+        return;
+    };
+    support::crds::install_file(
+        &cluster.client,
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("crds/sandbox.cocoonstack.io_nodeinventories.yaml"),
+    )
+    .await;
+    drop(cluster);
+    let Some(fleet) = fleet::setup(|_| {
+        vec![
+            "--publish-inventory=true".to_string(),
+            "--publish-interval=1s".to_string(),
+            "--inventory-group=sandbox.cocoonstack.io".to_string(),
+            "--vm-holder-gone-after=15s".to_string(),
+        ]
+    })
+    .await
+    else {
+        return;
+    };
+    let names = fleet.create("held", 1).await;
+    let name = names[0].clone();
+    let first = fleet.wait_running(&names, Duration::from_secs(60)).await;
+    let before = seen(&fleet, &names).await;
+    let (node, claim, _) = before[&name].clone();
+    let x = (0..3).find(|i| fleet.node(*i) == node).expect("its node");
+    let others: Vec<usize> = (0..3).filter(|i| *i != x).collect();
+    println!("{name} runs on {} with {claim}", first[&name]);
+    wait_inventoried(&fleet, &names).await;
+
+    // Suspended; resumed with its node cordoned: the Pod reaches the other
+    // nodes and each gives it back.
+    set_mode(&fleet, &names, "Suspended").await;
+    wait_gone(&fleet, &names, Duration::from_secs(60)).await;
+    fleet.cordon(x, true).await;
+    set_mode(&fleet, &names, "Running").await;
+    wait_for(
+        "the resumed Pod handed back by another node",
+        Duration::from_secs(60),
+        || async {
+            let notes = event_notes(&fleet, "HandedBack").await;
+            let held_there = format!("held on node {node}");
+            if notes.iter().any(|n| n.contains(&held_there)) {
+                Ok(())
+            } else {
+                Err(format!("{notes:?}"))
+            }
+        },
+    )
+    .await;
+    // Its node open again and the others closed: it lands there, on its VM.
+    for i in &others {
+        fleet.cordon(*i, true).await;
+    }
+    fleet.cordon(x, false).await;
+    fleet.wait_running(&names, Duration::from_secs(60)).await;
+    let after = seen(&fleet, &names).await;
+    assert_eq!(
+        (after[&name].0.as_str(), after[&name].1.as_str()),
+        (node.as_str(), claim.as_str()),
+        "resumed elsewhere or on another VM"
+    );
+    assert_eq!(
+        held_for(&fleet, &name),
+        vec![(x, claim.clone())],
+        "a second VM"
+    );
+    for i in &others {
+        fleet.cordon(*i, false).await;
+    }
+
+    // Its node's sandboxd stopped; the Pod deleted (as an eviction): the
+    // replacement goes elsewhere (the node is tainted unreachable), is
+    // handed back within the grace, then served a fresh VM.
+    fleet.members[x].sim.sim().set_accepting(false);
+    let stopped = Instant::now();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(fleet.client());
+    wait_for(
+        "the stopped node tainted unreachable",
+        Duration::from_secs(20),
+        || async {
+            let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
+            let taints = n.spec.and_then(|s| s.taints).unwrap_or_default();
+            if taints
+                .iter()
+                .any(|t| t.key == "sandbox.cocoonstack.io/unreachable")
+            {
+                Ok(())
+            } else {
+                Err(format!("{taints:?}"))
+            }
+        },
+    )
+    .await;
+    fleet
+        .pods()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the Pod");
+    let moved = fleet.wait_running(&names, Duration::from_secs(90)).await;
+    let took = stopped.elapsed();
+    let now = seen(&fleet, &names).await;
+    println!(
+        "{name} moved to {} with {} after {took:?}",
+        moved[&name], now[&name].1
+    );
+    assert_ne!(moved[&name], node, "still on the stopped node");
+    assert_ne!(now[&name].1, claim, "the old VM is on the stopped node");
+    // The condition's time has a second's precision.
+    assert!(
+        took >= Duration::from_secs(13),
+        "served before the grace: {took:?}"
+    );
+    let notes = event_notes(&fleet, "SandboxMovedNode").await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains(&format!("was on node {node}"))),
+        "{notes:?}"
+    );
+    // The old VM is kept while its node is away...
+    assert!(
+        fleet.members[x]
+            .sim
+            .sim()
+            .claims()
+            .iter()
+            .any(|c| c.id == claim),
+        "the old VM went while its node was away"
+    );
+    // ...and released once it returns and sees the Sandbox Running there.
+    fleet.members[x].sim.sim().set_accepting(true);
+    wait_for(
+        "the old VM released by its returning node",
+        Duration::from_secs(90),
+        || async {
+            let held = held_for(&fleet, &name);
+            if held.len() == 1 && held[0].1 == now[&name].1 {
+                Ok(())
+            } else {
+                Err(format!("{held:?}"))
+            }
+        },
+    )
+    .await;
+    fleet.delete(&names).await;
+    fleet.cluster.drop_namespace(&fleet.ns).await;
+}

@@ -24,6 +24,9 @@ pub const SANDBOXD_INFO_INTERVAL: &str = "2s";
 /// Well inside the 30 s a Sandbox bound to a full node has to end Running
 /// elsewhere, and longer than the Node takes to show the taint (about 2 s).
 pub const HAND_BACK_AFTER: &str = "10s";
+/// Long enough that a sandboxd restart or a short outage never costs a
+/// Sandbox its VM.
+pub const VM_HOLDER_GONE_AFTER: &str = "5m";
 pub const NODE_LABELS: &str = "sandbox.cocoonstack.io/runtime=sandboxd";
 pub const LEASE_RENEW_MARGIN: &str = "12h";
 /// The kubelet's `--streaming-connection-idle-timeout` default.

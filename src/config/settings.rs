@@ -57,6 +57,8 @@ pub struct FleetConfig {
     pub drain_on_cordon: bool,
     /// `--hand-back-after`; `None` when 0.
     pub hand_back_after: Option<Duration>,
+    /// `--vm-holder-gone-after`.
+    pub vm_holder_gone_after: Duration,
 }
 
 /// Kubernetes client settings.

@@ -271,6 +271,19 @@ impl Config {
                 None
             }
         };
+        let vm_holder_gone_after = match parse_go_duration(&args.fleet.vm_holder_gone_after) {
+            Ok(n) if n >= 0 => nanos_to_duration(n),
+            Ok(_) | Err(_) => {
+                p.push(
+                    "vm-holder-gone-after",
+                    Some("VK_VM_HOLDER_GONE_AFTER"),
+                    &args.fleet.vm_holder_gone_after,
+                    "must be a Go duration, 0 or more",
+                    "give e.g. 5m",
+                );
+                Duration::from_secs(300)
+            }
+        };
         let publish_interval = match parse_go_duration(&args.inventory.publish_interval) {
             Ok(n) if n > 0 => nanos_to_duration(n),
             Ok(_) if args.inventory.publish_inventory => {
@@ -466,6 +479,7 @@ impl Config {
                     .then_some(args.fleet.sandboxd_max_claims),
                 info_interval,
                 hand_back_after,
+                vm_holder_gone_after,
             },
             webhook,
         })

@@ -112,6 +112,16 @@ impl Index {
     }
 }
 
+/// What the Pod controller checks before a claim (src/pods/elsewhere).
+impl crate::pods::elsewhere::VmHolders for Index {
+    fn nodes_holding(&self, key: &str) -> Option<Vec<String>> {
+        match self.lookup(key) {
+            Lookup::NotSynced => None,
+            Lookup::Held(nodes) => Some(nodes),
+        }
+    }
+}
+
 /// The group to read: the flag's, else the first known one served.
 async fn group(
     client: &kube::Client,

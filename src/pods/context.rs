@@ -72,6 +72,10 @@ pub struct Context {
     /// `--hand-back-after`: how long a Pod may wait here for capacity
     /// before it is handed back (`None`: never; see [`super::handback`]).
     pub hand_back_after: Option<Duration>,
+    /// The NodeInventories (which node holds which key's VM), to check
+    /// before claiming (`None`: not watched; see [`super::elsewhere`]), and
+    /// `--vm-holder-gone-after`.
+    pub holders: Option<(Arc<dyn super::elsewhere::VmHolders>, Duration)>,
 }
 
 impl Context {
@@ -100,7 +104,20 @@ impl Context {
             gate: None,
             announcing: Arc::new(Semaphore::new(ANNOUNCING_MAX)),
             hand_back_after: None,
+            holders: None,
         }
+    }
+
+    /// Checks the NodeInventories in `index` before claiming: a Pod whose
+    /// VM another node holds is handed back while that node lives, and
+    /// claimed for once it has been gone `gone_after`.
+    pub fn checking_holders(
+        mut self,
+        index: Arc<dyn super::elsewhere::VmHolders>,
+        gone_after: Duration,
+    ) -> Context {
+        self.holders = Some((index, gone_after));
+        self
     }
 
     /// Hands back Pods that waited `grace` for capacity (`None`: never).

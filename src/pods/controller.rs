@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::{Context, reason};
+use super::elsewhere::{self, Before};
 use super::failure::{FailedStatus, failed_status};
 use super::handback;
 use super::lifecycle;
@@ -173,7 +174,24 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             );
             let retry_within = match verdict {
                 handback::Verdict::Now(how, waited) => {
-                    return hand_back(&pod, ctx, how, waited, &failure.message).await;
+                    let note = format!(
+                        "{}: no sandbox could be claimed on node {} for {}s ({}); {}",
+                        handback::REASON,
+                        ctx.node,
+                        waited.as_secs(),
+                        failure.message,
+                        match how {
+                            handback::How::Delete => {
+                                "the Pod is deleted so that its Sandbox re-creates it and the \
+                                 scheduler places it on a node with room"
+                            }
+                            handback::How::Fail => {
+                                "the Pod is marked Failed, as a kubelet rejects a Pod it cannot \
+                                 admit, so that its controller replaces it"
+                            }
+                        }
+                    );
+                    return hand_back(&pod, ctx, how, note).await;
                 }
                 handback::Verdict::Wait(left) => Some(left),
                 handback::Verdict::Stay(_) => None,
@@ -221,30 +239,16 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
 }
 
 /// Gives `pod` back (see [`handback`]): deleted for its owner to re-create,
-/// or marked `Failed` for its controller to replace; a Warning Event says
-/// why either way. Nothing is held for it, so nothing is released.
+/// or marked `Failed` for its controller to replace; a Warning Event
+/// (`note`) says why either way. Nothing is held for it, so nothing is
+/// released.
 async fn hand_back(
     pod: &Arc<Pod>,
     ctx: &Context,
     how: handback::How,
-    waited: Duration,
-    why: &str,
+    note: String,
 ) -> Result<Action> {
-    let node = &ctx.node;
-    let note = format!(
-        "{}: no sandbox could be claimed on node {node} for {}s ({why}); {}",
-        handback::REASON,
-        waited.as_secs(),
-        match how {
-            handback::How::Delete =>
-                "the Pod is deleted so that its Sandbox re-creates it \
-                                      and the scheduler places it on a node with room",
-            handback::How::Fail =>
-                "the Pod is marked Failed, as a kubelet rejects a Pod it \
-                                    cannot admit, so that its controller replaces it",
-        }
-    );
-    warn!(how = ?how, waited_s = waited.as_secs(), "handing the Pod back: {why}");
+    warn!(how = ?how, "handing the Pod back: {note}");
     ctx.warning(pod, handback::REASON, handback::REASON, note.clone())
         .await;
     ctx.metrics.pod_handed_back(match how {
@@ -333,7 +337,30 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                 _ => Ok(Action::requeue(RESYNC)),
             }
         }
-        Step::Create => create_pod(pod, ctx).await,
+        Step::Create => {
+            if let Some((index, gone_after)) = &ctx.holders {
+                let holds = ctx.provider.holds(&k);
+                match elsewhere::check(&pod, &ctx.node, holds, &**index, &ctx.client, *gone_after)
+                    .await
+                {
+                    Before::Claim => {}
+                    Before::ClaimMoved(note) => {
+                        let r = elsewhere::MOVED_NODE;
+                        ctx.warning(&pod, r, r, note).await;
+                    }
+                    Before::HandBack(how, note) => return hand_back(&pod, ctx, how, note).await,
+                    Before::Wait(why) => {
+                        return Err(Error::PodCreate {
+                            pod: k,
+                            reason: "ProviderFailed",
+                            message: why,
+                            retry_within: None,
+                        });
+                    }
+                }
+            }
+            create_pod(pod, ctx).await
+        }
     }
 }
 

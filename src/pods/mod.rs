@@ -24,6 +24,7 @@ pub mod authority;
 pub mod claim_ref;
 pub mod context;
 pub mod controller;
+pub mod elsewhere;
 pub mod failure;
 pub mod gauges;
 pub mod handback;
@@ -40,6 +41,8 @@ pub mod synced;
 pub mod upkeep;
 pub mod writes;
 
+#[cfg(test)]
+mod elsewhere_tests;
 #[cfg(test)]
 mod fixture_tests;
 #[cfg(test)]

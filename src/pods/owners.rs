@@ -109,9 +109,11 @@ impl Owners {
     }
 
     /// Where the Pod of `key` runs now, for a claim whose owner lives and
-    /// runs with no Pod of the key on `node`: on another node, under the
-    /// same owner, means the Sandbox moved. A `list` by name (the grant the
-    /// Pod watch holds), not a `get`.
+    /// runs with no Pod of the key on `node`: `Running` on another node,
+    /// under the same owner, means the Sandbox moved (it is served there).
+    /// A Pod only bound there is not: that node may yet hand it back
+    /// because the VM is here (src/pods/elsewhere.rs). A `list` by name
+    /// (the grant the Pod watch holds), not a `get`.
     pub async fn whereabouts(
         &self,
         key: &str,
@@ -126,7 +128,8 @@ impl Owners {
         let elsewhere = pods.items.iter().find_map(|p| {
             let bound = p.spec.as_ref()?.node_name.as_deref()?;
             let same_owner = authority::controller_ref(p).is_some_and(|r| r.uid == owner.uid);
-            (same_owner && bound != node && p.metadata.deletion_timestamp.is_none())
+            let served = p.phase() == Some("Running");
+            (same_owner && served && bound != node && p.metadata.deletion_timestamp.is_none())
                 .then(|| bound.to_string())
         });
         Ok(elsewhere.map_or(Whereabouts::NotElsewhere, Whereabouts::Elsewhere))

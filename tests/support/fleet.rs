@@ -96,6 +96,19 @@ impl Fleet {
         self.cluster.client.clone()
     }
 
+    /// Cordons (`true`) or uncordons node `i`, as `kubectl cordon` does.
+    pub async fn cordon(&self, i: usize, on: bool) {
+        let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client());
+        let patch = json!({"spec": {"unschedulable": on}});
+        api.patch(
+            self.node(i),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cordon {} {on}: {e}", self.node(i)));
+    }
+
     fn http(&self) -> reqwest::Client {
         reqwest::Client::new()
     }

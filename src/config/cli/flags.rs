@@ -399,6 +399,12 @@ pub struct FleetArgs {
     #[arg(long, env = "VK_HAND_BACK_AFTER", default_value = defaults::HAND_BACK_AFTER, value_name = "DURATION", allow_hyphen_values = true)]
     pub hand_back_after: String,
 
+    /// A Pod whose VM another node holds (NodeInventories) is handed back
+    /// while that node lives; once its Node is deleted or its sandboxd has
+    /// been unreachable this long, a fresh VM is claimed here. Go duration.
+    #[arg(long, env = "VK_VM_HOLDER_GONE_AFTER", default_value = defaults::VM_HOLDER_GONE_AFTER, value_name = "DURATION", allow_hyphen_values = true)]
+    pub vm_holder_gone_after: String,
+
     /// While the Node is cordoned (kubectl cordon, kubectl drain), drain
     /// sandboxd too (POST /v1/drain: no new claims, Running sandboxes
     /// untouched) and undrain it on uncordon. A drain sandboxd's operator

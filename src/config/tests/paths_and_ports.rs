@@ -163,6 +163,13 @@ fn hand_back_is_on_at_10s_by_default_off_at_0_and_refuses_a_negative() {
         short.fleet.hand_back_after,
         Some(Duration::from_millis(1500))
     );
+    assert_eq!(default.fleet.vm_holder_gone_after, Duration::from_secs(300));
+    let gone = at(&["--vm-holder-gone-after=15s"]).expect("15 s");
+    assert_eq!(gone.fleet.vm_holder_gone_after, Duration::from_secs(15));
+    let err = at(&["--vm-holder-gone-after=-1m"])
+        .expect_err("negative")
+        .to_string();
+    assert!(err.contains("--vm-holder-gone-after"), "{err}");
     for bad in ["--hand-back-after=-1s", "--hand-back-after=soon"] {
         let err = at(&[bad]).expect_err(bad).to_string();
         assert!(err.contains("--hand-back-after"), "{bad}: {err}");

@@ -442,9 +442,16 @@ async fn a_resolution_that_meets_an_endpoint_404_is_asked_again() {
 async fn whereabouts_names_another_node_only_for_a_live_pod_of_the_same_owner() {
     use crate::pods::fixtures::*;
     use serde_json::json;
+    let pending_on = |node: &str, owner: &str| {
+        let mut p = serde_json::to_value(owned_pod("p2", owner)).expect("pod");
+        p["spec"]["nodeName"] = json!(node);
+        p["status"] = json!({"phase": "Pending"});
+        p
+    };
     let pod_on = |node: &str, owner: &str, deleting: bool| {
         let mut p = serde_json::to_value(owned_pod("p2", owner)).expect("pod");
         p["spec"]["nodeName"] = json!(node);
+        p["status"] = json!({"phase": "Running"});
         if deleting {
             p["metadata"]["deletionTimestamp"] = json!("2026-12-06T10:00:00Z");
         }
@@ -475,6 +482,11 @@ async fn whereabouts_names_another_node_only_for_a_live_pod_of_the_same_owner() 
         (
             "same owner, another node, being deleted",
             pod_on("node-b", "o1", true),
+            Whereabouts::NotElsewhere,
+        ),
+        (
+            "same owner, only bound to another node",
+            pending_on("node-b", "o1"),
             Whereabouts::NotElsewhere,
         ),
     ];

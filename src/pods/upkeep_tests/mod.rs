@@ -100,6 +100,7 @@ async fn scene_slow(owner: u8, list: Duration) -> Scene {
                 if moved.load(Ordering::SeqCst) {
                     let mut p = serde_json::to_value(owned_pod("p2", "o1")).expect("json");
                     p["spec"]["nodeName"] = json!("node-b");
+                    p["status"] = json!({"phase": "Running"});
                     items.push(p);
                 }
                 (
