@@ -37,8 +37,9 @@ pub enum Need {
     /// Only with `--pod-cidr`: the Pod-IP relay enforces NetworkPolicy
     /// (the netpol watches).
     NetworkPolicy,
-    /// Only with `--webhook-addr`: the placement webhook's NodeInventory
-    /// watch.
+    /// With `--webhook-addr` (the placement webhook's NodeInventory
+    /// watch, every group), or with `--publish-inventory` (the check
+    /// before a claim, src/pods/elsewhere: the groups published to).
     PlacementWebhook,
     /// Only with `--drain-sandboxd-on-cordon`: the watch of this Node's
     /// cordon (src/cordon).
@@ -142,7 +143,7 @@ pub const RULES: &[Rule] = &[
         verbs: &["list", "watch"],
         scope: Scope::Cluster,
         need: Need::PlacementWebhook,
-        why: "the placement webhook's index of which node holds which VM",
+        why: "which node holds which VM: the placement webhook, and the check before a claim",
     },
     Rule {
         groups: &["networking.k8s.io"],
@@ -258,7 +259,11 @@ pub fn required(
             Need::NetworkPolicy if network_policy => rule.groups.to_vec(),
             Need::NetworkPolicy => continue,
             Need::PlacementWebhook if webhook => rule.groups.to_vec(),
-            Need::PlacementWebhook => continue,
+            // The check before a claim reads where this node publishes.
+            Need::PlacementWebhook => match inventory {
+                Some(c) => c.publish.iter().map(String::as_str).collect(),
+                None => continue,
+            },
             Need::DrainOnCordon if drain_on_cordon => rule.groups.to_vec(),
             Need::DrainOnCordon => continue,
         };

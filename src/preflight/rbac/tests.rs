@@ -101,6 +101,9 @@ fn required_follows_the_configuration() {
             ("extensions.agents.x-k8s.io", "create"),
             ("extensions.agents.x-k8s.io", "patch"),
             ("sandbox.cocoonstack.io", "get"),
+            // Which node holds which VM, read where it publishes.
+            ("extensions.agents.x-k8s.io", "list"),
+            ("extensions.agents.x-k8s.io", "watch"),
         ]
     );
     assert!(
@@ -146,7 +149,7 @@ fn required_follows_the_configuration() {
         "{}",
         ca.target()
     );
-    assert_eq!(full.len(), base.len() + 3 + 2 + 1 + 4);
+    assert_eq!(full.len(), base.len() + 5 + 2 + 1 + 4);
 }
 
 fn perm(resource: &str, verb: &str) -> Permission {
