@@ -270,6 +270,13 @@ async fn the_webhook_pair_and_port_are_checked() {
         "{out}"
     );
     assert!(line(&out, "[ok]  ", "webhook port").is_some(), "{out}");
+    // The base RBAC does not let it read webhook configurations (the grant
+    // comes with manifests/placement): said, not failed.
+    assert!(
+        line(&out, "[warn]", "webhook configuration")
+            .is_some_and(|l| l.contains("may not list mutatingwebhookconfigurations")),
+        "{out}"
+    );
 
     // The key of another pair.
     let bad = flags(&other_key);

@@ -12,8 +12,10 @@ use crate::inventory::types::{PLURAL, VERSION};
 use crate::node::desired::adoptable;
 
 mod sandboxd_checks;
+mod webhook_config;
 
 pub use sandboxd_checks::{SandboxdProblem, pool_label, pools, sandboxd};
+pub use webhook_config::{Configured, Target, WEBHOOK_NAME, webhook_configuration};
 
 /// A failed apiserver request, reduced to what the checks distinguish.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -58,10 +58,13 @@ const DEPENDENT: [&str; 3] = ["RBAC", "NodeInventory CRD", "node name"];
 async fn kube_checks(cfg: &Config) -> Vec<CheckResult> {
     let skipped = |first: CheckResult| {
         let mut v = vec![first];
+        let webhook = cfg.webhook.as_ref().map(|_| "webhook configuration");
         v.extend(
             DEPENDENT
                 .iter()
-                .map(|n| CheckResult::not_checked(*n, "the apiserver check failed")),
+                .copied()
+                .chain(webhook)
+                .map(|n| CheckResult::not_checked(n, "the apiserver check failed")),
         );
         v
     };
@@ -172,7 +175,65 @@ async fn kube_checks(cfg: &Config) -> Vec<CheckResult> {
     ));
     out.extend(evaluate::inventory_stale(&cfg.node_name, &stale));
     out.push(evaluate::node_name(&cfg.node_name, &node));
+    if cfg.webhook.is_some() {
+        let listed = bounded(webhook_configurations(&client)).await;
+        out.push(evaluate::webhook_configuration(&listed));
+    }
     out
+}
+
+/// The MutatingWebhookConfigurations holding the placement webhook, each
+/// with where it sends requests (a Service's ready endpoints read).
+pub(crate) async fn webhook_configurations(
+    client: &Client,
+) -> Result<Vec<evaluate::Configured>, ApiError> {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let configs = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .list(&kube::api::ListParams::default())
+        .await?;
+    let mut out = Vec::new();
+    for config in configs.items {
+        let name = config.metadata.name.clone().unwrap_or_default();
+        for hook in config.webhooks.into_iter().flatten() {
+            if hook.name != evaluate::WEBHOOK_NAME {
+                continue;
+            }
+            let target = match (hook.client_config.service, hook.client_config.url) {
+                (Some(svc), _) => {
+                    let slices: Api<EndpointSlice> =
+                        Api::namespaced(client.clone(), &svc.namespace);
+                    let selector = format!("kubernetes.io/service-name={}", svc.name);
+                    let ready = slices
+                        .list(&kube::api::ListParams::default().labels(&selector))
+                        .await
+                        .map(|l| {
+                            l.items
+                                .iter()
+                                .flat_map(|s| &s.endpoints)
+                                .filter(|e| {
+                                    e.conditions.as_ref().and_then(|c| c.ready) != Some(false)
+                                })
+                                .count()
+                        })
+                        .map_err(ApiError::from);
+                    evaluate::Target::Service {
+                        namespace: svc.namespace,
+                        name: svc.name,
+                        ready,
+                    }
+                }
+                (None, Some(url)) => evaluate::Target::Url(url),
+                (None, None) => evaluate::Target::Nothing,
+            };
+            out.push(evaluate::Configured {
+                configuration: name.clone(),
+                target,
+                failure_policy: hook.failure_policy.unwrap_or_else(|| "Fail".into()),
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// For each group `choice` does not publish in but serves: whether an
