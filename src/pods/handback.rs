@@ -43,15 +43,6 @@ pub enum Shortfall {
     Unreachable,
 }
 
-impl Shortfall {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Shortfall::NoCapacity => "no capacity",
-            Shortfall::Unreachable => "sandboxd unreachable",
-        }
-    }
-}
-
 /// How a Pod is handed back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum How {
