@@ -289,3 +289,5 @@ impl OwnerResolver {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod whereabouts_tests;

@@ -103,3 +103,36 @@ fn one_line(text: &str) -> String {
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+/// A failed apiserver request, reduced to what the checks distinguish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    /// The apiserver answered with an error status.
+    Status { code: u16, message: String },
+    /// No answer within the check's timeout.
+    Timeout,
+    /// Connection, TLS or decoding failure.
+    Other(String),
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiError::Status { code, message } => write!(f, "HTTP {code}: {message}"),
+            ApiError::Timeout => write!(f, "no answer within {:?}", CHECK_TIMEOUT),
+            ApiError::Other(e) => f.write_str(e),
+        }
+    }
+}
+
+impl From<kube::Error> for ApiError {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) => ApiError::Status {
+                code: s.code,
+                message: s.message,
+            },
+            other => ApiError::Other(other.to_string()),
+        }
+    }
+}

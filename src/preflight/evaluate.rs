@@ -5,6 +5,7 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::Node;
 
+pub use super::check::ApiError;
 use super::check::CheckResult;
 use crate::config::ListenAddr;
 use crate::inventory::groups::{Choice, KNOWN};
@@ -16,39 +17,6 @@ mod webhook_config;
 
 pub use sandboxd_checks::{SandboxdProblem, pool_label, pools, sandboxd};
 pub use webhook_config::{Configured, Target, WEBHOOK_NAME, webhook_configuration};
-
-/// A failed apiserver request, reduced to what the checks distinguish.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ApiError {
-    /// The apiserver answered with an error status.
-    Status { code: u16, message: String },
-    /// No answer within the check's timeout.
-    Timeout,
-    /// Connection, TLS or decoding failure.
-    Other(String),
-}
-
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ApiError::Status { code, message } => write!(f, "HTTP {code}: {message}"),
-            ApiError::Timeout => write!(f, "no answer within {:?}", super::check::CHECK_TIMEOUT),
-            ApiError::Other(e) => f.write_str(e),
-        }
-    }
-}
-
-impl From<kube::Error> for ApiError {
-    fn from(e: kube::Error) -> Self {
-        match e {
-            kube::Error::Api(s) => ApiError::Status {
-                code: s.code,
-                message: s.message,
-            },
-            other => ApiError::Other(other.to_string()),
-        }
-    }
-}
 
 /// The apiserver line: reachable (`GET /version`) and the credentials
 /// accepted (a SelfSubjectReview names the user).

@@ -7,7 +7,7 @@ use std::time::Instant;
 use jiff::Timestamp;
 use tracing::{info, warn};
 
-use super::create_step::{CreateStep, adoption, claim_failed, next_step, shortfall_of};
+use super::create_step::{CreateStep, adoption, claim_failed, next_step, strays_unchecked};
 use super::lifecycle::WakeError;
 use super::verification::Ask;
 use super::{CreateFailure, Created, Provider, lock, view};
@@ -359,16 +359,10 @@ impl Provider {
             }
         };
         if self.suspect(k) || self.refresh_needed() {
+            let unchecked = |e| strays_unchecked(k, &e);
             self.return_strays(k, pod.uid(), None)
                 .await
-                .map_err(|e| CreateFailure {
-                    // sandboxd not answering is this node's shortfall too.
-                    shortfall: shortfall_of(&e),
-                    ..CreateFailure::ours(format!(
-                        "cannot check for, or return, a sandbox an earlier claim for {k} may \
-                     have left behind; refusing to claim twice: {e}"
-                    ))
-                })?;
+                .map_err(unchecked)?;
         }
         // The sandboxd call and the commit below are timed so the
         // provider's own share of the claim path can be told apart from
@@ -440,8 +434,9 @@ impl Provider {
     /// claimed for this Pod (its key and UID in the tag), and no stored
     /// claim holds it: its credential is gone but the VM is the Pod's. An
     /// untagged row under the key may be a neighbour's Sandbox of the same
-    /// name, and another UID's row an earlier Pod's: neither is recovered. Recorded without a token;
-    /// [`Provider::delete`] releases it with the node token.
+    /// name, and another UID's row an earlier Pod's: neither is recovered.
+    /// Recorded without a token; [`Provider::delete`] releases it with the
+    /// node token.
     async fn recover_lost_claim(
         &self,
         pod: &Arc<Pod>,

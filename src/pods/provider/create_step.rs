@@ -117,8 +117,7 @@ pub fn adoption(claim: &Claim, pod: &Pod) -> CreateStep {
 /// claim's trouble ([`Cause::Claim`]), never vk-sandbox's. A capacity miss
 /// (no warm VM, a quota, a draining node) is `NoWarmCapacity`, which the
 /// Pod waits out; any other failure is `ProviderFailed`. A miss, or no
-/// reply at all, is a [`Shortfall`] of this node: past a grace the Pod is
-/// handed back.
+/// reply, is this node's [`Shortfall`] (the Pod may be handed back).
 pub fn claim_failed(k: &str, template: &str, e: &SandboxdError) -> CreateFailure {
     let reason = if e.is_capacity_miss() {
         "NoWarmCapacity"
@@ -130,6 +129,17 @@ pub fn claim_failed(k: &str, template: &str, e: &SandboxdError) -> CreateFailure
         message: format!("claim sandbox for {k} (template {template}): {e}"),
         cause: Cause::Claim,
         shortfall: shortfall_of(e),
+    }
+}
+
+/// Strays of earlier claims for `k` not checked (`e`): nothing claimed.
+pub fn strays_unchecked(k: &str, e: &SandboxdError) -> CreateFailure {
+    CreateFailure {
+        shortfall: shortfall_of(e),
+        ..CreateFailure::ours(format!(
+            "cannot check for, or return, a sandbox an earlier claim for {k} may have left \
+             behind; refusing to claim twice: {e}"
+        ))
     }
 }
 

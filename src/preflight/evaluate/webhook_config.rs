@@ -3,8 +3,7 @@
 //! whether the Service it names has a ready endpoint (the apiserver's way
 //! in). Pure: [`crate::preflight::probe`] lists and reads.
 
-use super::ApiError;
-use crate::preflight::check::CheckResult;
+use crate::preflight::check::{ApiError, CheckResult};
 
 /// The webhook's name in the configurations vk-sandbox ships
 /// (manifests/placement, the chart).
