@@ -25,6 +25,7 @@ use vk_sandbox::metrics::Metrics;
 use vk_sandbox::node::lease::Renewal;
 use vk_sandbox::node::register::{Seen, StatusLoop};
 use vk_sandbox::node::{self, NodeSettings};
+use vk_sandbox::placement::{self, watch::Index};
 use vk_sandbox::pods::context::Context;
 use vk_sandbox::pods::provider::Provider;
 use vk_sandbox::pods::source::NodePods;
@@ -230,19 +231,14 @@ fn network_policy(
 async fn placement_webhook(
     tasks: &mut Tasks,
     cfg: &Config,
-    client: &kube::Client,
+    index: Option<&Arc<Index>>,
     metrics: &Arc<Metrics>,
 ) -> Result<()> {
-    let Some(webhook) = &cfg.webhook else {
+    let (Some(webhook), Some(index)) = (&cfg.webhook, index) else {
         return Ok(());
     };
     let server = vk_sandbox::placement::serve::Server::prepare(webhook).await?;
-    let (serving, loops) = server.run(
-        client.clone(),
-        cfg.inventory.group.clone(),
-        Arc::clone(metrics),
-        tasks.stop(),
-    )?;
+    let (serving, loops) = server.run(Arc::clone(index), Arc::clone(metrics), tasks.stop())?;
     tasks.spawn(serving);
     tasks.spawn_loop(loops);
     Ok(())
@@ -349,20 +345,21 @@ async fn run(cfg: Config) -> Result<()> {
         .with_health(health.clone())
         .gated(ready_rx.clone())
         .handing_back_after(cfg.fleet.hand_back_after);
-    // Which node holds which key's VM, checked before a claim
-    // (src/pods/elsewhere): read where this node publishes its own.
-    let ctx = Arc::new(if cfg.inventory.publish {
-        let index = Arc::new(vk_sandbox::placement::watch::Index::default());
-        let watch = vk_sandbox::placement::watch::run(
-            Arc::clone(&index),
-            client.clone(),
-            cfg.inventory.group.clone(),
-            tasks.stop(),
-        );
+    // Which node holds which key's VM: one NodeInventory watch, read by
+    // the check before a claim (src/pods/elsewhere, where this node
+    // publishes) and by the placement webhook.
+    let vm_index = (cfg.inventory.publish || cfg.webhook.is_some()).then(|| {
+        let index = Arc::new(Index::default());
+        let group = cfg.inventory.group.clone();
+        let watch = placement::watch::run(Arc::clone(&index), client.clone(), group, tasks.stop());
         tasks.spawn_loop(watch);
-        ctx.checking_holders(index, cfg.fleet.vm_holder_gone_after)
-    } else {
-        ctx
+        index
+    });
+    let ctx = Arc::new(match &vm_index {
+        Some(index) if cfg.inventory.publish => {
+            ctx.checking_holders(Arc::clone(index) as _, cfg.fleet.vm_holder_gone_after)
+        }
+        _ => ctx,
     });
     let reconciles = controller::run(pod_controller, synced.clone(), ctx, tasks.stop());
     tasks.spawn_loop(reconciles);
@@ -386,7 +383,7 @@ async fn run(cfg: Config) -> Result<()> {
         )
         .ok();
     tasks.spawn(kubelet?.run(tasks.stop()));
-    placement_webhook(&mut tasks, &cfg, &client, &metrics).await?;
+    placement_webhook(&mut tasks, &cfg, vm_index.as_ref(), &metrics).await?;
     let admin_listener = admin::bind(&cfg.admin_addr).await?;
     let admin_router = admin::router(Arc::clone(&health), Arc::clone(&metrics));
     tasks.spawn(admin::serve(admin_listener, admin_router, tasks.stop()));

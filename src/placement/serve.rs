@@ -1,6 +1,8 @@
 //! The webhook server in the daemon: its listener bound and certificate
-//! loaded at start-up (a failure there stops start-up), then three tasks:
-//! the HTTPS server, the NodeInventory watch and the certificate watch.
+//! loaded at start-up (a failure there stops start-up), then two tasks:
+//! the HTTPS server and the certificate watch. It answers from the
+//! NodeInventory index it is given (one watch per process, shared with the
+//! Pod controller's check before a claim).
 
 use std::sync::Arc;
 
@@ -14,14 +16,13 @@ use crate::kubelet::tls::{KubeletTls, RELOAD_POLL_INTERVAL};
 use crate::metrics::Metrics;
 
 use super::decide::Settings;
-use super::watch::{self, Index};
+use super::watch::Index;
 use super::webhook::{Webhook, router};
 
 /// A webhook ready to serve.
 pub struct Server {
     listener: TcpListener,
     tls: KubeletTls,
-    index: Arc<Index>,
     settings: Settings,
 }
 
@@ -42,21 +43,18 @@ impl Server {
         Ok(Server {
             listener,
             tls,
-            index: Arc::new(Index::default()),
             settings: Settings {
                 tolerations: cfg.tolerations,
             },
         })
     }
 
-    /// The HTTPS server (ends with an error only when it cannot serve),
-    /// and the loops that keep it current: the NodeInventory watch (in
-    /// `group`: `--inventory-group`, or `None` to find the served one) and
-    /// the certificate files' watch. Both run until `stop`.
+    /// The HTTPS server answering from `index` (ends with an error only
+    /// when it cannot serve), and the certificate files' watch, until
+    /// `stop`.
     pub fn run(
         self,
-        client: kube::Client,
-        group: Option<String>,
+        index: Arc<Index>,
         metrics: Arc<Metrics>,
         stop: CancellationToken,
     ) -> Result<(
@@ -65,7 +63,7 @@ impl Server {
     )> {
         let config = self.tls.server_config(None)?;
         let app = router(Arc::new(Webhook {
-            index: Arc::clone(&self.index),
+            index,
             settings: self.settings,
         }));
         let server = serve_as(
@@ -75,11 +73,7 @@ impl Server {
             app,
             stop.clone(),
         );
-        let certs = self.tls.watch(RELOAD_POLL_INTERVAL, metrics, stop.clone());
-        let inventories = watch::run(self.index, client, group, stop);
-        let loops = async move {
-            tokio::join!(certs, inventories);
-        };
-        Ok((server, loops))
+        let certs = self.tls.watch(RELOAD_POLL_INTERVAL, metrics, stop);
+        Ok((server, certs))
     }
 }

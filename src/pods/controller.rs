@@ -174,23 +174,7 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             );
             let retry_within = match verdict {
                 handback::Verdict::Now(how, waited) => {
-                    let note = format!(
-                        "{}: no sandbox could be claimed on node {} for {}s ({}); {}",
-                        handback::REASON,
-                        ctx.node,
-                        waited.as_secs(),
-                        failure.message,
-                        match how {
-                            handback::How::Delete => {
-                                "the Pod is deleted so that its Sandbox re-creates it and the \
-                                 scheduler places it on a node with room"
-                            }
-                            handback::How::Fail => {
-                                "the Pod is marked Failed, as a kubelet rejects a Pod it cannot \
-                                 admit, so that its controller replaces it"
-                            }
-                        }
-                    );
+                    let note = handback::note(&ctx.node, how, waited, &failure.message);
                     return hand_back(&pod, ctx, how, note).await;
                 }
                 handback::Verdict::Wait(left) => Some(left),

@@ -63,6 +63,25 @@ pub enum Verdict {
     Now(How, Duration),
 }
 
+/// The Warning Event's note for a Pod handed back `how` after waiting
+/// `waited` on `node` for capacity (`why`: the last failure).
+pub fn note(node: &str, how: How, waited: Duration, why: &str) -> String {
+    let then = match how {
+        How::Delete => {
+            "the Pod is deleted so that its Sandbox re-creates it and the scheduler places it \
+             on a node with room"
+        }
+        How::Fail => {
+            "the Pod is marked Failed, as a kubelet rejects a Pod it cannot admit, so that its \
+             controller replaces it"
+        }
+    };
+    format!(
+        "{REASON}: no sandbox could be claimed on node {node} for {}s ({why}); {then}",
+        waited.as_secs()
+    )
+}
+
 /// When the Pod came to this node: its `PodScheduled=True` condition (the
 /// apiserver sets it on binding), else its creation.
 pub fn bound_at(pod: &Pod) -> Option<Timestamp> {
