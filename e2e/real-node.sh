@@ -19,16 +19,23 @@
 #                              pulled: e2e/image/build.sh)
 #   e2e/real-node.sh ctr ARGS...     ctr on the node's containerd
 #   e2e/real-node.sh status
+#   e2e/real-node.sh pod-network     the Pod network's namespace (a path
+#                              under /run/netns), its range and gateway
 #
 # The Node is named 127.0.0.1 (kubelet --hostname-override: its InternalIP is
 # then 127.0.0.1, so the apiserver reaches the kubelet's API on loopback for
 # logs, exec and port-forward). It is tainted node.vk-sandbox.test/real-node
 # =true:NoSchedule so that only Pods tolerating it (the vk-sandbox DaemonSet
 # tolerates every taint, as node agents do) land there, never another
-# test's Pod. Everything it runs is hostNetwork: no Pod network is set up
-# (the CNI bridge configured for the runtime's readiness is never used),
-# and routes of the kind `unreachable` cover the Service and Pod ranges
-# while the node is up, so no packet to them can leave the machine.
+# test's Pod. The node agents it runs are hostNetwork; a Pod that is not
+# gets an address of the Pod range from the CNI bridge plugin, which runs
+# inside a network namespace the node makes (vk-real-node-pods, removed by
+# `down`): the bridge, the gateway and every Pod address live in there, so
+# Pods reach each other (and whatever a test serves in that namespace)
+# while no private-range address is ever a target in the host's own
+# namespace. Routes of the kind `unreachable` cover the Service and Pod
+# ranges in the host's namespace while the node is up, so no packet to
+# them can leave the machine.
 #
 # One node per machine: `up` waits (up to VK_REAL_NODE_WAIT seconds, default
 # 1800) while another run's node is up. A guard process tears the node down
@@ -74,6 +81,9 @@ node=127.0.0.1
 taint_key=node.vk-sandbox.test/real-node
 bridge=vkbr0
 pod_cidr=10.244.77.0/24
+pod_gateway=10.244.77.1
+# The Pod network's namespace: the CNI bridge plugin runs in it.
+pods_netns=vk-real-node-pods
 # e2e/cluster.sh's --service-cluster-ip-range.
 service_cidr=10.0.0.0/24
 # Where containerd would send a registry request: nothing listens there.
@@ -106,7 +116,7 @@ ctr() { command ctr --address "$sock" --namespace k8s.io "$@"; }
 cannot_run() {
   [[ $(id -u) -eq 0 ]] || { echo "it needs root (containers, mounts, cgroups); running as UID $(id -u)"; return; }
   local cmd
-  for cmd in containerd containerd-shim-runc-v2 runc ctr ip openssl mount umount; do
+  for cmd in containerd containerd-shim-runc-v2 runc ctr ip openssl mount umount nsenter mountpoint; do
     command -v "$cmd" >/dev/null 2>&1 ||
       { echo "$cmd is not installed (make deps installs containerd, runc and containernetworking-plugins)"; return; }
   done
@@ -340,7 +350,7 @@ node_ready_since() {
 }
 
 write_configs() {
-  mkdir -p "$ctd/root" "$ctd/state" "$ctd/runc" "$ctd/cni/net.d" "$ctd/cni/ipam" \
+  mkdir -p "$ctd/root" "$ctd/state" "$ctd/runc" "$ctd/cni/net.d" "$ctd/cni/ipam" "$ctd/cni/bin" \
     "$kdir/root" "$kdir/pki" "$kdir/pod-logs" "$kdir/volume-plugins" "$dir/images"
   cat > "$ctd/config.toml" <<EOF
 version = 2
@@ -372,16 +382,24 @@ state = "$ctd/state"
         SystemdCgroup = false
         Root = "$ctd/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = "$ctd/cni/bin"
     conf_dir = "$ctd/cni/net.d"
 EOF
-  # The runtime reports its network ready once a CNI config exists. No Pod
-  # of the tests uses it (all hostNetwork); if one did, its bridge would get
-  # no host address and the `unreachable` route keeps its range local.
+  # Debian's plugins, and the bridge plugin run inside the Pod network's
+  # namespace: the bridge, its gateway address and the host end of every
+  # Pod's veth are made there, never in the host's namespace (a plugin
+  # works in the namespace of the process that runs it; the Pod's own
+  # namespace is named by CNI_NETNS, a path).
+  local p
+  for p in host-local loopback; do ln -sfn "/usr/lib/cni/$p" "$ctd/cni/bin/$p"; done
+  printf '%s\n' '#!/bin/sh' \
+    "exec nsenter --net=/run/netns/$pods_netns /usr/lib/cni/bridge" > "$ctd/cni/bin/vk-netns-bridge"
+  chmod 0755 "$ctd/cni/bin/vk-netns-bridge"
   cat > "$ctd/cni/net.d/10-vk-real-node.conflist" <<EOF
 {"cniVersion": "0.4.0", "name": "vk-real-node", "plugins": [
-  {"type": "bridge", "bridge": "$bridge", "isGateway": false, "ipMasq": false,
-   "ipam": {"type": "host-local", "dataDir": "$ctd/cni/ipam", "ranges": [[{"subnet": "$pod_cidr"}]]}},
+  {"type": "vk-netns-bridge", "bridge": "$bridge", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "dataDir": "$ctd/cni/ipam", "ranges": [[{"subnet": "$pod_cidr", "gateway": "$pod_gateway"}]],
+   "routes": [{"dst": "0.0.0.0/0"}]}},
   {"type": "loopback"}]}
 EOF
   cat > "$kdir/config.yaml" <<EOF
@@ -446,6 +464,20 @@ contexts:
 current-context: local
 EOF
   )
+}
+
+# The Pod network's namespace (see the header); journalled for `down`.
+make_pod_network() {
+  if [[ -e "/run/netns/$pods_netns" ]]; then
+    # Left by a run killed outright before its teardown.
+    ip netns del "$pods_netns" 2>/dev/null || true
+  fi
+  # The first `ip netns add` on a machine makes /run/netns a mount of
+  # itself: undone by `down` when it was not one before.
+  mountpoint -q /run/netns 2>/dev/null || touch "$journal/netns-unmounted"
+  ip netns add "$pods_netns"
+  touch "$journal/pods-netns"
+  ip -n "$pods_netns" link set lo up
 }
 
 add_routes() {
@@ -531,6 +563,7 @@ cmd_up() {
   trap '$up_done || { log "up failed: tearing down"; teardown || true; }' EXIT
   write_configs
   node_credentials
+  make_pod_network
   add_routes
   log "containerd $(containerd --version | awk '{print $3}') on $sock"
   start_containerd
@@ -555,6 +588,13 @@ teardown() {
   stop_runtime
   unmount_all
   remove_cgroups
+  if [[ -f "$journal/pods-netns" ]]; then
+    # With it go the bridge and the host ends of the Pods' veths.
+    ip netns del "$pods_netns" 2>/dev/null && log "deleted the Pod network's namespace $pods_netns"
+    if [[ -f "$journal/netns-unmounted" ]] && mountpoint -q /run/netns && [[ -z "$(ls -A /run/netns)" ]]; then
+      umount /run/netns 2>/dev/null || umount -l /run/netns 2>/dev/null || true
+    fi
+  fi
   if [[ -f "$journal/bridge-existed" ]]; then :; elif ip -o link show "$bridge" >/dev/null 2>&1; then
     ip link del "$bridge" && log "deleted the bridge $bridge"
   fi
@@ -650,6 +690,7 @@ case "${1:-}" in
   import) shift; for t in "$@"; do ctr images import "$t" >/dev/null; log "imported $t"; done ;;
   ctr) shift; ctr "$@" ;;
   name) echo "$node" ;;
+  pod-network) echo "/run/netns/$pods_netns $pod_cidr $pod_gateway" ;;
   __guard) guard "$2" ;;
-  *) sed -n '2,60p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,67p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -68,7 +68,7 @@ esac
 
 status=0
 failed=()
-real_node_test=daemonset_on_a_real_node
+real_node_test=on_a_real_node
 if $reliability; then
   progress_step "reliability suite (${VK_RELIABILITY:-full}; its scenarios and runs below)"
   VK_RELIABILITY="${VK_RELIABILITY:-full}" cargo test --test reliability || { status=$?; failed+=("reliability suite"); }
@@ -94,7 +94,7 @@ else
   cargo test --workspace --no-fail-fast -- --skip "$real_node_test" || { status=$?; failed+=("cargo test"); }
   # The installation on a real node (e2e/real-node.sh), alone and with its
   # progress shown: which node ran it, each step, the teardown's report.
-  progress_step "the DaemonSet on a real node (tests/e2e_real_node.rs, tests/e2e_real_node_helm.rs)"
+  progress_step "the real node: the DaemonSet, the Helm chart, sandbox addresses from containers (tests/e2e_real_node*.rs)"
   # One real node per machine (its kubelet's ports, containerd, the host's
   # CNI): where several checkouts share a machine, the lock file
   # VK_REAL_NODE_LOCK serialises this step across them, if it exists.
@@ -108,8 +108,9 @@ else
   static_bin=${VK_STATIC_BIN:-$root/target/check-packaging/vk-sandbox-static}
   if VK_MUSL_PROFILE=dev "$here/musl-build.sh" x86_64-unknown-linux-musl "$static_bin" >/dev/null; then
     # The manifests (e2e_real_node), then the Helm chart with agent-sandbox's
-    # own chart (e2e_real_node_helm), one after the other.
-    VK_STATIC_BIN=$static_bin "${locked[@]}" cargo test --test e2e_real_node --test e2e_real_node_helm -- --nocapture --test-threads 1 ||
+    # own chart (e2e_real_node_helm), then sandbox Pod addresses from the
+    # node's containers (e2e_real_node_pod_network), one after the other.
+    VK_STATIC_BIN=$static_bin "${locked[@]}" cargo test --test e2e_real_node --test e2e_real_node_helm --test e2e_real_node_pod_network -- --nocapture --test-threads 1 ||
       { status=$?; failed+=("real node"); }
   else
     status=1; failed+=("real node (static build)")

@@ -120,18 +120,7 @@ impl Env {
 
     /// The sandbox's guest port 8080 leads to `target`.
     fn map_8080(&self, id: &str, target: SocketAddr) {
-        self.sim
-            .sim()
-            .map_port(
-                sandboxd_sim::config::PortMapping {
-                    sandbox: Some(id.to_string()),
-                    template: None,
-                    guest_port: 8080,
-                    target,
-                },
-                false,
-            )
-            .expect("map the guest port");
+        support::sim::lead_sandbox_port(&self.sim, id, 8080, target);
     }
 
     /// Until `PODIP:port` answers `want` (listeners are made within a

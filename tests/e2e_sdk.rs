@@ -19,7 +19,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, PostParams};
-use sandboxd_sim::PortMapping;
 use serde_json::Value;
 use support::controller as ctl;
 use support::vk::{StartOpts, VkUnderTest, tail};
@@ -44,14 +43,11 @@ async fn the_go_sdk_runs_a_command_and_moves_a_file_through_port_forward() {
     // defaults, lead to the runtime.
     let mut cfg = support::sim::config(TOKEN, &[&format!("{TEMPLATE}=2")]);
     cfg.wake_delay_ms = 0;
-    for (guest_port, port) in [(8080, runtime.rest), (9090, runtime.grpc)] {
-        cfg.port_map.push(PortMapping {
-            sandbox: None,
-            template: Some(TEMPLATE.into()),
-            guest_port,
-            target: ([127, 0, 0, 1], port).into(),
-        });
-    }
+    support::sim::lead_template_ports(
+        &mut cfg,
+        TEMPLATE,
+        &[(8080, runtime.rest), (9090, runtime.grpc)],
+    );
     let sim = support::sim::start(cfg).await;
     let token_file = support::sim::token_file(&support::vk::test_dir("vk-sdk"), TOKEN);
     let args = support::sim::vk_args(&sim, Some(&token_file));

@@ -229,6 +229,7 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
 pub mod controller;
 pub mod crds;
 pub mod fleet;
+pub mod guests;
 pub mod kubectl;
 pub mod kubelet;
 pub mod netns;

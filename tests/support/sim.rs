@@ -76,3 +76,32 @@ pub fn requests_but_info(sim: &SimHandle) -> Vec<sandboxd_sim::RequestRecord> {
         .filter(|r| !(r.method == "GET" && r.path == "/v1/info"))
         .collect()
 }
+
+/// Every sandbox of `template`: guest port `guest` leads to the loopback
+/// port `to`, for each `(guest, to)`.
+pub fn lead_template_ports(cfg: &mut SimConfig, template: &str, ports: &[(u16, u16)]) {
+    for &(guest_port, port) in ports {
+        cfg.port_map.push(sandboxd_sim::PortMapping {
+            sandbox: None,
+            template: Some(template.into()),
+            guest_port,
+            target: ([127, 0, 0, 1], port).into(),
+        });
+    }
+}
+
+/// The running simulator: sandbox `id`'s guest port `guest` leads to
+/// `target`.
+pub fn lead_sandbox_port(sim: &SimHandle, id: &str, guest_port: u16, target: std::net::SocketAddr) {
+    sim.sim()
+        .map_port(
+            sandboxd_sim::PortMapping {
+                sandbox: Some(id.to_string()),
+                template: None,
+                guest_port,
+                target,
+            },
+            false,
+        )
+        .expect("map the guest port");
+}

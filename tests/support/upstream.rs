@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use serde_json::Value;
+
+use super::vk::{VkUnderTest, tail};
 use super::wait_for;
 
 /// `e2e/agent-sandbox.sh WHAT`'s output lines (paths), or a panic saying
@@ -128,4 +131,65 @@ pub async fn legacy_runtime() -> (Child, u16) {
     )
     .await;
     (child, port)
+}
+
+/// The SDK driver's JSON lines, or a failure with everything said.
+pub async fn drive(cmd: &mut tokio::process::Command, vk: &VkUnderTest, what: &str) -> Vec<Value> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(300),
+        cmd.stdin(Stdio::null()).kill_on_drop(true).output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{what}: the SDK driver within 5 minutes"))
+    .unwrap_or_else(|e| panic!("{what}: run the SDK driver: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        out.status.success(),
+        "{what}: the SDK driver failed:\nstdout:\n{stdout}\nstderr (last 2000 bytes):\n{}\nvk-sandbox log:\n{}",
+        &stderr[stderr.len().saturating_sub(2000)..],
+        tail(&vk.logs(), 20)
+    );
+    println!("router e2e: {what}:\n{stdout}");
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The port of the apiserver a kubeconfig names.
+pub fn apiserver_port(kubeconfig: &std::path::Path) -> u16 {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("read the kubeconfig");
+    let server = kc
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref())
+        .and_then(|c| c.server.clone())
+        .expect("the kubeconfig's server");
+    server
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {server}"))
+}
+
+/// The driver ran its command (exit 4, its output) and read back the
+/// file it wrote.
+pub fn ran_and_moved_a_file(steps: &[Value]) {
+    let run = step(steps, "run");
+    assert_eq!(run["exit_code"], 4, "{steps:?}");
+    assert_eq!(run["stdout"], "hello from the sandbox\n", "{steps:?}");
+    assert_eq!(
+        step(steps, "read")["content"],
+        "written through vk-sandbox's port-forward\n",
+        "{steps:?}"
+    );
+}
+
+pub fn step<'a>(steps: &'a [Value], name: &str) -> &'a Value {
+    steps
+        .iter()
+        .find(|s| s["step"] == name)
+        .unwrap_or_else(|| panic!("no {name} step in {steps:?}"))
 }
