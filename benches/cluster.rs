@@ -18,7 +18,7 @@
 //! - `BENCH_VK_LOG`: RUST_LOG for the vk-sandbox processes (default info;
 //!   their logs are under target/bench-cluster/<node>/);
 //! - `BENCH_ONLY`: a comma list of `claim`, `memory`, `startup`, `load`,
-//!   `fleet`, `stream`, `lifecycle`, `podnet` to run only those parts (to study one
+//!   `fleet`, `stream`, `lifecycle`, `podnet`, `kubelet` to run only those parts (to study one
 //!   figure; the doc is then not written unless `BENCH_DOC` names a file);
 //! - `BENCH_STREAM_MIB` (default 256): MiB per port-forward run of the
 //!   `stream` part; 0 skips the port-forwards (exec round trips only);
@@ -80,6 +80,10 @@ mod lifecycle;
 /// `BENCH_ONLY=podnet`: a Pod's own address against the `/ports` relay.
 #[path = "cluster/podnet.rs"]
 mod podnet;
+
+/// `BENCH_ONLY=kubelet`: side by side with a real kubelet on the same plane.
+#[path = "cluster/kubelet_side.rs"]
+mod kubelet_side;
 
 use report::Report;
 use support::TestCluster;
@@ -169,6 +173,7 @@ fn planned_steps(plan: &Plan) -> usize {
         + usize::from(wants("stream"))
         + usize::from(wants("lifecycle"))
         + usize::from(wants("podnet"))
+        + usize::from(wants("kubelet"))
 }
 
 impl Plan {
@@ -1498,11 +1503,12 @@ fn only() -> Option<Vec<String>> {
             "stream",
             "lifecycle",
             "podnet",
+            "kubelet",
         ]
         .contains(&p.as_str())
         {
             die(&format!(
-                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load, fleet, stream, lifecycle, podnet)"
+                "BENCH_ONLY: unknown part {p:?} (choose from claim, memory, startup, load, fleet, stream, lifecycle, podnet, kubelet)"
             ));
         }
     }
@@ -1684,6 +1690,16 @@ async fn run() -> Report {
     } else {
         None
     };
+    let kubelet = if wants("kubelet") {
+        let n = ((100.0 * k).round() as usize).clamp(10, 100);
+        let execs = ((200.0 * k).round() as usize).clamp(20, 1000);
+        progress.step(&format!(
+            "a real kubelet side by side: bursts of {n}, {execs} execs each, 64 MiB port-forwards"
+        ));
+        kubelet_side::run(&env, n, execs, 64).await
+    } else {
+        None
+    };
     env.cluster.drop_namespace(&ns).await;
     Api::<Node>::all(env.cluster.client.clone())
         .delete(&node, &DeleteParams::default())
@@ -1706,6 +1722,7 @@ async fn run() -> Report {
         stream,
         lifecycle,
         podnet,
+        kubelet,
     }
 }
 

@@ -6,7 +6,7 @@
 #
 #   BENCH_SCALE=k   multiply Pod counts and repetitions (default 1)
 #   BENCH_DOC=-     do not write docs/benchmarks.md
-#   BENCH_ONLY=...  claim,memory,startup,load,fleet,stream,lifecycle: only those parts (no doc)
+#   BENCH_ONLY=...  claim,memory,startup,load,fleet,stream,lifecycle,podnet,kubelet: only those parts (no doc)
 #   BENCH_BURSTS=500  only these burst sizes (no sandboxd-delay bursts)
 #   BENCH_FLEET=1,10,50  the fleet sizes (vk-sandbox processes on one apiserver)
 #   BENCH_VK_BIN=F  measure binary F instead of the static musl release

@@ -9,6 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::fleet::Fleet;
+use super::kubelet_side::KubeletFigures;
 use super::lifecycle::{self, LifecycleFigures};
 use super::podnet::PodnetFigures;
 use super::stream::StreamFigures;
@@ -127,6 +128,7 @@ pub struct Report {
     pub stream: Option<StreamFigures>,
     pub lifecycle: Option<LifecycleFigures>,
     pub podnet: Option<PodnetFigures>,
+    pub kubelet: Option<KubeletFigures>,
 }
 
 /// Median across repeats of each figure.
@@ -360,6 +362,9 @@ pub fn render(r: &Report) -> String {
     }
     if let Some(p) = &r.podnet {
         p.render(&mut s);
+    }
+    if let Some(k) = &r.kubelet {
+        k.render(&mut s);
     }
 
     let _ = writeln!(s, "\n### Goals\n\n| goal | measured | |\n|---|---|---|");
@@ -855,6 +860,9 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
     }
     if let Some(p) = &r.podnet {
         out.extend(p.goals());
+    }
+    if let Some(k) = &r.kubelet {
+        out.extend(k.goals());
     }
     out
 }
