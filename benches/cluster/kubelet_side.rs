@@ -340,7 +340,7 @@ pub async fn run(env: &Env, n: usize, execs: usize, mib: usize) -> Option<Kubele
 
     let mut cfg = support::sim::config(TOKEN, &[&format!("{TEMPLATE}={}", n.min(200))]);
     cfg.wake_delay_ms = 0;
-    let sink = super::stream::sink().await;
+    let sink = super::stream::sized_sink().await;
     support::sim::lead_template_ports(&mut cfg, TEMPLATE, &[(SINK_PORT, sink.port())]);
     let sim = start_sim_cfg(cfg).await;
     let vnode = format!("bench-kubelet-{}", support::suffix());
@@ -365,6 +365,10 @@ pub async fn run(env: &Env, n: usize, execs: usize, mib: usize) -> Option<Kubele
     let (s_running, s_cpu, s_rss) =
         burst(&api, &rec, sandboxes, &|| vec![vk_pid], "sandbox burst").await;
 
+    eprintln!(
+        "bench: kubelet side: bind → Running p50 {:.1} ms (containers) vs {:.1} ms (sandboxes); CPU per Pod {c_cpu:.1} vs {s_cpu:.1} ms; RSS per Pod {c_rss:.2} vs {s_rss:.2} MiB",
+        c_running.p50, s_running.p50
+    );
     // One Pod each for exec, logs and port-forward.
     let probes = [
         container_pod("c-probe", &node.name, &["/ext/sink", "9000"], &ext),
@@ -383,11 +387,16 @@ pub async fn run(env: &Env, n: usize, execs: usize, mib: usize) -> Option<Kubele
     if let Some((_, e)) = exec.iter().find(|(_, a)| a != "ok") {
         die(&format!("kubectl exec failed: {e}"));
     }
+    eprintln!(
+        "bench: kubelet side: kubectl exec p50 {:.1} ms (container) vs {:.1} ms (sandbox)",
+        exec[0].0.p50, exec[1].0.p50
+    );
     let logs = interleaved(env, &ns, &order, 20, &["logs", "POD"]).await;
     let mut pf = Vec::new();
     for pod in order {
         pf.push(
-            super::stream::kubectl_pf_best(&env.cluster.kubeconfig, &ns, pod, SINK_PORT, mib).await,
+            super::stream::kubectl_pf_best(&env.cluster.kubeconfig, &ns, pod, SINK_PORT, mib, true)
+                .await,
         );
     }
     let [(c_exec, _), (s_exec, _)] =

@@ -75,6 +75,17 @@ pub struct LifecycleFigures {
     pub releases: usize,
 }
 
+impl LifecycleFigures {
+    /// vk-sandbox's own share of a resume (ms, p50): its resume reconciles
+    /// (start → Running write sent) less the wake call, each from its
+    /// histogram's p50 estimate.
+    pub fn own_ms(&self) -> Option<f64> {
+        let (provider, _, _) = self.provider.p50?;
+        let (wake, _, _) = self.wake_call.p50?;
+        Some((provider - wake).max(0.0) * 1000.0)
+    }
+}
+
 /// Sets every named Sandbox's `operatingMode`, 64 at a time; when each
 /// patch was answered.
 async fn set_modes(

@@ -808,21 +808,27 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
     // 8. Resume (issue 24): vk-sandbox's part of a resume, from the new
     // Pod's binding (the controller and the scheduler come before it).
     if let Some(l) = &r.lifecycle {
-        let p50 = l.bound.p50;
+        // vk-sandbox's own share: its resume reconciles (start → Running
+        // write sent) less the wake call sandboxd answers; the floor beside
+        // it is the wake and one status write, which any node agent pays.
+        let own = l.own_ms();
         let budget = lifecycle::WAKE_MS as f64 + r.rtt.p50;
         out.push((
             format!(
-                "8. resume → Running p50 ≤ wake ({} ms) + one status write, {} resumes at once (from the Pod's binding)",
-                lifecycle::WAKE_MS,
+                "8. resume: vk-sandbox's own share ≤ 5 ms p50, {} resumes at once (its reconcile less the wake call)",
                 l.n
             ),
             format!(
-                "{} ms vs {} ms (from the Sandbox's patch: {} ms)",
-                ms(p50),
+                "{} ms (reconcile p50 {}, wake call p50 {}; bind → Running p50 {} ms against the floor of wake {} ms + one status write = {} ms; from the Sandbox's patch {} ms)",
+                own.map_or("–".into(), ms),
+                bucket_ms(l.provider.p50),
+                bucket_ms(l.wake_call.p50),
+                ms(l.bound.p50),
+                lifecycle::WAKE_MS,
                 ms(budget),
                 ms(l.resume.p50)
             ),
-            Some(p50 <= budget),
+            own.map(|o| o <= 5.0),
         ));
         out.push((
             "8. every resumed Pod on its own claim again, nothing released".to_string(),
@@ -837,17 +843,19 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
     // port-forward's throughput.
     if let Some(st) = &r.stream {
         let added = st.exec_added_ms();
+        let floor = st.exec_floor_ms();
+        let beyond = added.zip(floor).map(|(a, f)| a - f);
         out.push((
-            "exec: vk-sandbox adds < 1 ms p50 over the sandboxd relay it drives".to_string(),
-            match (added, st.exec_floor_ms()) {
+            "exec: vk-sandbox's time beyond a kubelet API that does nothing (same TLS, upgrade and status) ≤ 0.3 ms p50".to_string(),
+            match (added, floor) {
                 (Some(a), Some(f)) => format!(
-                    "{a:.2} ms (a kubelet API that does nothing: {f:.2} ms for the same connection, upgrade and status; beyond it {:.2} ms)",
+                    "{:.2} ms (vk-sandbox adds {a:.2} ms over the sandboxd relay it drives; the do-nothing kubelet API's floor {f:.2} ms)",
                     a - f
                 ),
-                (Some(a), None) => format!("{a:.2} ms"),
+                (Some(a), None) => format!("– (adds {a:.2} ms; no floor measured)"),
                 _ => "–".into(),
             },
-            added.map(|a| a < 1.0),
+            beyond.map(|b| b <= 0.3),
         ));
         let ratios = st.pf_ratios();
         out.push((

@@ -1,9 +1,11 @@
 /* The counting sink of `make bench`'s real-kubelet comparison
  * (benches/cluster/kubelet_side.rs), the main process of a container on the
- * real node: on port argv[1], each connection is read to its end, then
- * answered with the byte count (8 bytes, big-endian) and closed, as the
- * bench's in-process sink answers for the sandbox side. Built static with
- * musl-gcc: the busybox image has no C library. */
+ * real node: on port argv[1], each connection says how many bytes follow
+ * (8 bytes, big-endian), sends them, and is answered with the count read
+ * (8 bytes, big-endian) and closed, as the bench's sized sink answers for
+ * the sandbox side. Not read to EOF: a port-forward through the kubelet
+ * and containerd does not carry a half-close. Built static with musl-gcc:
+ * the busybox image has no C library. */
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,9 +30,18 @@ int main(int argc, char **argv) {
   for (;;) {
     int c = accept(l, 0, 0);
     if (c < 0) continue;
-    uint64_t n = 0;
+    unsigned char len[8];
+    size_t got = 0;
     ssize_t k;
-    while ((k = read(c, buf, sizeof buf)) > 0) n += (uint64_t)k;
+    while (got < sizeof len && (k = read(c, len + got, sizeof len - got)) > 0) got += (size_t)k;
+    uint64_t want = 0;
+    for (int i = 0; i < 8; i++) want = (want << 8) | len[i];
+    uint64_t n = 0;
+    while (got == sizeof len && n < want) {
+      size_t ask = want - n < sizeof buf ? (size_t)(want - n) : sizeof buf;
+      if ((k = read(c, buf, ask)) <= 0) break;
+      n += (uint64_t)k;
+    }
     unsigned char out[8];
     for (int i = 0; i < 8; i++) out[i] = (unsigned char)(n >> (56 - 8 * i));
     ssize_t w = write(c, out, sizeof out);

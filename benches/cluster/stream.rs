@@ -158,6 +158,60 @@ pub async fn push<IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     mib as f64 / secs
 }
 
+/// [`push`] for a sink that is told the length first (8 bytes,
+/// big-endian) and answers once it has read that much, without a
+/// half-close (which a port-forward through a real kubelet does not carry).
+pub async fn push_sized<IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut io: IO,
+    mib: usize,
+) -> f64 {
+    let total = (mib * 1024 * 1024) as u64;
+    let chunk = vec![0x5au8; 256 * 1024];
+    let t = Instant::now();
+    io.write_all(&total.to_be_bytes())
+        .await
+        .unwrap_or_else(|e| die(&format!("push: {e}")));
+    for _ in 0..mib * 4 {
+        io.write_all(&chunk)
+            .await
+            .unwrap_or_else(|e| die(&format!("push: {e}")));
+    }
+    let mut count = [0u8; 8];
+    io.read_exact(&mut count)
+        .await
+        .unwrap_or_else(|e| die(&format!("the sink's count: {e}")));
+    let secs = t.elapsed().as_secs_f64();
+    let n = u64::from_be_bytes(count);
+    if n != total {
+        die(&format!("the sink read {n} bytes of {mib} MiB"));
+    }
+    mib as f64 / secs
+}
+
+/// The sink of [`push_sized`]: reads the length, then that many bytes,
+/// answers the count.
+pub async fn sized_sink() -> std::net::SocketAddr {
+    loopback_service("sized sink", |mut c| async move {
+        let mut len = [0u8; 8];
+        if c.read_exact(&mut len).await.is_err() {
+            return;
+        }
+        let want = u64::from_be_bytes(len);
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut n: u64 = 0;
+        while n < want {
+            let ask = usize::try_from(want - n).map_or(buf.len(), |w| w.min(buf.len()));
+            match c.read(&mut buf[..ask]).await {
+                Ok(0) | Err(_) => break,
+                Ok(k) => n += k as u64,
+            }
+        }
+        let _ = c.write_all(&n.to_be_bytes()).await;
+        let _ = c.shutdown().await;
+    })
+    .await
+}
+
 struct Discard;
 
 impl Output for Discard {
@@ -583,14 +637,22 @@ async fn throughput(
         spdy.push(spdy_push(&c, i, mib).await);
     }
     best(KUBELET_SPDY, spdy);
-    let pf = kubectl_pf_best(&env.cluster.kubeconfig, ns, "p", SINK_PORT, mib).await;
+    let pf = kubectl_pf_best(&env.cluster.kubeconfig, ns, "p", SINK_PORT, mib, false).await;
     throughput.push((KUBECTL_PF.to_string(), pf));
     throughput
 }
 
-/// `kubectl port-forward` to `pod`'s `port` (a counting sink): `mib` MiB
-/// one way, best of 3 connections through one port-forward (MiB/s).
-pub async fn kubectl_pf_best(kubeconfig: &Path, ns: &str, pod: &str, port: u16, mib: usize) -> f64 {
+/// `kubectl port-forward` to `pod`'s `port` (a counting sink; `sized`:
+/// one told the length first, [`push_sized`]): `mib` MiB one way, best of
+/// 3 connections through one port-forward (MiB/s).
+pub async fn kubectl_pf_best(
+    kubeconfig: &Path,
+    ns: &str,
+    pod: &str,
+    port: u16,
+    mib: usize,
+    sized: bool,
+) -> f64 {
     let local = free_port();
     let mut pf = tokio::process::Command::new(support::kubectl::path())
         .arg("--kubeconfig")
@@ -616,7 +678,11 @@ pub async fn kubectl_pf_best(kubeconfig: &Path, ns: &str, pod: &str, port: u16, 
                 .map_err(|e| e.to_string())
         })
         .await;
-        via.push(push(io, mib).await);
+        via.push(if sized {
+            push_sized(io, mib).await
+        } else {
+            push(io, mib).await
+        });
     }
     let _ = pf.kill().await;
     via.into_iter().fold(0.0, f64::max)
