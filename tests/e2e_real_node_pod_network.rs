@@ -384,6 +384,8 @@ async fn sandbox_pod_addresses_on_a_real_node_from_containers_the_router_and_the
     cluster.drop_namespace(&ns).await;
     vk.delete_node(&cluster.client).await;
     drop(guests);
+    // The binaries' copies (145 MiB); kept when the test fails, to look at.
+    let _ = std::fs::remove_dir_all(&ext);
     let (ok, report) = node.down();
     eprintln!("{report}");
     assert!(
