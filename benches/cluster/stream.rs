@@ -135,46 +135,41 @@ pub async fn push<IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     io: IO,
     mib: usize,
 ) -> f64 {
-    let (mut r, mut w) = tokio::io::split(io);
-    let chunk = vec![0x5au8; 256 * 1024];
-    let t = Instant::now();
-    for _ in 0..mib * 4 {
-        w.write_all(&chunk)
-            .await
-            .unwrap_or_else(|e| die(&format!("push: {e}")));
-    }
-    w.shutdown()
-        .await
-        .unwrap_or_else(|e| die(&format!("half-close: {e}")));
-    let mut count = [0u8; 8];
-    r.read_exact(&mut count)
-        .await
-        .unwrap_or_else(|e| die(&format!("the sink's count: {e}")));
-    let secs = t.elapsed().as_secs_f64();
-    let n = u64::from_be_bytes(count);
-    if n != (mib * 1024 * 1024) as u64 {
-        die(&format!("the sink read {n} bytes of {mib} MiB"));
-    }
-    mib as f64 / secs
+    push_with(io, mib, false).await
 }
 
 /// [`push`] for a sink that is told the length first (8 bytes,
 /// big-endian) and answers once it has read that much, without a
 /// half-close (which a port-forward through a real kubelet does not carry).
 pub async fn push_sized<IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    io: IO,
+    mib: usize,
+) -> f64 {
+    push_with(io, mib, true).await
+}
+
+async fn push_with<IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     mut io: IO,
     mib: usize,
+    sized: bool,
 ) -> f64 {
     let total = (mib * 1024 * 1024) as u64;
     let chunk = vec![0x5au8; 256 * 1024];
     let t = Instant::now();
-    io.write_all(&total.to_be_bytes())
-        .await
-        .unwrap_or_else(|e| die(&format!("push: {e}")));
+    if sized {
+        io.write_all(&total.to_be_bytes())
+            .await
+            .unwrap_or_else(|e| die(&format!("push: {e}")));
+    }
     for _ in 0..mib * 4 {
         io.write_all(&chunk)
             .await
             .unwrap_or_else(|e| die(&format!("push: {e}")));
+    }
+    if !sized {
+        io.shutdown()
+            .await
+            .unwrap_or_else(|e| die(&format!("half-close: {e}")));
     }
     let mut count = [0u8; 8];
     io.read_exact(&mut count)
