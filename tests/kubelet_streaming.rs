@@ -465,20 +465,44 @@ async fn a_client_that_hangs_up_on_stuck_stdin_gets_its_process_killed() {
         streams.push(s);
     }
     let stdin = streams[1].id;
+    // Written a frame at a time until the session holds what its stream
+    // budget allows and its reader stops taking more: then the reader no
+    // longer reads the connection. No more is written after that, so the
+    // hang-up's FIN is not queued behind data that cannot reach this
+    // side's kernel (the limit docs/streaming.md states: a FIN behind more
+    // unread data than the receive buffer holds is not seen until the
+    // keep-alive or the idle timeout). Writing 64 frames at once left that
+    // to the socket buffers' sizes, and failed now and then.
     let frame = vec![b'x'; 8 * 1024];
-    for _ in 0..64 {
+    let queued = || api.metrics.value("vk_sandbox_streaming_queued_bytes", &[]);
+    let near_full = Some(200_000.0);
+    let mut stalled = false;
+    for _ in 0..256 {
+        let before = queued();
         c.write(stdin, &frame).await;
-    }
-    // Back-pressured: the session holds what its budgets allow.
-    for _ in 0..100 {
-        if api.metrics.value("vk_sandbox_streaming_queued_bytes", &[]) > Some(200_000.0) {
+        if before < near_full {
+            // The agent's relay and the stdin queue are still taking
+            // frames: paced, not watched.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        let mut moved = false;
+        for _ in 0..15 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if queued() != before {
+                moved = true;
+                break;
+            }
+        }
+        if !moved {
+            stalled = true;
             break;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
-        api.metrics.value("vk_sandbox_streaming_queued_bytes", &[]) > Some(200_000.0),
-        "stdin is back-pressured"
+        stalled,
+        "stdin is back-pressured: the session stopped taking frames at {:?} queued bytes",
+        queued()
     );
     assert!(agent.control.lock().unwrap().is_empty());
     c.hang_up().await;
