@@ -475,6 +475,16 @@ async fn failed_wake_keeps_the_pod_pending_and_is_retried() {
         "failed wakes not counted:\n{metrics}"
     );
     assert!(counted("ok") >= 1.0, "the wake not counted:\n{metrics}");
+    // The resume's own share is timed once per wake that succeeded, and
+    // leaves the wake out: the simulator's wake alone takes 55 ms.
+    let own = |part: &str| {
+        support::metric(&metrics, &format!("vk_sandbox_resume_own_seconds_{part}")).unwrap_or(-1.0)
+    };
+    assert_eq!(own("count"), counted("ok"), "resumes timed:\n{metrics}");
+    assert!(
+        (0.0..0.055).contains(&(own("sum") / own("count"))),
+        "the wake counted in the resume's own share:\n{metrics}"
+    );
     let wakes = format!("/v1/sandboxes/{}/wake", first.claim);
     assert!(env.requests_to(&wakes) >= 4, "ran without the retries");
     assert_eq!(env.sim_row(&first.claim), Some(false));

@@ -44,6 +44,19 @@ pub(super) fn counter_vec(
     register(registry, vec)
 }
 
+pub(super) fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+) -> Result<prometheus::Histogram> {
+    let h = prometheus::Histogram::with_opts(
+        prometheus::HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+    )
+    .map_err(metric_error)?;
+    register(registry, h)
+}
+
 pub(super) fn histogram_vec(
     registry: &Registry,
     name: &str,

@@ -13,7 +13,7 @@ use prometheus::{Encoder, Gauge, IntCounterVec, IntGaugeVec, Opts, Registry, Tex
 use crate::error::{Error, Result};
 
 pub use build::register;
-use build::{API_BUCKETS, FINE_BUCKETS, counter_vec, histogram_vec, metric_error};
+use build::{API_BUCKETS, FINE_BUCKETS, counter_vec, histogram, histogram_vec, metric_error};
 
 /// Times one reconcile: dropping it records the duration.
 pub type Timer = prometheus::HistogramTimer;
@@ -76,6 +76,9 @@ pub struct Metrics {
     /// neither the sandboxd claim call nor the claims-store commit (fresh
     /// claims only): vk-sandbox's own code and its queueing for a CPU.
     claim_own: prometheus::Histogram,
+    /// `vk_sandbox_resume_own_seconds`: the same for a Pod whose claim's VM
+    /// was woken (its Sandbox resumed), less the wake call and the commit.
+    resume_own: prometheus::Histogram,
     /// `vk_sandbox_sandboxd_requests_total{endpoint,status}`: sandboxd calls
     /// by endpoint (`claim`, `release`, `list`, `info`) and outcome: `ok`,
     /// the HTTP status of a refusal, or the error kind (`timeout`,
@@ -232,40 +235,32 @@ impl Metrics {
             )
             .map_err(metric_error)?,
         )?;
-        let claim_duration = register(
+        let claim_duration = histogram(
             &registry,
-            prometheus::Histogram::with_opts(
-                prometheus::HistogramOpts::new(
-                    "vk_sandbox_claim_duration_seconds",
-                    "From a sandbox Pod's reconcile to its Running status written (claim or adoption).",
-                )
-                .buckets(API_BUCKETS.to_vec()),
-            )
-            .map_err(metric_error)?,
+            "vk_sandbox_claim_duration_seconds",
+            "From a sandbox Pod's reconcile to its Running status written (claim or adoption).",
+            &API_BUCKETS,
         )?;
 
-        let claim_provider = register(
+        let claim_provider = histogram(
             &registry,
-            prometheus::Histogram::with_opts(
-                prometheus::HistogramOpts::new(
-                    "vk_sandbox_claim_provider_seconds",
-                    "From a sandbox Pod's reconcile to its Running status write sent: vk-sandbox's own cost (sandboxd claim and claims-store commit included, the apiserver's answer not).",
-                )
-                .buckets(FINE_BUCKETS.to_vec()),
-            )
-            .map_err(metric_error)?,
+            "vk_sandbox_claim_provider_seconds",
+            "From a sandbox Pod's reconcile to its Running status write sent: vk-sandbox's own cost (sandboxd claim and claims-store commit included, the apiserver's answer not).",
+            &FINE_BUCKETS,
         )?;
 
-        let claim_own = register(
+        let claim_own = histogram(
             &registry,
-            prometheus::Histogram::with_opts(
-                prometheus::HistogramOpts::new(
-                    "vk_sandbox_claim_own_seconds",
-                    "A fresh claim's path from reconcile start to its Running status write sent, minus the sandboxd claim call and the claims-store commit: vk-sandbox's own share.",
-                )
-                .buckets(FINE_BUCKETS.to_vec()),
-            )
-            .map_err(metric_error)?,
+            "vk_sandbox_claim_own_seconds",
+            "A fresh claim's path from reconcile start to its Running status write sent, minus the sandboxd claim call and the claims-store commit: vk-sandbox's own share.",
+            &FINE_BUCKETS,
+        )?;
+
+        let resume_own = histogram(
+            &registry,
+            "vk_sandbox_resume_own_seconds",
+            "A resume's path (its claim's VM woken) from reconcile start to its Running status write sent, minus the sandboxd wake call and the claims-store commit: vk-sandbox's own share.",
+            &FINE_BUCKETS,
         )?;
 
         let sandboxd_requests = counter_vec(
@@ -421,6 +416,7 @@ impl Metrics {
             claim_duration,
             claim_provider,
             claim_own,
+            resume_own,
             registry,
             kubelet_requests,
             kubelet_auth_failures,

@@ -137,14 +137,18 @@ fn a_status_writes_round_trip_lands_in_its_bucket_by_result() {
 }
 
 #[test]
-fn a_claims_own_share_lands_in_its_fine_bucket() {
+fn own_shares_land_in_their_fine_buckets() {
     let m = Metrics::new().unwrap();
     m.claim_own(Duration::from_micros(300));
+    m.resume_own(Duration::from_micros(1200));
     let text = m.encode().unwrap();
     for (needle, want) in [
         ("vk_sandbox_claim_own_seconds_bucket{le=\"0.00025\"} ", "0"),
         ("vk_sandbox_claim_own_seconds_bucket{le=\"0.0005\"} ", "1"),
         ("vk_sandbox_claim_own_seconds_count ", "1"),
+        ("vk_sandbox_resume_own_seconds_bucket{le=\"0.001\"} ", "0"),
+        ("vk_sandbox_resume_own_seconds_bucket{le=\"0.0015\"} ", "1"),
+        ("vk_sandbox_resume_own_seconds_count ", "1"),
     ] {
         let line = text
             .lines()

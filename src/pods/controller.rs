@@ -99,6 +99,7 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             // no Event and no claim latency, and the status is written only
             // if it drifted, so a restart costs the apiserver next to nothing.
             let mut waited = None;
+            let mut woke_after = None;
             let (announce, patch) = match created {
                 Created::Claimed {
                     id,
@@ -122,8 +123,9 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
                     debug!(sandbox = %id, "resumed the Pod's own claim after a restart");
                     (None, status)
                 }
-                Created::Woken { id, status } => {
+                Created::Woken { id, status, waited } => {
                     metrics.claim_transition("wake", "ok");
+                    woke_after = Some(waited);
                     (
                         Some((
                             lifecycle::reason::WOKEN,
@@ -155,6 +157,9 @@ async fn create_pod(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
             }
             if let Some(waited) = waited {
                 metrics.claim_own(sent.saturating_sub(waited));
+            }
+            if let Some(waited) = woke_after {
+                metrics.resume_own(sent.saturating_sub(waited));
             }
             if let Some((why, note)) = announce {
                 ctx.announce(&pod, why, note).await;

@@ -209,6 +209,7 @@ impl Provider {
         resumed: bool,
         wake: bool,
     ) -> Result<Created, CreateFailure> {
+        let waiting = std::time::Instant::now();
         let woken = wake && self.wake_for(pod, k, &claim).await?;
         let owner = authority::owner_of(pod);
         // A claim made without a Pod address of its own (before
@@ -231,6 +232,8 @@ impl Provider {
                 }
             })
             .await;
+        // The wake call and the commit (what lies between takes µs).
+        let waited = waiting.elapsed();
         if let Err(e) = recorded {
             warn!(pod = %k, error = %e, "adoption not persisted; the claim is kept in memory");
         }
@@ -239,7 +242,7 @@ impl Provider {
         self.endpoints_changed();
         let (id, status) = (claim.id.clone(), status::running(pod, &view(&claim)));
         Ok(if woken {
-            Created::Woken { id, status }
+            Created::Woken { id, status, waited }
         } else if resumed {
             Created::Resumed { id, status }
         } else {

@@ -58,7 +58,13 @@ pub enum Created {
     Resumed { id: String, status: Value },
     /// A claim whose VM vk-sandbox hibernated (its owner was suspended),
     /// woken for this Pod (its owner resumed).
-    Woken { id: String, status: Value },
+    Woken {
+        id: String,
+        status: Value,
+        /// Time spent waiting on sandboxd's wake and the claims store's
+        /// commit; the rest of the resume's path is vk-sandbox's own.
+        waited: Duration,
+    },
 }
 
 /// What a hibernate did.
