@@ -12,7 +12,9 @@
 //! - `BENCH_DOC` (default docs/benchmarks.md; `-` to skip writing);
 //! - `BENCH_VK_BIN`: the vk-sandbox binary to measure (default: the
 //!   release build cargo made for this bench; e.g. the static musl build);
-//! - `BENCH_FLEET` (default `1,10,50`): the fleet sizes of the `fleet` part;
+//! - `BENCH_FLEET` (default `1,50,200`): the fleet sizes of the `fleet` part;
+//! - `BENCH_FLEET_PODS` (default 10): the fleet's Pods per node (2000 at
+//!   200 nodes);
 //! - `BENCH_TRACE_PODS`: print each Pod's first seen/bound/Running watch
 //!   event with its wall-clock time (to line up with vk-sandbox's log).
 //! - `BENCH_VK_LOG`: RUST_LOG for the vk-sandbox processes (default info;
@@ -195,7 +197,7 @@ impl Plan {
             lifecycle: n(20.0).min(200),
             idle_window: Duration::from_secs_f64(60.0 * k.min(1.0)),
             fleet_idle: Duration::from_secs_f64(60.0 * k.min(2.0)),
-            fleet_pods_per_node: 4,
+            fleet_pods_per_node: fleet::pods_per_node(),
         }
     }
 }

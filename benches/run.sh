@@ -8,7 +8,8 @@
 #   BENCH_DOC=-     do not write docs/benchmarks.md
 #   BENCH_ONLY=...  claim,memory,startup,load,fleet,stream,lifecycle,podnet,kubelet: only those parts (no doc)
 #   BENCH_BURSTS=500  only these burst sizes (no sandboxd-delay bursts)
-#   BENCH_FLEET=1,10,50  the fleet sizes (vk-sandbox processes on one apiserver)
+#   BENCH_FLEET=1,50,200  the fleet sizes (vk-sandbox processes on one apiserver)
+#   BENCH_FLEET_PODS=10   the fleet's Sandboxes per node (2000 at 200 nodes)
 #   BENCH_VK_BIN=F  measure binary F instead of the static musl release
 #                   build made here (the binary `make build`/`make dist` and
 #                   the image ship; memory depends on its allocator)

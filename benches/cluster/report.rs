@@ -514,6 +514,34 @@ fn render_fleet(s: &mut String, f: &Fleet) {
         "\nThe apiserver's RSS moves with its garbage collector by tens of MiB \
          either way; a difference smaller than that is noise, not a cost per node."
     );
+    let _ = writeln!(
+        s,
+        "\nThe burst and the plane restart (per node unless said):\n\n\
+         | nodes | Pods | made by | first create → all Running | Pods per node (fewest–most) | requests/min in the burst | requests per Pod | Nodes not Ready at the restart | apiserver start → serving | apiserver start → every Node Ready, Lease renewed |\n\
+         |---|---|---|---|---|---|---|---|---|---|"
+    );
+    for z in &f.sizes {
+        let r = z.restart.as_ref();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1} s | {}–{} | {:.1} | {:.2} | {} | {} | {} |",
+            z.nodes,
+            z.pods,
+            if z.scheduled {
+                "Sandboxes, the scheduler"
+            } else {
+                "Pods created bound"
+            },
+            z.burst_running_s,
+            z.spread.0,
+            z.spread.1,
+            z.burst_per_node_per_min,
+            z.requests_per_pod,
+            r.map_or("–".into(), |r| r.not_ready.to_string()),
+            r.map_or("–".into(), |r| format!("{:.1} s", r.serving_s)),
+            r.map_or("–".into(), |r| format!("{:.1} s", r.all_ready_s)),
+        );
+    }
     if let Some(z) = f.sizes.last() {
         let _ = writeln!(
             s,
@@ -663,14 +691,14 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
         after.zip(idle).map(|((_, a, _), (_, i, _))| *a <= 1.3 * i),
     ));
 
-    // 4. CPU.
+    // 4. CPU (the third round's goal: 1.0 ms; 0.8 before).
     let cpu500 = burst500.map(|rs| med(rs, |b| b.cpu_ms_per_pod));
     out.push((
-        "4. CPU per Pod lifecycle ≤ 0.8 ms at a 500-Pod burst".to_string(),
+        "4. CPU per Pod lifecycle ≤ 1.0 ms at a 500-Pod burst".to_string(),
         cpu500.map_or("–".into(), |c| {
             format!("{} ms ({} s per 1000 Pods)", ms(c), ms(c))
         }),
-        cpu500.filter(|c| c.is_finite()).map(|c| c <= 0.8),
+        cpu500.filter(|c| c.is_finite()).map(|c| c <= 1.0),
     ));
 
     // 5. Fleet.
@@ -707,6 +735,30 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
         first
             .zip(last)
             .and_then(|(a, b)| flat(a.rss_mean, b.rss_mean, 1.2)),
+    ));
+    out.push((
+        "5. fleet: requests per Pod in the burst flat (largest ≤ 1.2 × one node)".to_string(),
+        match (first, last) {
+            (Some(a), Some(b)) => format!(
+                "{:.2} at {} → {:.2} at {}",
+                a.requests_per_pod, a.nodes, b.requests_per_pod, b.nodes
+            ),
+            _ => "–".into(),
+        },
+        first
+            .zip(last)
+            .and_then(|(a, b)| flat(a.requests_per_pod, b.requests_per_pod, 1.2)),
+    ));
+    let restart = last.and_then(|z| z.restart.as_ref().map(|r| (z.nodes, r)));
+    out.push((
+        "5. fleet: every Node Ready ≤ 30 s after a plane restart (largest fleet)".to_string(),
+        restart.map_or("–".into(), |(n, r)| {
+            format!(
+                "{:.1} s for {n} Nodes ({} not Ready at the restart)",
+                r.all_ready_s, r.not_ready
+            )
+        }),
+        restart.map(|(_, r)| r.all_ready_s <= 30.0),
     ));
     let wide: Option<usize> = fleet.map(|f| {
         f.sizes
@@ -808,9 +860,10 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
     // 8. Resume (issue 24): vk-sandbox's part of a resume, from the new
     // Pod's binding (the controller and the scheduler come before it).
     if let Some(l) = &r.lifecycle {
-        // vk-sandbox's own share: its resume reconciles (start → Running
-        // write sent) less the wake call sandboxd answers; the floor beside
-        // it is the wake and one status write, which any node agent pays.
+        // vk-sandbox's own share: each resume's reconcile (start → Running
+        // write sent) less the wake call sandboxd answers and the commit,
+        // as vk-sandbox times it; the floor beside it is the wake and one
+        // status write, which any node agent pays.
         let own = l.own_ms();
         let budget = lifecycle::WAKE_MS as f64 + r.rtt.p50;
         out.push((
@@ -819,8 +872,9 @@ fn goals(r: &Report) -> Vec<(String, String, Option<bool>)> {
                 l.n
             ),
             format!(
-                "{} ms (reconcile p50 {}, wake call p50 {}; bind → Running p50 {} ms against the floor of wake {} ms + one status write = {} ms; from the Sandbox's patch {} ms)",
-                own.map_or("–".into(), ms),
+                "{} ms, p99 {} (reconcile p50 {}, wake call p50 {}; bind → Running p50 {} ms against the floor of wake {} ms + one status write = {} ms; from the Sandbox's patch {} ms)",
+                bucket_ms(l.own.p50),
+                bucket_ms(l.own.p99),
                 bucket_ms(l.provider.p50),
                 bucket_ms(l.wake_call.p50),
                 ms(l.bound.p50),
