@@ -524,6 +524,29 @@ where
     }
 }
 
+/// Creates the Sandboxes `objects` (JSON), `concurrency` at a time,
+/// retried on passing errors; one that exists already is fine.
+async fn create_sandboxes(api: &Api<DynamicObject>, objects: Vec<Value>, concurrency: usize) {
+    futures::stream::iter(objects)
+        .map(|sb| async move {
+            let obj: DynamicObject =
+                serde_json::from_value(sb).unwrap_or_else(|e| die(&format!("sandbox json: {e}")));
+            let what = format!(
+                "create Sandbox {}",
+                obj.metadata.name.as_deref().unwrap_or("")
+            );
+            let pp = PostParams::default();
+            match retried(&what, || api.create(&pp, &obj)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => die(&format!("{what}: {e}")),
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<()>()
+        .await;
+}
+
 /// Creates the Pods, `concurrency` requests in flight; returns their UIDs.
 async fn create_pods(
     api: &Api<Pod>,

@@ -265,7 +265,7 @@ async fn one_size(
     let t0 = now_ts();
     let started = Instant::now();
     if upstream {
-        create_sandboxes(&sandboxes, &names, &prefix).await;
+        create_sandboxes(&sandboxes, fleet_sandboxes(&names, &prefix), 64).await;
     } else {
         let bound = names
             .iter()
@@ -371,26 +371,17 @@ async fn one_size(
     size
 }
 
-/// Creates a Sandbox per name whose Pod selects this fleet's Nodes (by
-/// [`FLEET_LABEL`]) and names none: the scheduler places it. 64 at a time.
-async fn create_sandboxes(api: &Api<DynamicObject>, names: &[String], fleet: &str) {
-    futures::stream::iter(names)
-        .map(|name| async move {
+/// A Sandbox per name whose Pod selects this fleet's Nodes (by
+/// [`FLEET_LABEL`]) and names none: the scheduler places it.
+fn fleet_sandboxes(names: &[String], fleet: &str) -> Vec<Value> {
+    names
+        .iter()
+        .map(|name| {
             let mut sb = controller::contract_sandbox(name, TEMPLATE, None);
             sb["spec"]["podTemplate"]["spec"]["nodeSelector"][FLEET_LABEL] = json!(fleet);
-            let obj: DynamicObject =
-                serde_json::from_value(sb).unwrap_or_else(|e| die(&format!("sandbox json: {e}")));
-            let what = format!("create Sandbox {name}");
-            let pp = PostParams::default();
-            match retried(&what, || api.create(&pp, &obj)).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => die(&format!("{what}: {e}")),
-            }
+            sb
         })
-        .buffer_unordered(64)
-        .collect::<()>()
-        .await;
+        .collect()
 }
 
 /// Runs `delete` for every name, 64 at a time; a name already gone is

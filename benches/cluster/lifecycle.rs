@@ -270,29 +270,11 @@ pub async fn run(env: &Env, n: usize) -> Option<LifecycleFigures> {
 
     eprintln!("bench: lifecycle: {n} Sandboxes Running");
     let rec = Recorder::start(&client, &ns).await;
-    futures::stream::iter(&names)
-        .map(|name| {
-            let sandboxes = &sandboxes;
-            let node = &node;
-            async move {
-                let obj: DynamicObject = serde_json::from_value(controller::contract_sandbox(
-                    name,
-                    TEMPLATE,
-                    Some(node),
-                ))
-                .unwrap_or_else(|e| die(&format!("sandbox json: {e}")));
-                let what = format!("create Sandbox {name}");
-                let pp = PostParams::default();
-                match retried(&what, || sandboxes.create(&pp, &obj)).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 409 => {}
-                    Err(e) => die(&format!("{what}: {e}")),
-                }
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<()>()
-        .await;
+    let objects = names
+        .iter()
+        .map(|name| controller::contract_sandbox(name, TEMPLATE, Some(&node)))
+        .collect();
+    create_sandboxes(&sandboxes, objects, 16).await;
     if !rec.wait_all(&names, timeout, |t| t.running.is_some()).await {
         die(&format!(
             "lifecycle: not every Pod Running after {timeout:?}; see {}",
