@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use sandboxd_sim::SimHandle;
 use serde_json::json;
@@ -156,6 +156,46 @@ impl Env {
         .await
     }
 
+    fn sandboxes(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client(),
+            &self.ns,
+            &support::controller::resource("Sandbox"),
+        )
+    }
+
+    /// Sets the Sandbox's `spec.operatingMode` (`Suspended`, `Running`).
+    async fn set_mode(&self, name: &str, mode: &str) {
+        self.sandboxes()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"operatingMode": mode}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("set Sandbox {name} {mode}: {e}"));
+    }
+
+    /// Until the simulator holds sandbox `id` hibernated (or awake).
+    async fn wait_hibernated(&self, id: &str, hibernated: bool) {
+        wait_for(
+            &format!("sandbox {id} hibernated={hibernated}"),
+            Duration::from_secs(60),
+            || async {
+                let row = self.sim.sim().claims().into_iter().find(|c| c.id == id);
+                match row {
+                    Some(c) if c.hibernated == hibernated => Ok(()),
+                    other => Err(format!(
+                        "hibernated {:?}; log:\n{}",
+                        other.map(|c| c.hibernated),
+                        tail(&self.vk.logs(), 10)
+                    )),
+                }
+            },
+        )
+        .await
+    }
+
     async fn finish(self) {
         self.cluster.drop_namespace(&self.ns).await;
         self.vk.delete_node(&self.cluster.client).await;
@@ -249,8 +289,8 @@ async fn each_sandbox_answers_on_its_own_pod_address() {
     env.finish().await;
 }
 
-/// The address is the claim's: the same across delete-and-adopt and a
-/// `kill -9` of vk-sandbox; once the sandbox is released (its owner
+/// The address is the claim's: the same across delete-and-adopt,
+/// suspend/resume and a `kill -9` of vk-sandbox; once the sandbox is released (its owner
 /// gone), the address refuses.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_address_follows_the_claim_and_goes_with_it() {
@@ -287,6 +327,28 @@ async fn the_address_follows_the_claim_and_goes_with_it() {
     );
     env.answers(ip, 8080, "vm-k").await;
 
+    // Suspended (the Pod deleted as agent-sandbox deletes it, the VM
+    // hibernated), then resumed: the woken VM answers at the same address,
+    // and while it sleeps with no Pod nothing answers there.
+    env.set_mode("k", "Suspended").await;
+    env.pods()
+        .delete("k", &DeleteParams::default())
+        .await
+        .expect("delete the suspended Sandbox's Pod");
+    env.wait_hibernated(&id, true).await;
+    support::wait_pod_gone(&env.pods(), "k", || tail(&env.vk.logs(), 10)).await;
+    let asleep = env.refuses(ip, 8080).await;
+    env.set_mode("k", "Running").await;
+    env.create_pod("k", &uid).await;
+    let (woken_id, woken_ip) = env.running("k").await;
+    assert_eq!(
+        (woken_id.as_str(), woken_ip),
+        (id.as_str(), ip),
+        "resumed on another sandbox or address (asleep: {asleep})"
+    );
+    env.wait_hibernated(&id, false).await;
+    env.answers(ip, 8080, "vm-k").await;
+
     // kill -9 and a restart: the address is durable with the claim.
     env.vk.process.signal(nix::sys::signal::Signal::SIGKILL);
     env.vk.process.wait_exit(Duration::from_secs(10));
@@ -300,12 +362,7 @@ async fn the_address_follows_the_claim_and_goes_with_it() {
     );
 
     // The owner gone: the sandbox is released and its address refuses.
-    let sandboxes: Api<DynamicObject> = Api::namespaced_with(
-        env.client(),
-        &env.ns,
-        &support::controller::resource("Sandbox"),
-    );
-    sandboxes
+    env.sandboxes()
         .delete("k", &DeleteParams::default())
         .await
         .expect("delete the Sandbox");
