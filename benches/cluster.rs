@@ -400,6 +400,28 @@ impl Vk {
         (kb("VmRSS:"), kb("VmHWM:"))
     }
 
+    /// [`Self::memory`] for the table, and on stderr the resident set's
+    /// parts (heap and stacks vs the binary's own pages), which say
+    /// whether a rise is allocation or code touched.
+    fn memory_at(&self, label: &str) -> (f64, f64) {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid()))
+            .unwrap_or_default();
+        let mib = |field: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .map_or(f64::NAN, |v| v / 1024.0)
+        };
+        eprintln!(
+            "memory: {label}: RSS {:.1} MiB = anonymous {:.1} + file {:.1}",
+            mib("VmRSS:"),
+            mib("RssAnon:"),
+            mib("RssFile:")
+        );
+        self.memory()
+    }
+
     /// The `/metrics` text; empty when the process does not answer.
     async fn metrics(&self) -> String {
         self.process.metrics().await.unwrap_or_default()
@@ -927,8 +949,9 @@ async fn burst(
     );
     if let Some(m) = memory.as_deref_mut() {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let (rss, hwm) = vk.memory();
-        m.push((format!("holding {n} Running Pods"), rss, hwm));
+        let label = format!("holding {n} Running Pods");
+        let (rss, hwm) = vk.memory_at(&label);
+        m.push((label, rss, hwm));
     }
 
     // Releases: a bare Pod's deletion releases its sandbox.
@@ -936,12 +959,9 @@ async fn burst(
     let end = vk.metrics().await;
     if let Some(m) = memory {
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let (rss, hwm) = vk.memory();
-        m.push((
-            format!("after those {n} Pods are deleted and released"),
-            rss,
-            hwm,
-        ));
+        let label = format!("after those {n} Pods are deleted and released");
+        let (rss, hwm) = vk.memory_at(&label);
+        m.push((label, rss, hwm));
     }
     BurstResult {
         n,
@@ -1575,8 +1595,9 @@ async fn run() -> Report {
         .as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut memory = Vec::new();
-    let (rss, hwm) = vk.memory();
-    memory.push(("idle (Node Ready, no Pods)".to_string(), rss, hwm));
+    let label = "idle (Node Ready, no Pods)".to_string();
+    let (rss, hwm) = vk.memory_at(&label);
+    memory.push((label, rss, hwm));
 
     let mut rows: Vec<(String, Vec<BurstResult>)> = Vec::new();
     if !wants("claim") && wants("memory") {
@@ -1648,8 +1669,9 @@ async fn run() -> Report {
             rows.push((format!("burst, sandboxd {label}"), rs));
         }
     }
-    let (rss, hwm) = vk.memory();
-    memory.push(("end of the claim-path runs".to_string(), rss, hwm));
+    let label = "end of the claim-path runs".to_string();
+    let (rss, hwm) = vk.memory_at(&label);
+    memory.push((label, rss, hwm));
     drop(vk);
 
     sim.sim().patch_config(ConfigPatch {

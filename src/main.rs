@@ -290,6 +290,8 @@ fn spawn_reports(
 }
 
 async fn run(cfg: Config) -> Result<()> {
+    // The start of the start-up timeline (each step below logs its end).
+    info!(version = env!("CARGO_PKG_VERSION"), node = %cfg.node_name, "vk-sandbox starting");
     let signal = shutdown_signal();
     let mut tasks = Tasks::new();
     let (metrics, health) = (Metrics::new()?, Health::new());
@@ -369,7 +371,7 @@ async fn run(cfg: Config) -> Result<()> {
     // quarantined; the refresh loop lists again). The kubelet API's
     // certificate and client CA are prepared meanwhile.
     let admission = network_policy(&mut tasks, &cfg, &client, store.clone());
-    let pods = Arc::new(NodePods::new(store, provider.clone()));
+    let pods = Arc::new(NodePods::new(store.clone(), provider.clone()));
     pod_addresses(
         &mut tasks, &cfg, &provider, &pods, &claims, &sandboxd, admission,
     );
@@ -396,6 +398,7 @@ async fn run(cfg: Config) -> Result<()> {
         r = async {
             synced.wait().await;
             health.mark_pod_watch_synced();
+            info!(pods = store.state().len(), "Pod watch listed this node's Pods");
             let seen = seen_node.await.unwrap_or(Seen::ReadNow);
             node::register::at_start(&client, &settings, seen, &metrics).await
         } => r?,
