@@ -328,7 +328,16 @@ async fn run(cfg: Config) -> Result<()> {
     // is ready (the watch synced, the Node registered), so registering is
     // not queued behind them and no Pod is claimed for before the start-up
     // listing below (nor before the store knows every Pod here).
-    let (pod_controller, synced) = controller::controller(&client, &cfg.node_name);
+    let (ready_tx, ready_rx) = watch::channel(false);
+    // Of each list, Pods Running on the claim held for them are queued
+    // after the others, once reconciles open (src/pods/work_first.rs).
+    let held = Arc::clone(&claims);
+    let can_wait = move |pod: &pods::pod::Pod| {
+        let held_for = held.get(&pod.key()).map(|(claim, _)| claim.pod_uid);
+        pods::work_first::served(pod, held_for.as_deref())
+    };
+    let (pod_controller, synced) =
+        controller::controller(&client, &cfg.node_name, can_wait, ready_rx.clone());
     let store = pod_controller.store();
     let provider = match cfg.pod_network.range {
         Some(range) => provider.with_pod_range(range, store.clone()),
@@ -336,7 +345,6 @@ async fn run(cfg: Config) -> Result<()> {
     };
     let provider = Arc::new(provider);
     pods::gauges::register(&metrics, store.clone())?;
-    let (ready_tx, ready_rx) = watch::channel(false);
     let ctx = Context::new(
         client.clone(),
         provider.clone(),

@@ -12,6 +12,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -27,6 +28,7 @@ use super::status;
 use super::sweeps::{self, Periods};
 use super::synced::Synced;
 use super::upkeep;
+use super::work_first;
 use super::writes::{self, Guard, Written};
 use crate::metrics::Controller as MetricController;
 use crate::{Error, Result};
@@ -291,6 +293,7 @@ async fn reconcile_inner(pod: Arc<Pod>, ctx: &Context) -> Result<Action> {
         Tracked::of(tracked.as_deref(), &pod),
         ctx.provider.holds(&k),
     );
+    debug!(step = ?plan.step, "planned");
     if plan.retire_tracked
         && let Some(old) = tracked
     {
@@ -371,23 +374,28 @@ pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
 
 /// The Pod controller over `spec.nodeName=<node>`; its store also serves
 /// the kubelet API's `/pods` and the node's readiness. The cache holds the
-/// lean [`Pod`] (only the fields read here are decoded).
-pub fn controller(client: &Client, node: &str) -> (Controller<Pod>, Synced) {
+/// lean [`Pod`] (only the fields read here are decoded). Of each list, the
+/// Pods `can_wait` accepts are queued once `open` is true, after the
+/// others ([`work_first`]).
+pub fn controller(
+    client: &Client,
+    node: &str,
+    can_wait: impl Fn(&Pod) -> bool + Send + 'static,
+    open: watch::Receiver<bool>,
+) -> (Controller<Pod>, Synced) {
     let api: Api<Pod> = Api::all(client.clone());
     let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let (reader, writer) = reflector::store();
     let (synced_tx, synced) = Synced::pending();
     // Signalled after the reflector has applied the initial list, so a
     // waiter always finds the store complete.
-    let pods = watcher(api, wc)
-        .reflect(writer)
-        .map_ok(move |event| {
-            if matches!(event, watcher::Event::InitDone) {
-                synced_tx.synced();
-            }
-            event
-        })
-        .applied_objects();
+    let events = watcher(api, wc).reflect(writer).map_ok(move |event| {
+        if matches!(event, watcher::Event::InitDone) {
+            synced_tx.synced();
+        }
+        event
+    });
+    let pods = work_first::work_first(events, can_wait, open);
     let controller = Controller::for_stream(pods, reader).with_config(
         kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES),
     );

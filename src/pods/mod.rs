@@ -17,7 +17,9 @@
 //! - [`lifecycle`]: suspend, resume, renewal, expiry and moves of a claim's VM;
 //! - [`provider`]: claims and releases against sandboxd and the claims store;
 //! - [`source`]: the Pods the kubelet API reports;
-//! - [`gauges`]: the Pod gauges, read from the watch cache at each scrape.
+//! - [`gauges`]: the Pod gauges, read from the watch cache at each scrape;
+//! - [`work_first`]: after each list, Pods that need work are queued before
+//!   the ones already served.
 
 pub mod annotations;
 pub mod authority;
@@ -39,6 +41,7 @@ pub mod status;
 pub mod sweeps;
 pub mod synced;
 pub mod upkeep;
+pub mod work_first;
 pub mod writes;
 
 #[cfg(test)]
