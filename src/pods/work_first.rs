@@ -134,6 +134,18 @@ mod tests {
             .collect()
     }
 
+    /// The stream's next Pod, failing (not hanging) when none comes.
+    async fn next<S: Stream<Item = Result<Pod, std::convert::Infallible>> + Unpin>(
+        out: &mut S,
+    ) -> Pod {
+        match tokio::time::timeout(Duration::from_secs(2), out.next()).await {
+            Ok(Some(Ok(pod))) => pod,
+            Ok(Some(Err(e))) => match e {},
+            Ok(None) => panic!("the stream ended"),
+            Err(_) => panic!("no Pod within 2 s"),
+        }
+    }
+
     /// Pods whose name starts with "ok" can wait.
     fn can_wait(p: &Pod) -> bool {
         p.metadata
@@ -162,7 +174,7 @@ mod tests {
         }
         let mut got = Vec::new();
         for _ in 0..3 {
-            got.push(out.next().await.expect("item").expect("ok"));
+            got.push(next(&mut out).await);
         }
         // The list's work first, then a watch event as it comes; the
         // served Pods wait for the gate (deleted Pods are not triggers).
@@ -172,7 +184,7 @@ mod tests {
         open_tx.send_replace(true);
         let mut rest = Vec::new();
         for _ in 0..2 {
-            rest.push(out.next().await.expect("item").expect("ok"));
+            rest.push(next(&mut out).await);
         }
         assert_eq!(names(&rest), ["ok-1", "ok-2"]);
 
@@ -187,7 +199,7 @@ mod tests {
         }
         let mut again = Vec::new();
         for _ in 0..2 {
-            again.push(out.next().await.expect("item").expect("ok"));
+            again.push(next(&mut out).await);
         }
         assert_eq!(names(&again), ["new-3", "ok-4"]);
     }
@@ -208,7 +220,7 @@ mod tests {
         ] {
             events_tx.unbounded_send(Ok(ev)).expect("send");
         }
-        let got = out.next().await.expect("item").expect("ok");
+        let got = next(&mut out).await;
         assert_eq!(names(&[got]), ["ok-new"]);
         let more = tokio::time::timeout(Duration::from_millis(50), out.next()).await;
         assert!(more.is_err(), "the abandoned list's Pod came too: {more:?}");
