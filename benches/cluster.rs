@@ -386,40 +386,39 @@ impl Vk {
         lock(&CHILDREN).push(self.process.pid());
     }
 
-    /// (VmRSS, VmHWM) in bytes.
-    fn memory(&self) -> (f64, f64) {
+    /// A reader of this process's `/proc/<pid>/status` fields, in KiB
+    /// (NaN when absent), read once.
+    fn status_kib(&self) -> impl Fn(&str) -> f64 {
         let text = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid()))
             .unwrap_or_default();
-        let kb = |field: &str| {
+        move |field: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.split_whitespace().next())
                 .and_then(|v| v.parse::<f64>().ok())
-                .map_or(f64::NAN, |v| v * 1024.0)
-        };
-        (kb("VmRSS:"), kb("VmHWM:"))
+                .unwrap_or(f64::NAN)
+        }
+    }
+
+    /// (VmRSS, VmHWM) in bytes.
+    fn memory(&self) -> (f64, f64) {
+        let kib = self.status_kib();
+        (kib("VmRSS:") * 1024.0, kib("VmHWM:") * 1024.0)
     }
 
     /// [`Self::memory`] for the table, and on stderr the resident set's
     /// parts (heap and stacks vs the binary's own pages), which say
     /// whether a rise is allocation or code touched.
     fn memory_at(&self, label: &str) -> (f64, f64) {
-        let text = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid()))
-            .unwrap_or_default();
-        let mib = |field: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .map_or(f64::NAN, |v| v / 1024.0)
-        };
+        let kib = self.status_kib();
+        let mib = |field: &str| kib(field) / 1024.0;
         eprintln!(
             "memory: {label}: RSS {:.1} MiB = anonymous {:.1} + file {:.1}",
             mib("VmRSS:"),
             mib("RssAnon:"),
             mib("RssFile:")
         );
-        self.memory()
+        (kib("VmRSS:") * 1024.0, kib("VmHWM:") * 1024.0)
     }
 
     /// The `/metrics` text; empty when the process does not answer.

@@ -106,14 +106,7 @@ impl Env {
     }
 
     async fn set_mode(&self, name: &str, mode: &str) {
-        self.sandboxes()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"operatingMode": mode}})),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("set Sandbox {name} {mode}: {e}"));
+        support::controller::set_operating_mode(&self.sandboxes(), name, mode).await
     }
 
     /// Waits for a Pod `name` Running, not `not_uid`.

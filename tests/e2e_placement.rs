@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use sandbox_controller::Sandbox;
 use serde_json::json;
 use support::fleet::{self, Fleet};
@@ -122,13 +122,7 @@ fn vms_held(fleet: &Fleet) -> usize {
 async fn set_mode(fleet: &Fleet, names: &[String], mode: &str) {
     let api: Api<Sandbox> = Api::namespaced(fleet.client(), &fleet.ns);
     for name in names {
-        api.patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"operatingMode": mode}})),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("set Sandbox {name} {mode}: {e}"));
+        support::controller::set_operating_mode(&api, name, mode).await;
     }
 }
 

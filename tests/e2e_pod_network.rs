@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
 use sandboxd_sim::SimHandle;
 use serde_json::json;
@@ -166,14 +166,7 @@ impl Env {
 
     /// Sets the Sandbox's `spec.operatingMode` (`Suspended`, `Running`).
     async fn set_mode(&self, name: &str, mode: &str) {
-        self.sandboxes()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"operatingMode": mode}})),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("set Sandbox {name} {mode}: {e}"));
+        support::controller::set_operating_mode(&self.sandboxes(), name, mode).await
     }
 
     /// Until the simulator holds sandbox `id` hibernated (or awake).

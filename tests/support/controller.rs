@@ -540,6 +540,21 @@ pub fn contract_sandbox(name: &str, template: &str, node: Option<&str>) -> Value
 
 /// The API resource of an agent-sandbox kind (`Sandbox`, or the extensions'
 /// `SandboxTemplate`, `SandboxWarmPool`, `SandboxClaim`), v1beta1.
+/// Sets a Sandbox's `spec.operatingMode` (`Suspended`, `Running`).
+pub async fn set_operating_mode<K>(sandboxes: &Api<K>, name: &str, mode: &str)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    sandboxes
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"operatingMode": mode}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("set Sandbox {name} {mode}: {e}"));
+}
+
 pub fn resource(kind: &str) -> kube::discovery::ApiResource {
     let group = if kind == "Sandbox" {
         "agents.x-k8s.io"
