@@ -1740,9 +1740,13 @@ async fn run() -> Report {
         let n = ((100.0 * k).round() as usize).clamp(10, 100);
         let execs = ((200.0 * k).round() as usize).clamp(20, 1000);
         progress.step(&format!(
-            "a real kubelet side by side: bursts of {n}, {execs} execs each, 64 MiB port-forwards"
+            "a real kubelet side by side: bursts of {n}, {execs} execs each, port-forwards"
         ));
-        kubelet_side::run(&env, n, execs, 64).await
+        let mib = std::env::var("BENCH_KUBELET_MIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64);
+        kubelet_side::run(&env, n, execs, mib).await
     } else {
         None
     };

@@ -637,6 +637,54 @@ async fn throughput(
     throughput
 }
 
+/// A `kubectl port-forward` to a Pod's port, running until dropped.
+pub struct KubectlPf {
+    _process: tokio::process::Child,
+    local: u16,
+}
+
+impl KubectlPf {
+    pub fn start(kubeconfig: &Path, ns: &str, pod: &str, port: u16) -> Self {
+        let local = free_port();
+        let process = tokio::process::Command::new(support::kubectl::path())
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "-n",
+                ns,
+                "port-forward",
+                &format!("pod/{pod}"),
+                &format!("{local}:{port}"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| die(&format!("kubectl port-forward: {e}")));
+        Self {
+            _process: process,
+            local,
+        }
+    }
+
+    /// `mib` MiB one way over a new connection through it (MiB/s);
+    /// `sized`: to a sink told the length first ([`push_sized`]).
+    pub async fn push(&self, mib: usize, sized: bool) -> f64 {
+        let io = support::wait_for("kubectl port-forward", Duration::from_secs(30), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", self.local))
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        if sized {
+            push_sized(io, mib).await
+        } else {
+            push(io, mib).await
+        }
+    }
+}
+
 /// `kubectl port-forward` to `pod`'s `port` (a counting sink; `sized`:
 /// one told the length first, [`push_sized`]): `mib` MiB one way, best of
 /// 3 connections through one port-forward (MiB/s).
@@ -648,39 +696,12 @@ pub async fn kubectl_pf_best(
     mib: usize,
     sized: bool,
 ) -> f64 {
-    let local = free_port();
-    let mut pf = tokio::process::Command::new(support::kubectl::path())
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args([
-            "-n",
-            ns,
-            "port-forward",
-            &format!("pod/{pod}"),
-            &format!("{local}:{port}"),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| die(&format!("kubectl port-forward: {e}")));
-    let mut via = Vec::new();
+    let pf = KubectlPf::start(kubeconfig, ns, pod, port);
+    let mut best: f64 = 0.0;
     for _ in 0..3 {
-        let io = support::wait_for("kubectl port-forward", Duration::from_secs(30), || async {
-            tokio::net::TcpStream::connect(("127.0.0.1", local))
-                .await
-                .map_err(|e| e.to_string())
-        })
-        .await;
-        via.push(if sized {
-            push_sized(io, mib).await
-        } else {
-            push(io, mib).await
-        });
+        best = best.max(pf.push(mib, sized).await);
     }
-    let _ = pf.kill().await;
-    via.into_iter().fold(0.0, f64::max)
+    best
 }
 
 /// How long each step of the kubelet API's round trips took.
