@@ -12,9 +12,16 @@ use bytes::{Buf, Bytes};
 use futures::{SinkExt, Stream, StreamExt, future};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::io::{CopyToBytes, SinkWriter};
 
-use super::websocket::accept;
+use super::websocket::accept_with;
+
+/// How much tungstenite reads from the TLS stream at a time: one TLS
+/// record's plaintext. It zeroes that room before each read, and its
+/// default (128 KiB) zeroed several times the bytes a 32 KiB message of a
+/// port-forward carries.
+const READ_BUFFER: usize = 16 * 1024;
 
 fn io_error(e: tokio_tungstenite::tungstenite::Error) -> std::io::Error {
     std::io::Error::other(e)
@@ -26,7 +33,8 @@ pub async fn byte_stream<IO>(io: IO) -> impl AsyncRead + AsyncWrite + Send + Unp
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (sink, stream) = accept(io).await.split();
+    let config = WebSocketConfig::default().read_buffer_size(READ_BUFFER);
+    let (sink, stream) = accept_with(io, config).await.split();
     let bytes = stream
         .take_while(|m| future::ready(!matches!(m, Ok(Message::Close(_)))))
         .filter_map(|m| {

@@ -117,7 +117,15 @@ pub async fn accept<IO>(io: IO) -> WebSocketStream<IO>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    let config = WebSocketConfig::default()
+    accept_with(io, WebSocketConfig::default()).await
+}
+
+/// [`accept`] with `config`'s buffers (the message limits are ours).
+pub async fn accept_with<IO>(io: IO, config: WebSocketConfig) -> WebSocketStream<IO>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let config = config
         .max_message_size(Some(MAX_MESSAGE))
         .max_frame_size(Some(MAX_MESSAGE));
     WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await
