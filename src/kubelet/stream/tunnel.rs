@@ -173,6 +173,83 @@ mod tests {
         assert_eq!(e.to_string(), "tunnel broke");
     }
 
+    #[tokio::test]
+    async fn an_error_with_nothing_read_is_returned_at_once_not_as_the_end() {
+        let messages = stream::iter(vec![
+            Err(io::Error::other("tunnel broke")),
+            Ok(Bytes::from_static(b"never")),
+        ]);
+        let mut reader = MessageReader::new(messages);
+        let mut buf = [0u8; 64];
+        let e = reader
+            .read(&mut buf)
+            .await
+            .expect_err("the error, not an end of stream");
+        assert_eq!(e.to_string(), "tunnel broke");
+    }
+
+    /// With no message yet the read waits: returning nothing would read
+    /// as the end of the stream.
+    #[tokio::test]
+    async fn no_message_yet_is_a_wait_not_the_end() {
+        let (tx, rx) = futures::channel::mpsc::unbounded::<io::Result<Bytes>>();
+        let mut reader = MessageReader::new(rx);
+        let mut buf = [0u8; 64];
+        let first = futures::poll!(Box::pin(reader.read(&mut buf)));
+        assert!(
+            first.is_pending(),
+            "read returned {first:?} with no message"
+        );
+        tx.unbounded_send(Ok(Bytes::from_static(b"late")))
+            .expect("send");
+        // Once it has come, one poll returns it (the channel stays open).
+        let second = futures::poll!(Box::pin(reader.read(&mut buf)));
+        let Poll::Ready(Ok(n)) = second else {
+            panic!("the message that came should be returned at once: {second:?}");
+        };
+        assert_eq!(&buf[..n], b"late");
+    }
+
+    /// The whole tunnel over an in-memory connection: the client's binary
+    /// messages read as one stream, ended by its close; each write goes
+    /// back as one binary message.
+    #[tokio::test]
+    async fn the_tunnel_carries_binary_messages_both_ways_until_the_close() {
+        // A reader that loses a wake-up hangs: fail instead.
+        tokio::time::timeout(std::time::Duration::from_secs(5), tunnel_both_ways())
+            .await
+            .expect("the tunnel's exchange within 5 s");
+    }
+
+    async fn tunnel_both_ways() {
+        use tokio::io::AsyncWriteExt;
+        use tokio_tungstenite::WebSocketStream;
+        use tokio_tungstenite::tungstenite::protocol::Role;
+
+        let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+        let server = tokio::spawn(async move {
+            let mut tunnel = byte_stream(server_io).await;
+            tunnel.write_all(b"answer").await.expect("write");
+            tunnel.flush().await.expect("flush");
+            let mut got = Vec::new();
+            tunnel.read_to_end(&mut got).await.expect("read the tunnel");
+            got
+        });
+        let mut client = WebSocketStream::from_raw_socket(client_io, Role::Client, None).await;
+        let answer = client.next().await.expect("a message").expect("read");
+        assert_eq!(answer, Message::binary(b"answer".to_vec()));
+        for part in [&b"spdy "[..], b"", b"frames"] {
+            client
+                .send(Message::binary(part.to_vec()))
+                .await
+                .expect("send");
+        }
+        client.send(Message::text("ignored")).await.expect("send");
+        client.close(None).await.expect("close");
+        let got = server.await.expect("server task");
+        assert_eq!(got, b"spdy frames");
+    }
+
     /// tungstenite's side of [`MessageReader`]: messages cut from one
     /// buffer; asked for the next, it notes whether that buffer is its
     /// own again (then it is reused, not replaced) and has none yet.
@@ -207,7 +284,12 @@ mod tests {
             reusable_when_asked_again: None,
         });
         let mut out = [0u8; 4096];
-        let n = reader.read(&mut out).await.expect("read");
+        // One poll: the message is read and the next found missing, so the
+        // read returns what it has rather than waiting.
+        let read = futures::poll!(Box::pin(reader.read(&mut out)));
+        let Poll::Ready(Ok(n)) = read else {
+            panic!("the message read out should be returned at once: {read:?}");
+        };
         assert_eq!(n, 600);
         assert_eq!(
             reader.messages.reusable_when_asked_again,
