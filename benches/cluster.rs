@@ -115,6 +115,11 @@ fn die(what: &str) -> ! {
     std::process::exit(1)
 }
 
+/// (VmRSS, VmHWM) in bytes from a [`Vk::status_kib`] reader.
+fn rss_hwm(kib: &impl Fn(&str) -> f64) -> (f64, f64) {
+    (kib("VmRSS:") * 1024.0, kib("VmHWM:") * 1024.0)
+}
+
 fn env_scale() -> f64 {
     std::env::var("BENCH_SCALE")
         .ok()
@@ -402,8 +407,7 @@ impl Vk {
 
     /// (VmRSS, VmHWM) in bytes.
     fn memory(&self) -> (f64, f64) {
-        let kib = self.status_kib();
-        (kib("VmRSS:") * 1024.0, kib("VmHWM:") * 1024.0)
+        rss_hwm(&self.status_kib())
     }
 
     /// [`Self::memory`] for the table, and on stderr the resident set's
@@ -418,7 +422,7 @@ impl Vk {
             mib("RssAnon:"),
             mib("RssFile:")
         );
-        (kib("VmRSS:") * 1024.0, kib("VmHWM:") * 1024.0)
+        rss_hwm(&kib)
     }
 
     /// The `/metrics` text; empty when the process does not answer.
@@ -1742,10 +1746,14 @@ async fn run() -> Report {
         progress.step(&format!(
             "a real kubelet side by side: bursts of {n}, {execs} execs each, port-forwards"
         ));
-        let mib = std::env::var("BENCH_KUBELET_MIB")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(64);
+        let mib = match std::env::var("BENCH_KUBELET_MIB") {
+            Err(_) => 64,
+            Ok(v) => v.parse().ok().filter(|m| *m > 0).unwrap_or_else(|| {
+                die(&format!(
+                    "BENCH_KUBELET_MIB={v:?}: give the port-forward size in MiB, a whole number above 0"
+                ))
+            }),
+        };
         kubelet_side::run(&env, n, execs, mib).await
     } else {
         None

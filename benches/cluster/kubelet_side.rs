@@ -127,8 +127,8 @@ impl KubeletFigures {
         let floor = self.pair(|d| d.logs.0.p50);
         match (self.pair(beyond), floor) {
             (Some((s, c)), Some((fs, fc))) if c > 0.0 => format!(
-                " (beyond kubectl's own floor, its `kubectl logs` p50 of {fs:.1} / {fc:.1} ms: \
-                 {s:.1} vs {c:.1} ms, {:.2}×)",
+                " (beyond kubectl's own floor, its `kubectl logs` p50, {fs:.1} ms for the sandbox \
+                 and {fc:.1} ms for the container: {s:.1} vs {c:.1} ms, {:.2}×)",
                 s / c
             ),
             _ => String::new(),
