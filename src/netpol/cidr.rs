@@ -68,11 +68,11 @@ mod tests {
     use super::*;
 
     fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
+        s.parse().expect("a test address")
     }
 
     fn inside(cidr: &str, addr: &str) -> bool {
-        Cidr::parse(cidr).unwrap().contains(ip(addr))
+        Cidr::parse(cidr).expect("a test CIDR").contains(ip(addr))
     }
 
     #[test]

@@ -22,19 +22,22 @@ impl Peer {
         Peer {
             io,
             buf: BytesMut::new(),
-            deflater: Deflater::new().unwrap(),
+            deflater: Deflater::new().expect("a zlib deflater"),
             inflater: Inflater::new(),
         }
     }
 
     pub async fn send(&mut self, f: Frame) {
         let mut out = BytesMut::new();
-        frame::encode(&f, &mut out).unwrap();
-        self.io.write_all(&out).await.unwrap();
+        frame::encode(&f, &mut out).expect("a test frame encodes");
+        self.io.write_all(&out).await.expect("write to the session");
     }
 
     pub async fn open(&mut self, id: u32, headers: &[(&str, &str)], fin: bool) {
-        let block = self.deflater.compress(&encode_block(headers)).unwrap();
+        let block = self
+            .deflater
+            .compress(&encode_block(headers))
+            .expect("headers compress");
         self.send(Frame::SynStream {
             stream_id: id,
             associated_to: 0,
@@ -59,17 +62,25 @@ impl Peer {
     /// The next frame, or None at EOF.
     pub async fn recv(&mut self) -> Option<Frame> {
         loop {
-            if let Some(f) = frame::decode(&mut self.buf, MAX_PAYLOAD).unwrap() {
+            if let Some(f) =
+                frame::decode(&mut self.buf, MAX_PAYLOAD).expect("the session sends valid frames")
+            {
                 if let Frame::SynReply { header_block, .. } = &f {
-                    let raw = self.inflater.decompress(header_block).unwrap();
-                    assert_eq!(decode_block(&raw).unwrap(), Headers::default());
+                    let raw = self
+                        .inflater
+                        .decompress(header_block)
+                        .expect("a reply's headers inflate");
+                    assert_eq!(
+                        decode_block(&raw).expect("a reply's header block decodes"),
+                        Headers::default()
+                    );
                 }
                 return Some(f);
             }
             let n = tokio::time::timeout(Duration::from_secs(10), self.io.read_buf(&mut self.buf))
                 .await
                 .expect("a frame within 10 s")
-                .unwrap();
+                .expect("read from the session");
             if n == 0 {
                 return None;
             }

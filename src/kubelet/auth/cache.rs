@@ -55,6 +55,6 @@ mod tests {
         for i in 0..(CACHE_MAX_ENTRIES as u32 + 10) {
             c.put(i, i, Duration::from_secs(60));
         }
-        assert!(c.entries.lock().unwrap().len() <= CACHE_MAX_ENTRIES);
+        assert!(c.entries.lock().expect("cache lock not poisoned").len() <= CACHE_MAX_ENTRIES);
     }
 }

@@ -204,7 +204,7 @@ mod tests {
         let l = r.to_line();
         assert_eq!(l.last(), Some(&b'\n'));
         assert_eq!(l.iter().filter(|&&b| b == b'\n').count(), 1);
-        serde_json::from_slice(&l).unwrap()
+        serde_json::from_slice(&l).expect("a request line is JSON")
     }
 
     #[test]
@@ -310,20 +310,29 @@ mod tests {
     fn lines_split_across_reads() {
         let mut lb = LineBuffer::default();
         lb.buffer().extend_from_slice(b"{\"a\":1}\n{\"b\"");
-        assert_eq!(lb.next_line().unwrap().as_deref(), Some(&b"{\"a\":1}"[..]));
-        assert_eq!(lb.next_line().unwrap(), None);
+        assert_eq!(
+            lb.next_line().expect("a line or the end").as_deref(),
+            Some(&b"{\"a\":1}"[..])
+        );
+        assert_eq!(lb.next_line().expect("a line or the end"), None);
         assert_eq!(lb.pending(), 4);
         lb.buffer().extend_from_slice(b":2}\n\n");
-        assert_eq!(lb.next_line().unwrap().as_deref(), Some(&b"{\"b\":2}"[..]));
-        assert_eq!(lb.next_line().unwrap().as_deref(), Some(&b""[..]));
-        assert_eq!(lb.next_line().unwrap(), None);
+        assert_eq!(
+            lb.next_line().expect("a line or the end").as_deref(),
+            Some(&b"{\"b\":2}"[..])
+        );
+        assert_eq!(
+            lb.next_line().expect("a line or the end").as_deref(),
+            Some(&b""[..])
+        );
+        assert_eq!(lb.next_line().expect("a line or the end"), None);
     }
 
     #[test]
     fn an_endless_line_is_an_error() {
         let mut lb = LineBuffer::default();
         lb.buffer().extend_from_slice(&vec![b'x'; MAX_FRAME]);
-        assert_eq!(lb.next_line().unwrap(), None);
+        assert_eq!(lb.next_line().expect("a line or the end"), None);
         lb.buffer().extend_from_slice(b"xx");
         assert!(lb.next_line().is_err());
     }

@@ -202,7 +202,7 @@ mod tests {
             &["python3".into(), "-c".into(), "print('x')".into()],
             "n0nce",
         );
-        let line = String::from_utf8(inj.typed.clone()).unwrap();
+        let line = String::from_utf8(inj.typed.clone()).expect("typed text is UTF-8");
         assert_eq!(
             line,
             " printf '\\036%s\\036' n0nce; exec 'python3' '-c' 'print('\\''x'\\'')' || exit 127\n"

@@ -129,8 +129,8 @@ mod tests {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
             h.append(
-                axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
+                axum::http::HeaderName::from_bytes(k.as_bytes()).expect("a valid header name"),
+                v.parse().expect("a valid header value"),
             );
         }
         h

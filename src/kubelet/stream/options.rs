@@ -62,14 +62,14 @@ mod tests {
             &[],
             "command=sh&command=-c&command=echo+a%26b&output=1&error=1&input=0",
         )
-        .unwrap();
+        .expect("valid options");
         assert_eq!(o.command, ["sh", "-c", "echo a&b"]);
         assert!(o.stdout && o.stderr && !o.stdin && !o.tty);
         let form = vec![
             ("command".to_string(), "ls".to_string()),
             ("input".to_string(), "1".to_string()),
         ];
-        let o = stream_options(&form, "command=ignored&tty=1").unwrap();
+        let o = stream_options(&form, "command=ignored&tty=1").expect("valid options");
         assert_eq!(o.command, ["ls"], "the body's values win");
         assert!(o.stdin && o.tty);
     }

@@ -205,17 +205,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_socket_whose_peer_closed_is_a_hang_up() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .unwrap();
-        let (server, _) = l.accept().await.unwrap();
+            .expect("bind");
+        let mut client = tokio::net::TcpStream::connect(l.local_addr().expect("address"))
+            .await
+            .expect("connect");
+        let (server, _) = l.accept().await.expect("accept");
         let fd = HangupFd::of(ConnectionFd(server.as_raw_fd())).expect("dup");
         assert!(!fd.hung_up());
         // Unread data in the server's buffer does not hide the FIN.
         tokio::io::AsyncWriteExt::write_all(&mut client, b"unread")
             .await
-            .unwrap();
+            .expect("write");
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!fd.hung_up(), "data alone is no hang-up");
         drop(client);
