@@ -19,16 +19,14 @@
 #                                writing an audit log (Metadata level) of
 #                                every request it serves; `up` prints its
 #                                URL and log path. The main one is untouched.
-#   e2e/cluster.sh scratch-apiserver up NAME PORT [GATES] | down NAME
+#   e2e/cluster.sh scratch-apiserver up NAME PORT | down NAME
 #                                a kube-apiserver on the same etcd and PKI
 #                                under an etcd prefix of its own: an empty
 #                                cluster of its own, for a test that installs
 #                                or removes cluster-wide objects (CRDs) the
-#                                other tests rely on, or needs other feature
-#                                gates (GATES: Name=true|false,...); `up`
-#                                prints its admin kubeconfig, `down` stops it
-#                                and deletes its keys. No scheduler or
-#                                controllers.
+#                                other tests rely on; `up` prints its admin
+#                                kubeconfig, `down` stops it and deletes its
+#                                keys. No scheduler or controllers.
 #   e2e/cluster.sh restart COMPONENT [SECONDS]
 #                                stop one component, keep it down SECONDS,
 #                                start it again (reliability fault injection)
@@ -499,14 +497,12 @@ cmd_audit_apiserver() {
 
 # ---------------------------------------------------------------- scratch apiserver
 cmd_scratch_apiserver() {
-  local action=${1:-} name=${2:-} port=${3:-} gates=${4:-}
-  [[ "$name" =~ ^[a-z0-9-]+$ ]] || die "usage: scratch-apiserver up NAME PORT [GATES] | down NAME (NAME: a-z, 0-9, -)"
+  local action=${1:-} name=${2:-} port=${3:-}
+  [[ "$name" =~ ^[a-z0-9-]+$ ]] || die "usage: scratch-apiserver up NAME PORT | down NAME (NAME: a-z, 0-9, -)"
   local sdir="$dir/scratch/$name" pname="kube-apiserver-scratch-$name" prefix="/scratch-$name"
   case "$action" in
     up)
       [[ "$port" =~ ^[0-9]+$ ]] || die "scratch-apiserver up NAME PORT: PORT must be a number"
-      [[ -z "$gates" || "$gates" =~ ^[A-Za-z0-9]+=(true|false)(,[A-Za-z0-9]+=(true|false))*$ ]] ||
-        die "scratch-apiserver up NAME PORT GATES: GATES must be Name=true|false[,...], got '$gates'"
       mkdir -p "$sdir" "$logs" "$run"
       write_kubeconfig "$sdir/admin.kubeconfig" admin "$pki/admin.crt" "$pki/admin.key"
       sed -i "s|server: https://127.0.0.1:$api_port|server: https://127.0.0.1:$port|" "$sdir/admin.kubeconfig"
@@ -515,7 +511,7 @@ cmd_scratch_apiserver() {
         shared_apiserver_args "$port"
         (detach "$bin/kube-apiserver" "${apiserver_args[@]}" --etcd-prefix "$prefix" \
           --allow-privileged=true --profiling=false \
-          --feature-gates "APIServerIdentity=false,UnknownVersionInteroperabilityProxy=false${gates:+,$gates}") \
+          --feature-gates APIServerIdentity=false,UnknownVersionInteroperabilityProxy=false) \
           >"$logs/$pname.log" 2>&1 < /dev/null &
         echo $! > "$run/$pname.pid"
       fi
@@ -543,7 +539,7 @@ cmd_scratch_apiserver() {
       rm -rf "$sdir"
       log "scratch apiserver $name down"
       ;;
-    *) die "usage: scratch-apiserver up NAME PORT [GATES] | down NAME" ;;
+    *) die "usage: scratch-apiserver up NAME PORT | down NAME" ;;
   esac
 }
 

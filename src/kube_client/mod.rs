@@ -9,7 +9,7 @@ pub mod deadline;
 pub mod progress;
 pub mod rate;
 pub mod transport;
-pub mod watch_list;
+pub mod watch;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -153,9 +153,6 @@ pub fn build_watched(
     // Layers added later wrap the earlier ones: the deadline is outermost,
     // so the wait in a bucket counts against it.
     Ok(builder
-        .with_layer(&tower::util::MapRequestLayer::new(
-            watch_list::consistent::<kube::client::Body>,
-        ))
         .with_layer(&progress::ProgressLayer::new(watches))
         .with_layer(&rate::RateLimitLayer::new(
             (limits.qps, limits.burst),

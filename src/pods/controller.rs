@@ -30,7 +30,7 @@ use super::synced::Synced;
 use super::upkeep;
 use super::work_first;
 use super::writes::{self, Guard, Written};
-use crate::kube_client::watch_list;
+use crate::kube_client;
 use crate::metrics::Controller as MetricController;
 use crate::{Error, Result};
 
@@ -375,8 +375,8 @@ pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
 
 /// The Pod controller over `spec.nodeName=<node>`; its store also serves
 /// the kubelet API's `/pods` and the node's readiness. The cache holds the
-/// lean [`Pod`] (only the fields read here are decoded); its initial list
-/// streams where the apiserver allows it ([`watch_list`]). Of each list, the
+/// lean [`Pod`] (only the fields read here are decoded); errors back off
+/// ([`kube_client::watch`]). Of each list, the
 /// Pods `can_wait` accepts are queued once `open` is true, after the
 /// others ([`work_first`]).
 pub fn controller(
@@ -391,7 +391,7 @@ pub fn controller(
     let (synced_tx, synced) = Synced::pending();
     // Signalled after the reflector has applied the initial list, so a
     // waiter always finds the store complete.
-    let events = watch_list::watch(api, wc)
+    let events = kube_client::watch::watch(api, wc)
         .reflect(writer)
         .map_ok(move |event| {
             if matches!(event, watcher::Event::InitDone) {

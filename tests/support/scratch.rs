@@ -34,12 +34,6 @@ impl Scratch {
     /// plane (`VK_CLUSTER_CONTROL` names `e2e/cluster.sh`, as
     /// `e2e/run-tests.sh` sets it for the local plane).
     pub async fn up(prefix: &str) -> Option<Scratch> {
-        Self::up_with_gates(prefix, "").await
-    }
-
-    /// [`Scratch::up`] with more `--feature-gates` (`Name=false,...`), e.g.
-    /// `WatchList=false` for an apiserver without streaming lists.
-    pub async fn up_with_gates(prefix: &str, gates: &str) -> Option<Scratch> {
         let Some(script) = std::env::var_os("VK_CLUSTER_CONTROL").map(PathBuf::from) else {
             eprintln!(
                 "SKIPPED: VK_CLUSTER_CONTROL does not name e2e/cluster.sh (not the local plane): \
@@ -55,7 +49,7 @@ impl Scratch {
             script: script.clone(),
         };
         let out = Command::new(&script)
-            .args(["scratch-apiserver", "up", &name, &port, gates])
+            .args(["scratch-apiserver", "up", &name, &port])
             .output()
             .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
         assert!(
