@@ -9,7 +9,6 @@ pub mod deadline;
 pub mod progress;
 pub mod rate;
 pub mod transport;
-pub mod watch;
 
 use std::path::PathBuf;
 use std::sync::Arc;
