@@ -40,14 +40,28 @@ pub struct Client {
 pub struct ClientStream {
     pub id: u32,
     pub events: mpsc::UnboundedReceiver<Event>,
+    /// Events received so far (named when one does not come).
+    seen: usize,
+    /// Data bytes received so far.
+    bytes: usize,
 }
 
 impl ClientStream {
     /// The next event within 20 s.
     pub async fn next(&mut self) -> Option<Event> {
-        tokio::time::timeout(Duration::from_secs(20), self.events.recv())
+        let event = tokio::time::timeout(Duration::from_secs(20), self.events.recv())
             .await
-            .expect("a SPDY event within 20 s")
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no SPDY event within 20 s on stream {} after {} events ({} data bytes)",
+                    self.id, self.seen, self.bytes
+                )
+            });
+        self.seen += 1;
+        if let Some(Event::Data(d)) = &event {
+            self.bytes += d.len();
+        }
+        event
     }
 
     /// All data until FIN or reset; the end event.
@@ -305,7 +319,12 @@ impl Client {
             header_block: block.into(),
         })
         .await;
-        ClientStream { id, events: rx }
+        ClientStream {
+            id,
+            events: rx,
+            seen: 0,
+            bytes: 0,
+        }
     }
 
     pub async fn write(&self, id: u32, data: &[u8]) {
