@@ -75,6 +75,11 @@ mod stream;
 #[path = "cluster/null_kubelet.rs"]
 mod null_kubelet;
 
+/// The stream part's relay reference: the guest agent relay driven from a
+/// child process, as vk-sandbox drives it.
+#[path = "cluster/agent_client.rs"]
+mod agent_client;
+
 /// `BENCH_ONLY=lifecycle`: suspend → hibernated, resume → Running.
 #[path = "cluster/lifecycle.rs"]
 mod lifecycle;
@@ -1787,6 +1792,10 @@ async fn run() -> Report {
 fn main() {
     if std::env::var_os(null_kubelet::MODE_VAR).is_some() {
         null_kubelet::serve();
+        return;
+    }
+    if std::env::var_os(agent_client::MODE_VAR).is_some() {
+        agent_client::serve();
         return;
     }
     if !std::env::args().any(|a| a == "--bench") {

@@ -6,6 +6,7 @@
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -21,14 +22,17 @@ use vk_sandbox::kubelet::Streaming;
 use vk_sandbox::kubelet::sandbox::{DataPlane, Relay, RelayError, SandboxRef, SandboxStats};
 use vk_sandbox::kubelet::server::SHUTDOWN_GRACE;
 
-/// A guest agent whose `exec` prints `hi` and exits with `code`.
+/// A guest agent whose `exec` prints `hi` and exits with `code`; counts the
+/// relays closed.
 struct ExitAgent {
     code: i32,
+    closed: Arc<AtomicUsize>,
 }
 
 impl DataPlane for ExitAgent {
     fn agent<'a>(&'a self, _: &'a SandboxRef) -> BoxFuture<'a, Result<Relay, RelayError>> {
         let code = self.code;
+        let closed = Arc::clone(&self.closed);
         Box::pin(async move {
             let (ours, theirs) = tokio::io::duplex(64 * 1024);
             let (r, mut w) = tokio::io::split(theirs);
@@ -44,6 +48,7 @@ impl DataPlane for ExitAgent {
                 w.write_all(replies.as_bytes()).await.expect("reply");
                 // Read on (stdin_close) until the relay is dropped.
                 while let Ok(Some(_)) = lines.next_line().await {}
+                closed.fetch_add(1, Ordering::SeqCst);
             });
             Ok(Box::new(ours) as Relay)
         })
@@ -59,8 +64,19 @@ impl DataPlane for ExitAgent {
 }
 
 async fn start(code: i32) -> Api {
+    start_counting(code).await.0
+}
+
+/// [`start`], with the count of guest agent relays closed.
+async fn start_counting(code: i32) -> (Api, Arc<AtomicUsize>) {
     let sandboxes = FixedSandboxes::default().with("ns/p", "sb_1");
-    start_streaming(|_| Streaming::new(Arc::new(sandboxes), Arc::new(ExitAgent { code }))).await
+    let closed = Arc::new(AtomicUsize::new(0));
+    let agent = ExitAgent {
+        code,
+        closed: Arc::clone(&closed),
+    };
+    let api = start_streaming(|_| Streaming::new(Arc::new(sandboxes), Arc::new(agent))).await;
+    (api, closed)
 }
 
 const EXEC: &str = "/exec/ns/p/c?command=sh&command=-c&command=x&output=1";
@@ -253,6 +269,50 @@ async fn websocket_versions_frame_output_and_status() {
         .expect("base64");
     let (st, raw) = status(&body);
     assert_eq!(st.status.as_deref(), Some("Success"), "{raw}");
+}
+
+/// The guest agent relay (which the exec's outcome now carries back to the
+/// session, to be closed after the status is queued) is closed once the
+/// status is out, while the client still holds its connection: an open
+/// relay would hold the sandbox against sandboxd's idle hibernation.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_relay_closes_once_the_status_is_out() {
+    let (api, closed) = start_counting(0).await;
+    let tls = spdy::tls_to(api.port).await;
+    let mut req = format!("wss://127.0.0.1:{}{EXEC}", api.port)
+        .into_client_request()
+        .expect("request");
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        "v5.channel.k8s.io".parse().expect("header"),
+    );
+    let (mut ws, _) = tokio_tungstenite::client_async(req, tls)
+        .await
+        .expect("WebSocket upgrade");
+    // Read up to the status, then nothing more: the server's close is left
+    // unread and unanswered.
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(20), ws.next())
+            .await
+            .expect("a message within 20 s");
+        match msg {
+            Some(Ok(Message::Binary(b))) if b.first() == Some(&3) => break,
+            Some(Ok(_)) => {}
+            other => panic!("the session ended before its status: {other:?}"),
+        }
+    }
+    for _ in 0..200 {
+        if closed.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        1,
+        "the relay still open 2 s after the status"
+    );
+    drop(ws);
 }
 
 /// Shutdown during an open exec: the session is inside the server's grace.

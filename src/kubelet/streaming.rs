@@ -6,11 +6,13 @@
 //! [`Sessions`] (inside its shutdown grace, ended by its shutdown).
 
 use std::sync::Arc;
+use std::task::Poll;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::future::Either;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -262,16 +264,38 @@ async fn remote_command(
     };
     let plane = rechecked(&streaming, &ns, &pod, uid.as_deref());
     let span = tracing::info_span!("exec", pod = %key, node = %state.node_name);
+    // The guest agent relay starts opening before the 101 goes out: one
+    // poll takes it to its connect, so sandboxd accepts while the 101 is
+    // written and the connection handed over (one thread: without it the
+    // relay would start only after them). The session polls it on.
+    let mut prepared = Box::pin(tracing::Instrument::instrument(
+        prepare(target, Arc::clone(&plane)),
+        span.clone(),
+    ));
+    let prepared = match futures::poll!(prepared.as_mut()) {
+        Poll::Ready(done) => Either::Left(std::future::ready(done)),
+        Poll::Pending => Either::Right(prepared),
+    };
     sessions(&parts)
         .tracker
         .spawn(tracing::Instrument::instrument(
             async move {
-                session(negotiated, on_upgrade, opts, plane, target, upkeep).await;
+                session(negotiated, on_upgrade, opts, plane, prepared, upkeep).await;
                 drop(pass);
             },
             span,
         ));
     resp
+}
+
+/// The sandbox and a connection to its guest agent (or why not), or the
+/// refusal to run anything.
+type Prepared = Result<(SandboxRef, exec::Connection), Outcome>;
+
+async fn prepare(target: Result<SandboxRef, Outcome>, plane: Arc<dyn DataPlane>) -> Prepared {
+    let sandbox = target?;
+    let conn = exec::agent::connect(plane.as_ref(), &sandbox).await;
+    Ok((sandbox, conn))
 }
 
 /// One remote-command session, after the `101`: the transport opens it,
@@ -281,40 +305,34 @@ async fn session(
     on_upgrade: OnUpgrade,
     opts: StreamOptions,
     plane: Arc<dyn DataPlane>,
-    target: Result<SandboxRef, Outcome>,
+    prepared: impl Future<Output = Prepared>,
     upkeep: Upkeep,
 ) {
-    // The guest agent relay is opened while the 101 goes out and the
-    // connection is handed over: its round trip to sandboxd overlaps them.
-    let prepared = async {
-        match target {
-            Ok(sandbox) => {
-                let conn = exec::agent::connect(plane.as_ref(), &sandbox).await;
-                Ok((sandbox, conn))
+    // The relay's round trip to sandboxd overlaps the 101, the handover and
+    // the transport's opening: the thread would otherwise wait for
+    // sandboxd's answer with nothing to do, then open the transport.
+    let transport = async {
+        let io = match on_upgrade.await {
+            Ok(u) => TokioIo::new(u),
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade failed");
+                return None;
             }
-            Err(refused) => Err(refused),
+        };
+        let version = negotiated.version;
+        match negotiated.transport {
+            Transport::Spdy => spdy_exec::open(io, version, &opts, upkeep).await,
+            Transport::WebSocket { .. } => {
+                Some(websocket::open(io, version, &opts, upkeep.watch).await)
+            }
         }
     };
-    let (upgraded, prepared) = tokio::join!(on_upgrade, prepared);
-    let io = match upgraded {
-        Ok(u) => TokioIo::new(u),
-        Err(e) => {
-            tracing::debug!(error = %e, "upgrade failed");
-            return;
-        }
-    };
-    let version = negotiated.version;
-    let opened = match negotiated.transport {
-        Transport::Spdy => spdy_exec::open(io, version, &opts, upkeep).await,
-        Transport::WebSocket { .. } => {
-            Some(websocket::open(io, version, &opts, upkeep.watch).await)
-        }
-    };
+    let (opened, prepared) = tokio::join!(transport, prepared);
     let Some(Opened { channels, status }) = opened else {
         return;
     };
     let hangup = channels.hangup.clone();
-    let outcome = match prepared {
+    let (outcome, relay) = match prepared {
         Ok((sandbox, conn)) => {
             let req = ExecRequest {
                 argv: opts.command.clone(),
@@ -324,18 +342,28 @@ async fn session(
         }
         Err(refused) => {
             drop(channels);
-            refused
+            (refused, None)
         }
     };
-    tracing::info!(?outcome, "exec ended");
     if hangup.is_cancelled() {
         // Dropped unsent: the session ends, and its tasks with it.
-        tracing::debug!("remote-command client gone: no status to send");
+        tracing::info!(
+            ?outcome,
+            "exec ended; the client is gone: no status to send"
+        );
         return;
     }
-    status
-        .send(exec::status::status(&outcome, &opts.command))
-        .await;
+    // The client's wait ends with its status: queue it (the first poll
+    // does, then waits for the session's close to be written), and only
+    // then close the relay and log, which are not the client's business.
+    let send = status.send(exec::status::status(&outcome, &opts.command));
+    tokio::pin!(send);
+    let sent = futures::poll!(send.as_mut()).is_ready();
+    drop(relay);
+    if !sent {
+        send.await;
+    }
+    tracing::info!(?outcome, "exec ended");
 }
 
 /// `GET|POST /exec/{ns}/{pod}[/{uid}]/{container}`.

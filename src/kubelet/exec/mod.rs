@@ -116,11 +116,20 @@ pub async fn run(
         return no_command();
     }
     let conn = agent::connect(plane.as_ref(), &sandbox).await;
-    run_on(conn, plane, sandbox, req, ch).await
+    run_on(conn, plane, sandbox, req, ch).await.0
+}
+
+/// The guest agent connection a command ran on, closed when dropped: the
+/// kubelet API drops it once its client's status is on its way, so that
+/// closing it is not in the client's wait.
+pub struct Finished {
+    _reader: AgentReader,
+    _writer: AgentWriter,
 }
 
 /// [`run`] on a guest agent connection already opened (or failed) for
-/// `sandbox`: the kubelet API opens it while its `101` goes out.
+/// `sandbox`: the kubelet API opens it while its `101` goes out. The
+/// connection comes back with the outcome when the command ended.
 #[tracing::instrument(skip_all, fields(sandbox = %sandbox.id, tty = req.tty))]
 pub async fn run_on(
     conn: Connection,
@@ -128,13 +137,13 @@ pub async fn run_on(
     sandbox: SandboxRef,
     req: ExecRequest,
     mut ch: Channels,
-) -> Outcome {
+) -> (Outcome, Option<Finished>) {
     if req.argv.is_empty() {
-        return no_command();
+        return (no_command(), None);
     }
     let (reader, writer) = match conn {
         Ok(c) => c,
-        Err(e) => return Outcome::Unreachable(e.to_string()),
+        Err(e) => return (Outcome::Unreachable(e.to_string()), None),
     };
     let (pid_tx, pid_rx) = watch::channel(None);
     let mut filter = None;
@@ -157,21 +166,24 @@ pub async fn run_on(
         }
         r
     } else {
-        writer
+        let no_stdin = ch.stdin.is_none();
+        let r = writer
             .send(Request::Exec {
                 argv: req.argv.clone(),
             })
-            .await
+            .await;
+        // Without stdin its end goes right behind the request (as sandboxd's
+        // own exec does): one write, and a command reading stdin does not
+        // wait. A terminal's input is never closed (that types ^D).
+        match r {
+            Ok(()) if no_stdin => writer.send(Request::StdinClose).await,
+            r => r,
+        }
     };
     if let Err(e) = opened {
-        return Outcome::Unreachable(e.to_string());
+        return (Outcome::Unreachable(e.to_string()), None);
     }
-    let stdin_task = tokio::spawn(pump_stdin(
-        ch.stdin.take(),
-        writer.clone(),
-        release_rx,
-        !req.tty,
-    ));
+    let stdin_task = tokio::spawn(pump_stdin(ch.stdin.take(), writer.clone(), release_rx));
     let resize_task = ch.resize.take().map(|rx| {
         tokio::spawn(forward_resizes(
             Arc::clone(&plane),
@@ -189,12 +201,11 @@ pub async fn run_on(
         stderr: ch.stderr.as_deref(),
         hangup: &ch.hangup,
     };
-    let outcome = session.run().await;
+    let (outcome, reader) = session.run().await;
     stdin_task.abort();
     if let Some(t) = resize_task {
         t.abort();
     }
-    drop(writer);
     let pid = *pid_rx.borrow();
     // The agent notices a dropped client only when it writes: a quiet
     // process would run on. A client that left (or a server shutting down)
@@ -225,11 +236,16 @@ pub async fn run_on(
     {
         out.finish().await;
     }
-    match outcome {
+    let finished = Finished {
+        _reader: reader,
+        _writer: writer,
+    };
+    let outcome = match outcome {
         Ended::Finished(o) => o,
         Ended::HungUp => Outcome::Exited(-1),
         Ended::Broken(why) => Outcome::Unreachable(why),
-    }
+    };
+    (outcome, Some(finished))
 }
 
 /// How the reply loop ended.
@@ -250,7 +266,13 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
-    async fn run(mut self) -> Ended {
+    /// Until the command ends; the connection's reader comes back with how.
+    async fn run(mut self) -> (Ended, AgentReader) {
+        let ended = self.replies().await;
+        (ended, self.reader)
+    }
+
+    async fn replies(&mut self) -> Ended {
         let marker_deadline = tokio::time::sleep(MARKER_WAIT);
         tokio::pin!(marker_deadline);
         loop {
@@ -341,19 +363,14 @@ async fn first_size(resize: Option<&mut mpsc::Receiver<TermSize>>) -> TermSize {
 
 /// Forward stdin once released (at once without a terminal; with one, once
 /// the command runs, so nothing typed reaches the shell before it), then
-/// `stdin_close`. Without stdin, `close_if_absent` says so at once (a
-/// command reading stdin would wait otherwise); a terminal is left open
-/// (closing its input types ^D, which would end the shell).
+/// `stdin_close`. Without stdin there is nothing to do: [`run_on`] closed
+/// it with the request, or it is a terminal's, left open.
 async fn pump_stdin(
     input: Option<Box<dyn Input>>,
     writer: AgentWriter,
     mut release: watch::Receiver<bool>,
-    close_if_absent: bool,
 ) {
     let Some(mut input) = input else {
-        if close_if_absent {
-            let _ = writer.send(Request::StdinClose).await;
-        }
         return;
     };
     if release.wait_for(|r| *r).await.is_err() {

@@ -218,3 +218,64 @@ async fn the_agent_queue_is_bounded_in_bytes() {
         "{sent} lines of {line} bytes queued"
     );
 }
+
+/// Without stdin, `stdin_close` goes with the request, in the same write
+/// (sandboxd's own exec does the same): the agent reads both at once, and
+/// it is woken once, not twice.
+#[tokio::test]
+async fn without_stdin_the_request_and_its_end_go_in_one_write() {
+    /// Records each read of the agent's side as it came.
+    struct Reads(Arc<std::sync::Mutex<Vec<String>>>);
+    impl DataPlane for Reads {
+        fn agent<'a>(&'a self, _: &'a SandboxRef) -> BoxFuture<'a, Result<Relay, RelayError>> {
+            let reads = Arc::clone(&self.0);
+            Box::pin(async move {
+                let (a, b) = tokio::io::duplex(1 << 16);
+                tokio::spawn(async move {
+                    let (mut r, mut w) = tokio::io::split(b);
+                    let mut buf = vec![0u8; 1 << 16];
+                    loop {
+                        let n = tokio::io::AsyncReadExt::read(&mut r, &mut buf)
+                            .await
+                            .unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        let text = String::from_utf8_lossy(&buf[..n]).to_string();
+                        let closed = text.contains("\"stdin_close\"");
+                        reads.lock().unwrap().push(text);
+                        if closed {
+                            let _ = w.write_all(b"{\"type\":\"exit\",\"code\":0}\n").await;
+                        }
+                    }
+                });
+                Ok(Box::new(a) as Relay)
+            })
+        }
+        fn port<'a>(
+            &'a self,
+            _: &'a SandboxRef,
+            _: u16,
+        ) -> BoxFuture<'a, Result<Relay, RelayError>> {
+            Box::pin(async { Err(RelayError::Transport("none".into())) })
+        }
+        fn stats<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<SandboxStats, RelayError>> {
+            Box::pin(async { Err(RelayError::Transport("none".into())) })
+        }
+    }
+    let reads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let plane = Arc::new(Reads(Arc::clone(&reads)));
+    let (_h, ch) = channels(false, false);
+    let req = ExecRequest {
+        argv: argv(&["true"]),
+        tty: false,
+    };
+    assert_eq!(run(plane, sandbox(), req, ch).await, Outcome::Exited(0));
+    let reads = reads.lock().unwrap().clone();
+    assert_eq!(reads.len(), 1, "{reads:?}");
+    let ops: Vec<String> = reads[0]
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["op"].to_string())
+        .collect();
+    assert_eq!(ops, ["\"exec\"", "\"stdin_close\""]);
+}
