@@ -34,8 +34,12 @@ const WRITE_BATCH: usize = 256 * 1024;
 const MAX_SLICES: usize = 32;
 
 /// Write every frame of `frames` in order, as few (vectored) writes as the
-/// writer takes, then empty it. A writer that is not vectored still gets
-/// every byte, one frame per write.
+/// writer takes, flush, then empty it. A writer that is not vectored still
+/// gets every byte, one frame per write. The flush matters for a relay over
+/// TLS (an `https` sandboxd): a write the socket could not take whole is
+/// accepted into the TLS session's buffer and stays there until the next
+/// write or a flush, so without one the tail of what the client sent would
+/// wait for its next bytes (for ever, if the client waits for an answer).
 async fn write_all_frames<W: AsyncWrite + Unpin>(
     w: &mut W,
     frames: &mut Vec<Bytes>,
@@ -62,7 +66,7 @@ async fn write_all_frames<W: AsyncWrite + Unpin>(
         }
     }
     frames.clear();
-    Ok(())
+    w.flush().await
 }
 
 /// A pair being assembled.

@@ -204,7 +204,11 @@ impl Client {
                         Err(_) => break,
                     }
                 }
-                if write.write_all(&b).await.is_err() {
+                // Flushed: a TLS stream keeps what the socket could not take
+                // in its buffer until the next write or a flush, and there
+                // may be no next write (the last frames and the FIN of a
+                // transfer would wait for ever).
+                if write.write_all(&b).await.is_err() || write.flush().await.is_err() {
                     return;
                 }
             }
