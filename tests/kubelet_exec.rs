@@ -271,10 +271,9 @@ async fn websocket_versions_frame_output_and_status() {
     assert_eq!(st.status.as_deref(), Some("Success"), "{raw}");
 }
 
-/// The guest agent relay (which the exec's outcome now carries back to the
-/// session, to be closed after the status is queued) is closed once the
-/// status is out, while the client still holds its connection: an open
-/// relay would hold the sandbox against sandboxd's idle hibernation.
+/// The guest agent relay is closed once the command ended and its status
+/// is out, while the client still holds its connection: an open relay
+/// would hold the sandbox against sandboxd's idle hibernation.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_relay_closes_once_the_status_is_out() {
     let (api, closed) = start_counting(0).await;

@@ -6,13 +6,11 @@
 //! [`Sessions`] (inside its shutdown grace, ended by its shutdown).
 
 use std::sync::Arc;
-use std::task::Poll;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures::future::Either;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -264,18 +262,7 @@ async fn remote_command(
     };
     let plane = rechecked(&streaming, &ns, &pod, uid.as_deref());
     let span = tracing::info_span!("exec", pod = %key, node = %state.node_name);
-    // The guest agent relay starts opening before the 101 goes out: one
-    // poll takes it to its connect, so sandboxd accepts while the 101 is
-    // written and the connection handed over (one thread: without it the
-    // relay would start only after them). The session polls it on.
-    let mut prepared = Box::pin(tracing::Instrument::instrument(
-        prepare(target, Arc::clone(&plane)),
-        span.clone(),
-    ));
-    let prepared = match futures::poll!(prepared.as_mut()) {
-        Poll::Ready(done) => Either::Left(std::future::ready(done)),
-        Poll::Pending => Either::Right(prepared),
-    };
+    let prepared = prepare(target, Arc::clone(&plane));
     sessions(&parts)
         .tracker
         .spawn(tracing::Instrument::instrument(
@@ -308,9 +295,10 @@ async fn session(
     prepared: impl Future<Output = Prepared>,
     upkeep: Upkeep,
 ) {
-    // The relay's round trip to sandboxd overlaps the 101, the handover and
-    // the transport's opening: the thread would otherwise wait for
-    // sandboxd's answer with nothing to do, then open the transport.
+    // The relay opens while the 101 goes out, the connection is handed
+    // over and the transport opens: its round trip to sandboxd overlaps
+    // them (the thread would otherwise wait for sandboxd's answer with
+    // nothing to do, then open the transport).
     let transport = async {
         let io = match on_upgrade.await {
             Ok(u) => TokioIo::new(u),
@@ -332,7 +320,7 @@ async fn session(
         return;
     };
     let hangup = channels.hangup.clone();
-    let (outcome, relay) = match prepared {
+    let outcome = match prepared {
         Ok((sandbox, conn)) => {
             let req = ExecRequest {
                 argv: opts.command.clone(),
@@ -342,7 +330,7 @@ async fn session(
         }
         Err(refused) => {
             drop(channels);
-            (refused, None)
+            refused
         }
     };
     if hangup.is_cancelled() {
@@ -353,16 +341,10 @@ async fn session(
         );
         return;
     }
-    // The client's wait ends with its status: queue it (the first poll
-    // does, then waits for the session's close to be written), and only
-    // then close the relay and log, which are not the client's business.
-    let send = status.send(exec::status::status(&outcome, &opts.command));
-    tokio::pin!(send);
-    let sent = futures::poll!(send.as_mut()).is_ready();
-    drop(relay);
-    if !sent {
-        send.await;
-    }
+    // The log line after the status: it is not the client's wait.
+    status
+        .send(exec::status::status(&outcome, &opts.command))
+        .await;
     tracing::info!(?outcome, "exec ended");
 }
 

@@ -116,20 +116,11 @@ pub async fn run(
         return no_command();
     }
     let conn = agent::connect(plane.as_ref(), &sandbox).await;
-    run_on(conn, plane, sandbox, req, ch).await.0
-}
-
-/// The guest agent connection a command ran on, closed when dropped: the
-/// kubelet API drops it once its client's status is on its way, so that
-/// closing it is not in the client's wait.
-pub struct Finished {
-    _reader: AgentReader,
-    _writer: AgentWriter,
+    run_on(conn, plane, sandbox, req, ch).await
 }
 
 /// [`run`] on a guest agent connection already opened (or failed) for
-/// `sandbox`: the kubelet API opens it while its `101` goes out. The
-/// connection comes back with the outcome when the command ended.
+/// `sandbox`: the kubelet API opens it while its `101` goes out.
 #[tracing::instrument(skip_all, fields(sandbox = %sandbox.id, tty = req.tty))]
 pub async fn run_on(
     conn: Connection,
@@ -137,13 +128,13 @@ pub async fn run_on(
     sandbox: SandboxRef,
     req: ExecRequest,
     mut ch: Channels,
-) -> (Outcome, Option<Finished>) {
+) -> Outcome {
     if req.argv.is_empty() {
-        return (no_command(), None);
+        return no_command();
     }
     let (reader, writer) = match conn {
         Ok(c) => c,
-        Err(e) => return (Outcome::Unreachable(e.to_string()), None),
+        Err(e) => return Outcome::Unreachable(e.to_string()),
     };
     let (pid_tx, pid_rx) = watch::channel(None);
     let mut filter = None;
@@ -181,7 +172,7 @@ pub async fn run_on(
         }
     };
     if let Err(e) = opened {
-        return (Outcome::Unreachable(e.to_string()), None);
+        return Outcome::Unreachable(e.to_string());
     }
     let stdin_task = tokio::spawn(pump_stdin(ch.stdin.take(), writer.clone(), release_rx));
     let resize_task = ch.resize.take().map(|rx| {
@@ -201,11 +192,12 @@ pub async fn run_on(
         stderr: ch.stderr.as_deref(),
         hangup: &ch.hangup,
     };
-    let (outcome, reader) = session.run().await;
+    let outcome = session.run().await;
     stdin_task.abort();
     if let Some(t) = resize_task {
         t.abort();
     }
+    drop(writer);
     let pid = *pid_rx.borrow();
     // The agent notices a dropped client only when it writes: a quiet
     // process would run on. A client that left (or a server shutting down)
@@ -236,16 +228,11 @@ pub async fn run_on(
     {
         out.finish().await;
     }
-    let finished = Finished {
-        _reader: reader,
-        _writer: writer,
-    };
-    let outcome = match outcome {
+    match outcome {
         Ended::Finished(o) => o,
         Ended::HungUp => Outcome::Exited(-1),
         Ended::Broken(why) => Outcome::Unreachable(why),
-    };
-    (outcome, Some(finished))
+    }
 }
 
 /// How the reply loop ended.
@@ -266,13 +253,7 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
-    /// Until the command ends; the connection's reader comes back with how.
-    async fn run(mut self) -> (Ended, AgentReader) {
-        let ended = self.replies().await;
-        (ended, self.reader)
-    }
-
-    async fn replies(&mut self) -> Ended {
+    async fn run(mut self) -> Ended {
         let marker_deadline = tokio::time::sleep(MARKER_WAIT);
         tokio::pin!(marker_deadline);
         loop {
