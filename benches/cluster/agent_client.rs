@@ -19,12 +19,12 @@ use std::time::Instant;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use vk_sandbox::kubelet::SandboxdPlane;
-use vk_sandbox::kubelet::exec::{self, Channels, ExecRequest};
+use vk_sandbox::kubelet::exec;
 use vk_sandbox::kubelet::sandbox::{DataPlane, SandboxRef};
 use vk_sandbox::sandboxd::{SandboxdClient, Secret};
 
 use super::die;
-use super::stream::Discard;
+use super::stream::exec_true;
 
 /// Set (to anything) in the environment of the bench binary's child that
 /// drives the relay.
@@ -114,18 +114,7 @@ pub fn serve() {
         let mut lines = std::io::stdin().lines();
         while let Some(Ok(_)) = lines.next() {
             let t = Instant::now();
-            let ch = Channels {
-                stdin: None,
-                stdout: Some(Box::new(Discard)),
-                stderr: Some(Box::new(Discard)),
-                resize: None,
-                hangup: tokio_util::sync::CancellationToken::new(),
-            };
-            let req = ExecRequest {
-                argv: vec!["true".into()],
-                tty: false,
-            };
-            let outcome = exec::run(Arc::clone(&plane), sandbox.clone(), req, ch).await;
+            let outcome = exec_true(Arc::clone(&plane), sandbox.clone()).await;
             if outcome != exec::Outcome::Exited(0) {
                 die(&format!("agent exec from the child: {outcome:?}"));
             }

@@ -219,6 +219,23 @@ pub async fn sized_sink() -> std::net::SocketAddr {
 
 pub struct Discard;
 
+/// `true` through the guest agent relay, output discarded, as vk-sandbox
+/// runs a command without stdin.
+pub async fn exec_true(plane: Arc<dyn DataPlane>, sandbox: SandboxRef) -> exec::Outcome {
+    let ch = Channels {
+        stdin: None,
+        stdout: Some(Box::new(Discard)),
+        stderr: Some(Box::new(Discard)),
+        resize: None,
+        hangup: tokio_util::sync::CancellationToken::new(),
+    };
+    let req = ExecRequest {
+        argv: vec!["true".into()],
+        tty: false,
+    };
+    exec::run(plane, sandbox, req, ch).await
+}
+
 impl Output for Discard {
     fn write(&self, _: bytes::Bytes) -> futures::future::BoxFuture<'_, Result<(), ()>> {
         Box::pin(async { Ok(()) })
@@ -486,24 +503,7 @@ pub async fn run(env: &Env, n: usize, mib: usize) -> StreamFigures {
     };
     let agent = || async {
         let t = Instant::now();
-        let ch = Channels {
-            stdin: None,
-            stdout: Some(Box::new(Discard)),
-            stderr: Some(Box::new(Discard)),
-            resize: None,
-            hangup: tokio_util::sync::CancellationToken::new(),
-        };
-        let req = ExecRequest {
-            argv: vec!["true".into()],
-            tty: false,
-        };
-        let outcome = exec::run(
-            plane.clone() as Arc<dyn DataPlane>,
-            sandbox.clone(),
-            req,
-            ch,
-        )
-        .await;
+        let outcome = exec_true(plane.clone() as Arc<dyn DataPlane>, sandbox.clone()).await;
         if outcome != exec::Outcome::Exited(0) {
             die(&format!("agent exec: {outcome:?}"));
         }
