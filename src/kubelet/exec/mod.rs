@@ -174,7 +174,12 @@ pub async fn run_on(
     if let Err(e) = opened {
         return Outcome::Unreachable(e.to_string());
     }
-    let stdin_task = tokio::spawn(pump_stdin(ch.stdin.take(), writer.clone(), release_rx));
+    // Without stdin there is nothing to pump: its end went with the
+    // request, or it is a terminal's, left open.
+    let stdin_task = ch
+        .stdin
+        .take()
+        .map(|input| tokio::spawn(pump_stdin(input, writer.clone(), release_rx)));
     let resize_task = ch.resize.take().map(|rx| {
         tokio::spawn(forward_resizes(
             Arc::clone(&plane),
@@ -193,7 +198,9 @@ pub async fn run_on(
         hangup: &ch.hangup,
     };
     let outcome = session.run().await;
-    stdin_task.abort();
+    if let Some(t) = stdin_task {
+        t.abort();
+    }
     if let Some(t) = resize_task {
         t.abort();
     }
@@ -344,16 +351,12 @@ async fn first_size(resize: Option<&mut mpsc::Receiver<TermSize>>) -> TermSize {
 
 /// Forward stdin once released (at once without a terminal; with one, once
 /// the command runs, so nothing typed reaches the shell before it), then
-/// `stdin_close`. Without stdin there is nothing to do: [`run_on`] closed
-/// it with the request, or it is a terminal's, left open.
+/// `stdin_close`.
 async fn pump_stdin(
-    input: Option<Box<dyn Input>>,
+    mut input: Box<dyn Input>,
     writer: AgentWriter,
     mut release: watch::Receiver<bool>,
 ) {
-    let Some(mut input) = input else {
-        return;
-    };
     if release.wait_for(|r| *r).await.is_err() {
         return;
     }
